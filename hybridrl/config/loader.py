@@ -1,0 +1,206 @@
+"""Loading a config: Hydra composes ``conf/`` plus CLI overrides, OmegaConf merges it into the dataclass schema
+(catching unknown keys and wrong types), the result is validated and frozen, and the resolved config is dumped.
+
+Every user mistake comes out as one ``ConfigError`` (a ``ValueError``) naming the key — never a Hydra traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from hybridrl.config.errors import ConfigError
+from hybridrl.config.schema import TrainConfig
+
+ConfigT = TypeVar("ConfigT")
+
+DEFAULT_CONFIG_NAME = "ppo_trainer"
+# Primary config name → the dataclass that types it. Later trainers (SFT, reward model) add theirs here.
+SCHEMAS: dict[str, type] = {DEFAULT_CONFIG_NAME: TrainConfig}
+# Keys whose values never reach a log or a dumped file (tracking-service credentials).
+SECRET_KEY_PATTERN = re.compile(r"(^|_)(token|api_key|apikey|password|secret)$", re.IGNORECASE)
+
+
+def config_dir() -> Path:
+    """The directory of Hydra YAML files: ``$HYBRIDRL_CONF_DIR`` or the ``conf/`` folder of this checkout."""
+    override = os.environ.get("HYBRIDRL_CONF_DIR")
+    if override:
+        return Path(override).resolve()
+    return (Path(__file__).resolve().parents[2] / "conf").resolve()
+
+
+def compose_yaml(config_name: str = DEFAULT_CONFIG_NAME, overrides: Sequence[str] = (),
+                 conf_dir: Optional[Path] = None) -> DictConfig:
+    """Compose ``<conf_dir>/<config_name>.yaml`` with Hydra overrides (``key=value``, ``group=option``, ``+key=value``).
+
+    Returns the raw composed tree, before it meets the schema.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    _register_schemas()
+    conf_dir = Path(conf_dir) if conf_dir is not None else config_dir()
+    if not (conf_dir / f"{config_name}.yaml").is_file():
+        available = sorted(path.stem for path in conf_dir.glob("*.yaml"))
+        raise ConfigError([("--config-name", config_name, f"no {config_name}.yaml in {conf_dir}; available: {available}")])
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base=None, job_name="hybridrl"):
+            return compose(config_name=config_name, overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as error:
+        raise _composition_error(error, overrides) from None
+
+
+def _register_schemas() -> None:
+    """Make each schema available to the YAML defaults lists as ``<config_name>_schema`` (Hydra's ConfigStore)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for name, schema in SCHEMAS.items():
+        store.store(name=f"{name}_schema", node=schema)
+
+
+def _composition_error(error: Exception, overrides: Sequence[str]) -> ConfigError:
+    """Turn Hydra's wrapped exception into a ``ConfigError`` naming the key when OmegaConf recorded one."""
+    cause: Optional[BaseException] = error
+    while cause is not None:
+        key = getattr(cause, "full_key", None)
+        if key:
+            if isinstance(cause, ConfigKeyError) or "not in" in str(cause):
+                return ConfigError([(str(key), _override_value(overrides, str(key)),
+                                     f"unknown config key{_suggestion(str(key), SCHEMAS[DEFAULT_CONFIG_NAME])}")])
+            return ConfigError([(str(key), _override_value(overrides, str(key)), _first_line(cause))])
+        cause = cause.__cause__ or cause.__context__
+    return ConfigError([("overrides", list(overrides), _first_line(error))])
+
+
+def _override_value(overrides: Sequence[str], key: str) -> Any:
+    for override in overrides:
+        name, _, value = override.lstrip("+~").partition("=")
+        if name == key:
+            return value
+    return None
+
+
+def to_schema(raw: DictConfig | dict, schema: type[ConfigT]) -> ConfigT:
+    """Merge a raw tree into the dataclass ``schema`` and build the typed object.
+
+    Unknown keys (with a "did you mean" suggestion), wrong types and missing required values raise ``ConfigError``.
+    """
+    unknown = _unknown_key(raw, schema)
+    if unknown:
+        raise ConfigError([(unknown, _value_at(raw, unknown), f"unknown config key{_suggestion(unknown, schema)}")])
+    structured = OmegaConf.structured(schema)
+    try:
+        merged = OmegaConf.merge(structured, raw)
+        OmegaConf.resolve(merged)
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except ConfigKeyError as error:
+        key = str(getattr(error, "full_key", "") or "")
+        raise ConfigError([(key, _value_at(raw, key), f"unknown config key{_suggestion(key, schema)}")]) from None
+    except OmegaConfBaseException as error:
+        key = str(getattr(error, "full_key", "") or "")
+        raise ConfigError([(key, _value_at(raw, key), _first_line(error))]) from None
+
+
+def load_config(overrides: Sequence[str] = (), config_name: str = DEFAULT_CONFIG_NAME, *,
+                conf_dir: Optional[Path] = None, check_paths: bool = True) -> TrainConfig:
+    """Compose, type-check, validate and freeze a trainer config — the one entry point for CLI, recipes and notebooks.
+
+    Example::
+
+        config = load_config(["algorithm.adv_estimator=grpo", "rollout.n=8", "model.path=/models/qwen"])
+    """
+    from hybridrl.config.validation import validate_config
+
+    config = to_schema(compose_yaml(config_name, overrides, conf_dir), TrainConfig)
+    validate_config(config, check_paths=check_paths)
+    config.freeze()
+    return config
+
+
+def config_to_yaml(config: Any, redact_secrets: bool = True) -> str:
+    """The resolved config as YAML; values of keys that look like credentials are replaced by ``***``."""
+    tree = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+    if redact_secrets:
+        tree = _redact(tree)
+    return OmegaConf.to_yaml(tree, sort_keys=False)
+
+
+def dump_config(config: Any, run_dir: str | os.PathLike) -> Path:
+    """Write ``<run_dir>/config.yaml`` (resolved, secrets redacted) and return its path."""
+    path = Path(run_dir) / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(config_to_yaml(config))
+    return path
+
+
+def _unknown_key(raw: DictConfig | dict, schema: type, prefix: str = "") -> Optional[str]:
+    """The first dotted key of ``raw`` that ``schema`` does not define (``+key=value`` gets past Hydra), else None."""
+    import typing
+
+    hints = typing.get_type_hints(schema)
+    for key in raw.keys():
+        if key not in hints:
+            return f"{prefix}{key}"
+        child_type = hints[key]
+        child = raw[key]
+        if is_dataclass(child_type) and isinstance(child, (dict, DictConfig)):
+            found = _unknown_key(child, child_type, f"{prefix}{key}.")
+            if found:
+                return found
+    return None
+
+
+def _redact(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {key: ("***" if SECRET_KEY_PATTERN.search(str(key)) and isinstance(value, str) and value else _redact(value))
+                for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_redact(item) for item in tree]
+    return tree
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _value_at(raw: DictConfig | dict, dotted_key: str) -> Any:
+    node: Any = raw
+    for part in dotted_key.split(".") if dotted_key else []:
+        try:
+            node = node[part]
+        except Exception:
+            return None
+    return OmegaConf.to_container(node) if isinstance(node, DictConfig) else node
+
+
+def _suggestion(dotted_key: str, schema: type) -> str:
+    """A " (did you mean ...?)" hint with the closest valid key at the same level, or an empty string."""
+    *parents, leaf = dotted_key.split(".") if dotted_key else [""]
+    node: Any = schema
+    for part in parents:
+        node = _field_type(node, part)
+        if node is None:
+            return ""
+    names = [f.name for f in fields(node)] if is_dataclass(node) else []
+    close = difflib.get_close_matches(leaf, names, n=1)
+    return f" (did you mean '{'.'.join([*parents, close[0]])}'?)" if close else ""
+
+
+def _field_type(dataclass_type: Any, name: str) -> Optional[type]:
+    """Resolve a field's dataclass type, following postponed (string) annotations."""
+    import typing
+
+    if not is_dataclass(dataclass_type):
+        return None
+    hints = typing.get_type_hints(dataclass_type)
+    candidate = hints.get(name)
+    return candidate if is_dataclass(candidate) else None

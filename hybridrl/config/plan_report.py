@@ -1,0 +1,24 @@
+"""A human-readable account of how a config's batches are cut: what the worker will actually do per step."""
+
+from __future__ import annotations
+
+from hybridrl.config.schema import TrainConfig
+from hybridrl.config.sizes import role_plan
+
+
+def batch_plan_report(config: TrainConfig, include_critic: bool) -> str:
+    """Lines like ``actor: 64 prompts × 4 = 256 seq/step → 4 optimizer steps of 64 seq; per rank 32 = 8 micro × 4``."""
+    lines = []
+    sequences_per_step = config.data.train_batch_size * config.rollout.n
+    for role in ["actor"] + (["critic"] if include_critic else []):
+        plan = role_plan(config, role)
+        if plan.grad_accum_steps is None:
+            per_rank = f"token budget {getattr(config, role).ppo_max_token_len_per_gpu} tokens per micro-batch"
+        else:
+            per_rank = f"{plan.micro_batch_size_per_gpu} per micro-batch × {plan.grad_accum_steps} accumulation steps"
+        lines.append(
+            f"# {role}: {config.data.train_batch_size} prompts × n={config.rollout.n} = {sequences_per_step} sequences per step"
+            f" → {plan.num_mini_batches} optimizer step(s) per epoch of {plan.mini_batch_sequences} sequences;"
+            f" per rank ({plan.num_data_parallel_ranks} ranks) {plan.local_mini_batch_sequences} = {per_rank}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,350 @@
+"""The configuration schema: dataclasses are the source of truth; YAML in ``conf/`` only selects and overrides.
+
+Every field carries an attribute docstring (the string right under it); ``hybridrl.config.docs`` turns them into the
+config reference, and a test fails if a field has none. Key names follow verl's where the concept is the same.
+
+Batch-size vocabulary (DESIGN.md §3): *algorithm* sizes are global and counted in **prompts**
+(``data.train_batch_size``, ``actor.ppo_mini_batch_size``); *performance* sizes are per device and counted in
+**sequences** (``*_micro_batch_size_per_gpu``) or tokens (``*_max_token_len_per_gpu``). Derived sizes live in
+``hybridrl.config.sizes`` and are never written back into the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hybridrl.config.frozen import FreezableConfig
+from hybridrl.config.ray import RayConfig
+
+
+@dataclass
+class ModelConfig(FreezableConfig):
+    path: str = ""
+    """Required: a local Hugging Face model directory (config + safetensors). Nothing is ever downloaded at run time."""
+    tokenizer_path: Optional[str] = None
+    """Tokenizer directory; ``null`` means the same as ``model.path``."""
+    dtype: str = "bfloat16"
+    """Compute dtype of forward/backward passes: ``float32`` | ``bfloat16`` | ``float16``. Master weights stay fp32."""
+    attn_implementation: str = "sdpa"
+    """``sdpa`` | ``eager`` | ``flex_attention`` | ``flash_attention_2`` (GPU with flash-attn installed only)."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30 % more compute)."""
+    use_remove_padding: bool = False
+    """Pack micro-batches without pad tokens (per-sequence position ids); outputs equal the padded computation."""
+    trust_remote_code: bool = False
+    """Allow model code shipped inside the model directory. Off by default: it executes that code."""
+
+
+@dataclass
+class OptimConfig(FreezableConfig):
+    lr: float = 1e-6
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.01
+    """AdamW decoupled weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW (beta1, beta2)."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    lr_warmup_steps: int = 0
+    """Linear warm-up steps (optimizer steps). Takes precedence over ``lr_warmup_steps_ratio`` when > 0."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Warm-up as a fraction of the total optimizer steps, used when ``lr_warmup_steps`` is 0."""
+    lr_scheduler: str = "constant"
+    """After warm-up: ``constant`` | ``cosine``."""
+    min_lr_ratio: float = 0.0
+    """Cosine schedule floor, as a fraction of ``lr``."""
+
+
+@dataclass
+class FSDPConfig(FreezableConfig):
+    param_offload: bool = False
+    """Keep parameters on CPU between uses (FSDP2 ``CPUOffloadPolicy``)."""
+    optimizer_offload: bool = False
+    """Move optimizer state to CPU while the rollout runs; back to the device for the update."""
+    reshard_after_forward: bool = True
+    """FSDP2 ``reshard_after_forward``: free gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
+    reduce_dtype: str = "float32"
+    """Dtype of the gradient reduce-scatter: ``float32`` (exact accumulation) or ``bfloat16``."""
+
+
+@dataclass
+class ActorConfig(FreezableConfig):
+    strategy: str = "fsdp2"
+    """Training backend. Only ``fsdp2`` for now."""
+    ppo_mini_batch_size: int = 16
+    """Prompts per optimizer step (global). Each prompt brings ``rollout.n`` responses; split over DP ranks inside the worker."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = 4
+    """Sequences per forward/backward on one device. Ignored when ``use_dynamic_bsz`` is true."""
+    use_dynamic_bsz: bool = False
+    """Form micro-batches by a token budget (``ppo_max_token_len_per_gpu``) instead of a fixed sequence count."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Token budget of one micro-batch on one device when ``use_dynamic_bsz`` is true."""
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    """Sequences per forward in ``compute_log_prob`` (no gradients, so it can be larger); ``null`` = the PPO micro-batch."""
+    ppo_epochs: int = 1
+    """Passes over the rollout batch per training step."""
+    shuffle: bool = True
+    """Shuffle sequences before forming mini-batches (seeded by ``trainer.seed`` and the step)."""
+    policy_loss: str = "vanilla"
+    """Policy loss: ``vanilla`` (PPO clip, dual clip) | ``gspo`` | ``cispo``."""
+    loss_agg_mode: str = "token-mean"
+    """``token-mean`` | ``seq-mean-token-sum`` | ``seq-mean-token-mean`` | ``seq-mean-token-sum-norm``; always normalised globally."""
+    clip_ratio_low: float = 0.2
+    """Lower PPO clip: ratio >= 1 - clip_ratio_low."""
+    clip_ratio_high: float = 0.2
+    """Upper PPO clip: ratio <= 1 + clip_ratio_high (DAPO's clip-higher uses e.g. 0.28)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages (must be > 1)."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus coefficient (0 disables the entropy term in the loss; entropy is still logged)."""
+    use_kl_loss: bool = False
+    """Add KL(policy || reference) as a loss term (GRPO style) instead of, or besides, KL in the reward."""
+    kl_loss_coef: float = 0.001
+    """Coefficient of the KL loss term."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator of the loss term: ``k1``/``kl`` | ``abs`` | ``k2``/``mse`` | ``k3``/``low_var_kl``."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; a non-finite norm skips the step."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and learning-rate schedule."""
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP2 sharding and offload settings."""
+
+
+@dataclass
+class ReferenceConfig(FreezableConfig):
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    """Sequences per reference forward on one device; ``null`` = ``actor.log_prob_micro_batch_size_per_gpu``."""
+    param_offload: bool = False
+    """Keep reference parameters on CPU between uses."""
+
+
+@dataclass
+class SamplingConfig(FreezableConfig):
+    n: int = 1
+    """Responses per prompt during validation."""
+    do_sample: bool = False
+    """Sample (true) or decode greedily (false) during validation."""
+    temperature: float = 1.0
+    """Sampling temperature when ``do_sample`` is true."""
+    top_p: float = 1.0
+    """Nucleus sampling mass when ``do_sample`` is true."""
+    top_k: int = -1
+    """Top-k sampling when ``do_sample`` is true (-1 disables)."""
+
+
+@dataclass
+class RolloutConfig(FreezableConfig):
+    name: str = "hf"
+    """Generation engine: ``hf`` (transformers ``generate`` on the actor's module) | ``vllm`` (in-process vLLM)."""
+    n: int = 1
+    """Responses per prompt (the group size of GRPO/RLOO)."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts (> 0)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
+    top_k: int = -1
+    """Top-k sampling (-1 disables)."""
+    seed: Optional[int] = None
+    """Sampling seed; ``null`` derives it from ``trainer.seed`` and the step (reproducible runs)."""
+    tensor_model_parallel_size: int = 1
+    """Tensor-parallel size t_g of the generation layout; must divide the number of devices."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM: fraction of device memory for weights + KV cache (GPU)."""
+    kv_cache_memory_mb: Optional[int] = None
+    """vLLM: explicit KV-cache budget in MiB (required on CPU, where vLLM would otherwise size it from host RAM)."""
+    enforce_eager: bool = True
+    """vLLM: disable CUDA graphs (lower start-up cost and memory)."""
+    max_num_seqs: int = 256
+    """vLLM: maximum sequences per engine step."""
+    max_num_batched_tokens: int = 8192
+    """vLLM: maximum tokens per engine step."""
+    free_cache_engine: bool = True
+    """Release the engine's KV cache during training and restore it before generation (vLLM sleep/wake on GPU)."""
+    weight_sync_bucket_mb: int = 256
+    """Size of one bucket of streamed weights when resharding training weights into the engine."""
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    """Deprecated alias kept for verl users; use ``actor.log_prob_micro_batch_size_per_gpu``."""
+    val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+    """Sampling parameters used for validation."""
+
+
+@dataclass
+class CriticConfig(FreezableConfig):
+    enable: Optional[bool] = None
+    """Train a value model. ``null`` = automatic: on for ``gae``, off for critic-free estimators."""
+    model_path: Optional[str] = None
+    """Value-model initialisation; ``null`` = ``model.path`` (a fresh value head on the policy backbone)."""
+    ppo_mini_batch_size: int = 16
+    """Prompts per critic optimizer step (global), as for the actor."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = 4
+    """Sequences per critic forward/backward on one device."""
+    use_dynamic_bsz: bool = False
+    """Token-budget micro-batches for the critic."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Critic token budget per micro-batch when ``use_dynamic_bsz`` is true."""
+    ppo_epochs: int = 1
+    """Passes over the rollout batch per critic update."""
+    cliprange_value: float = 0.5
+    """Value clipping range around the old values."""
+    loss_agg_mode: str = "token-mean"
+    """Aggregation of the value loss (same modes as the actor)."""
+    grad_clip: float = 1.0
+    """Clip the critic's global gradient norm."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    """Critic optimizer."""
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    """Critic FSDP2 settings."""
+
+
+@dataclass
+class RewardModelConfig(FreezableConfig):
+    enable: bool = False
+    """Score responses with a reward-model worker group (in addition to, or instead of, rule rewards)."""
+    model_path: Optional[str] = None
+    """Reward-model directory (``AutoModelForSequenceClassification``)."""
+    micro_batch_size_per_gpu: int = 4
+    """Sequences per reward-model forward on one device."""
+
+
+@dataclass
+class CustomRewardConfig(FreezableConfig):
+    path: Optional[str] = None
+    """Python file defining your reward function; ``null`` uses the built-in registry routed by ``data_source``."""
+    name: str = "compute_score"
+    """Function name inside ``path``: ``(data_source, solution_str, ground_truth, extra_info) -> float``."""
+    timeout_s: float = 10.0
+    """Per-sample timeout; a reward function that hangs or raises scores 0 and is counted as a warning."""
+
+
+@dataclass
+class KLControlConfig(FreezableConfig):
+    type: str = "fixed"
+    """KL coefficient controller: ``fixed`` | ``adaptive`` | ``scheduled``."""
+    kl_coef: float = 0.001
+    """Initial (or fixed) KL coefficient."""
+    target_kl: float = 0.1
+    """Adaptive controller: target KL per token."""
+    horizon: int = 10000
+    """Adaptive controller: horizon in samples."""
+
+
+@dataclass
+class AlgorithmConfig(FreezableConfig):
+    adv_estimator: str = "grpo"
+    """Advantage estimator: ``gae`` | ``grpo`` | ``drgrpo`` | ``rloo`` | ``reinforce_plus_plus`` | ``reinforce_plus_plus_baseline`` | ``remax``."""
+    gamma: float = 1.0
+    """Discount factor."""
+    lam: float = 1.0
+    """GAE lambda."""
+    norm_adv_by_std_in_grpo: bool = True
+    """GRPO: divide by the group's reward std (false gives Dr. GRPO's estimator)."""
+    use_kl_in_reward: bool = False
+    """Subtract ``kl_ctrl.kl_coef × KL(policy || reference)`` from the token-level reward."""
+    kl_penalty: str = "kl"
+    """KL estimator used in the reward: ``k1``/``kl`` | ``abs`` | ``k2``/``mse`` | ``k3``/``low_var_kl``."""
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    """KL-in-reward coefficient controller."""
+
+
+@dataclass
+class DataConfig(FreezableConfig):
+    train_files: list[str] = field(default_factory=list)
+    """Parquet or JSONL files with verl's schema (``data_source``, ``prompt``, ``reward_model.ground_truth``, ``extra_info``)."""
+    val_files: list[str] = field(default_factory=list)
+    """Validation files, same schema."""
+    synthetic_task: Optional[str] = None
+    """Generate prompts on the fly instead of reading files, e.g. ``arithmetic`` (used by the demo and tests)."""
+    prompt_key: str = "prompt"
+    """Column holding the prompt (chat messages or plain text)."""
+    max_prompt_length: int = 512
+    """Prompt tokens after the chat template; longer prompts follow ``truncation`` / ``filter_overlong_prompts``."""
+    max_response_length: int = 512
+    """Maximum generated tokens per response."""
+    train_batch_size: int = 64
+    """Prompts per training step (global)."""
+    val_batch_size: Optional[int] = None
+    """Prompts per validation generation call; ``null`` = the whole validation set at once."""
+    truncation: str = "error"
+    """Over-long prompts: ``error`` (refuse, naming the row) | ``left`` | ``right``."""
+    filter_overlong_prompts: bool = True
+    """Drop prompts longer than ``max_prompt_length`` when loading (reported), before ``truncation`` applies."""
+    shuffle: bool = True
+    """Shuffle training prompts each epoch (seeded, resumable)."""
+    seed: int = 1
+    """Seed of the data order."""
+    apply_chat_template: bool = True
+    """Format chat-message prompts with the tokenizer's chat template."""
+
+
+@dataclass
+class TrainerConfig(FreezableConfig):
+    project_name: str = "hybridrl"
+    """Project name (tracking backends, run directory)."""
+    experiment_name: str = "default"
+    """Experiment name (tracking backends, run directory)."""
+    default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
+    """Run directory: resolved config, metrics, checkpoints, plots."""
+    device: str = "auto"
+    """``auto`` (cuda when available, else cpu) | ``cuda`` | ``cpu``."""
+    nnodes: int = 1
+    """Nodes in the job."""
+    n_gpus_per_node: int = 1
+    """Devices per node (CPU slots when ``device=cpu``); world size = nnodes × n_gpus_per_node."""
+    total_epochs: int = 1
+    """Passes over the training prompts."""
+    total_training_steps: Optional[int] = None
+    """Stop after this many steps; ``null`` = epochs × steps per epoch."""
+    seed: int = 1
+    """Global seed (model init, sampling, shuffling): a fixed seed gives the same run twice on CPU."""
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Trackers: any of ``console``, ``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``."""
+    save_freq: int = -1
+    """Checkpoint every N steps (-1: only at the end when ``save_at_end``)."""
+    save_at_end: bool = True
+    """Write a checkpoint after the last step."""
+    max_ckpt_to_keep: Optional[int] = None
+    """Keep only the newest K checkpoints; ``null`` keeps all."""
+    resume_mode: str = "auto"
+    """``auto`` (latest checkpoint in the run directory, if any) | ``disable`` | ``resume_path`` (use ``resume_from_path``)."""
+    resume_from_path: Optional[str] = None
+    """Checkpoint directory to resume from when ``resume_mode=resume_path``."""
+    test_freq: int = -1
+    """Validate every N steps (-1 disables periodic validation)."""
+    val_before_train: bool = True
+    """Validate once before the first step."""
+    balance_batch: bool = True
+    """Reorder sequences so every DP rank gets a similar token count."""
+    critic_warmup: int = 0
+    """Steps that update only the critic before the actor starts learning."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """Ray start-up and worker-group settings."""
+
+
+@dataclass
+class TrainConfig(FreezableConfig):
+    """The PPO/GRPO trainer's whole configuration (``conf/ppo_trainer.yaml``)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model and how it is built."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """Policy optimisation."""
+    ref: ReferenceConfig = field(default_factory=ReferenceConfig)
+    """Reference policy (for KL)."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Generation."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """Value model (PPO with GAE)."""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """Model-based reward."""
+    custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
+    """Rule-based reward function override."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantage estimation and KL-in-reward."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompts and lengths."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Run-level settings: devices, steps, logging, checkpoints, Ray."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form settings for recipes and plug-ins (never read by the core trainer)."""

@@ -1,0 +1,110 @@
+"""Derived batch sizes — computed from the config, never written back into it (DESIGN.md §3).
+
+Algorithm sizes are global and counted in prompts; the worker multiplies by ``rollout.n`` and divides by the number of
+data-parallel ranks. The identity ``global sequences = micro × accumulation × world`` must hold exactly, or the
+config is refused: a silently rounded mini-batch changes the optimisation, not just the speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hybridrl.config.errors import ConfigError
+from hybridrl.config.schema import TrainConfig
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How one role's optimizer steps are cut into per-device micro-batches.
+
+    Attributes:
+        num_data_parallel_ranks: ranks that each hold a distinct slice of the mini-batch.
+        num_mini_batches: optimizer steps per PPO epoch (``train_batch_size // ppo_mini_batch_size``).
+        mini_batch_sequences: sequences per optimizer step over all ranks (prompts × n).
+        local_mini_batch_sequences: sequences per optimizer step on one rank.
+        micro_batch_size_per_gpu: sequences per forward/backward, or ``None`` under a token budget.
+        grad_accum_steps: micro-batches per optimizer step on one rank, or ``None`` under a token budget
+            (then the count varies per mini-batch and is chosen by the partitioner).
+    """
+
+    num_data_parallel_ranks: int
+    num_mini_batches: int
+    mini_batch_sequences: int
+    local_mini_batch_sequences: int
+    micro_batch_size_per_gpu: Optional[int]
+    grad_accum_steps: Optional[int]
+
+
+def plan_batches(
+    *,
+    role: str,
+    train_batch_size: int,
+    responses_per_prompt: int,
+    ppo_mini_batch_size: int,
+    ppo_micro_batch_size_per_gpu: Optional[int],
+    use_dynamic_bsz: bool,
+    num_data_parallel_ranks: int,
+) -> BatchPlan:
+    """Derive one role's batch plan, or raise ``ConfigError`` naming every key that breaks the identity.
+
+    ``role`` is the config prefix used in messages, e.g. ``"actor"`` or ``"critic"``.
+    """
+    error = ConfigError()
+    mini_key, micro_key = f"{role}.ppo_mini_batch_size", f"{role}.ppo_micro_batch_size_per_gpu"
+    if ppo_mini_batch_size > train_batch_size:
+        error.add(mini_key, ppo_mini_batch_size, f"exceeds data.train_batch_size={train_batch_size} (both count prompts)")
+    elif train_batch_size % ppo_mini_batch_size:
+        error.add(mini_key, ppo_mini_batch_size, f"must divide data.train_batch_size={train_batch_size}")
+    mini_batch_sequences = ppo_mini_batch_size * responses_per_prompt
+    if mini_batch_sequences % num_data_parallel_ranks:
+        error.add(
+            mini_key,
+            ppo_mini_batch_size,
+            f"× rollout.n={responses_per_prompt} = {mini_batch_sequences} sequences cannot be split evenly over "
+            f"{num_data_parallel_ranks} data-parallel ranks (trainer.nnodes × trainer.n_gpus_per_node)",
+        )
+    local_sequences = mini_batch_sequences // num_data_parallel_ranks
+    grad_accum_steps: Optional[int] = None
+    micro = None if use_dynamic_bsz else ppo_micro_batch_size_per_gpu
+    if not use_dynamic_bsz and not error:
+        if ppo_micro_batch_size_per_gpu is None:
+            error.add(micro_key, None, f"is required unless {role}.use_dynamic_bsz=true")
+        elif local_sequences % ppo_micro_batch_size_per_gpu:
+            error.add(
+                micro_key,
+                ppo_micro_batch_size_per_gpu,
+                f"must divide the per-rank mini-batch of {local_sequences} sequences "
+                f"({mini_key}={ppo_mini_batch_size} × rollout.n={responses_per_prompt} ÷ {num_data_parallel_ranks} ranks); "
+                f"global = micro × accumulation × world must hold exactly",
+            )
+        else:
+            grad_accum_steps = local_sequences // ppo_micro_batch_size_per_gpu
+    error.raise_if_any()
+    return BatchPlan(
+        num_data_parallel_ranks=num_data_parallel_ranks,
+        num_mini_batches=train_batch_size // ppo_mini_batch_size,
+        mini_batch_sequences=mini_batch_sequences,
+        local_mini_batch_sequences=local_sequences,
+        micro_batch_size_per_gpu=micro,
+        grad_accum_steps=grad_accum_steps,
+    )
+
+
+def world_size(config: TrainConfig) -> int:
+    """Devices in the job: ``trainer.nnodes × trainer.n_gpus_per_node``."""
+    return config.trainer.nnodes * config.trainer.n_gpus_per_node
+
+
+def role_plan(config: TrainConfig, role: str) -> BatchPlan:
+    """The ``BatchPlan`` of ``role`` (``"actor"`` or ``"critic"``); raises ``ConfigError`` if its sizes do not divide."""
+    role_config = getattr(config, role)
+    return plan_batches(
+        role=role,
+        train_batch_size=config.data.train_batch_size,
+        responses_per_prompt=config.rollout.n,
+        ppo_mini_batch_size=role_config.ppo_mini_batch_size,
+        ppo_micro_batch_size_per_gpu=role_config.ppo_micro_batch_size_per_gpu,
+        use_dynamic_bsz=role_config.use_dynamic_bsz,
+        num_data_parallel_ranks=world_size(config),
+    )

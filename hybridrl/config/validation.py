@@ -1,0 +1,250 @@
+"""Validation of a whole ``TrainConfig`` before any worker starts: one ``ConfigError`` listing every problem by key.
+
+Types and unknown keys are caught earlier, when YAML and overrides are merged into the schema (``loader.py``);
+this module checks values, choices, cross-field rules and files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from hybridrl.config.errors import PREFORMATTED, ConfigError
+from hybridrl.config.schema import TrainConfig
+from hybridrl.config.sizes import role_plan, world_size
+
+# Choices owned by the config layer. Names owned by a registry (estimators, losses, …) are read from that registry.
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2")
+ROLLOUT_ENGINES = ("hf", "vllm")
+TRUNCATION_MODES = ("error", "left", "right")
+DEVICES = ("auto", "cuda", "cpu")
+RESUME_MODES = ("auto", "disable", "resume_path")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+LR_SCHEDULERS = ("constant", "cosine")
+REDUCE_DTYPES = ("float32", "bfloat16")
+DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json")
+# Estimators whose baseline comes from the other responses to the same prompt.
+GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+def critic_enabled(config: TrainConfig) -> bool:
+    """Whether a value model is trained: ``critic.enable`` if set, else only for GAE."""
+    if config.critic.enable is not None:
+        return config.critic.enable
+    return config.algorithm.adv_estimator == "gae"
+
+
+def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
+    """Raise ``ConfigError`` naming every invalid key; return ``None`` when the config can run.
+
+    ``check_paths=False`` skips file-existence checks (e.g. composing a recipe meant for another machine).
+    """
+    error = ConfigError()
+    for check in (_check_sizes, _check_ranges, _check_choices, _check_algorithm_rules, _check_devices):
+        check(config, error)
+    if check_paths:
+        _check_paths(config, error)
+    if not error:  # the batch identity is only meaningful once the individual sizes are sane
+        _check_batch_plans(config, error)
+    error.raise_if_any()
+
+
+def _require(error: ConfigError, key: str, value: Any, ok: bool, message: str) -> None:
+    if not ok:
+        error.add(key, value, message)
+
+
+def _positive(error: ConfigError, items: Iterable[tuple[str, Optional[int | float]]], allow_none: bool = True) -> None:
+    for key, value in items:
+        if value is None and allow_none:
+            continue
+        _require(error, key, value, value is not None and value > 0, "must be a positive number")
+
+
+def _choice(error: ConfigError, key: str, value: Any, choices: Iterable[str]) -> None:
+    choices = tuple(choices)
+    _require(error, key, value, value in choices, f"unknown; expected one of {', '.join(choices)}")
+
+
+def _check_sizes(config: TrainConfig, error: ConfigError) -> None:
+    data, actor, critic, rollout, trainer = config.data, config.actor, config.critic, config.rollout, config.trainer
+    _positive(error, [
+        ("data.train_batch_size", data.train_batch_size), ("data.val_batch_size", data.val_batch_size),
+        ("data.max_prompt_length", data.max_prompt_length), ("data.max_response_length", data.max_response_length),
+        ("actor.ppo_mini_batch_size", actor.ppo_mini_batch_size),
+        ("actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu),
+        ("actor.log_prob_micro_batch_size_per_gpu", actor.log_prob_micro_batch_size_per_gpu),
+        ("actor.ppo_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu), ("actor.ppo_epochs", actor.ppo_epochs),
+        ("ref.log_prob_micro_batch_size_per_gpu", config.ref.log_prob_micro_batch_size_per_gpu),
+        ("critic.ppo_mini_batch_size", critic.ppo_mini_batch_size),
+        ("critic.ppo_micro_batch_size_per_gpu", critic.ppo_micro_batch_size_per_gpu),
+        ("critic.ppo_max_token_len_per_gpu", critic.ppo_max_token_len_per_gpu), ("critic.ppo_epochs", critic.ppo_epochs),
+        ("rollout.n", rollout.n), ("rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size),
+        ("rollout.max_num_seqs", rollout.max_num_seqs), ("rollout.max_num_batched_tokens", rollout.max_num_batched_tokens),
+        ("rollout.kv_cache_memory_mb", rollout.kv_cache_memory_mb),
+        ("rollout.weight_sync_bucket_mb", rollout.weight_sync_bucket_mb), ("rollout.val_kwargs.n", rollout.val_kwargs.n),
+        ("reward_model.micro_batch_size_per_gpu", config.reward_model.micro_batch_size_per_gpu),
+        ("trainer.nnodes", trainer.nnodes), ("trainer.n_gpus_per_node", trainer.n_gpus_per_node),
+        ("trainer.total_epochs", trainer.total_epochs), ("trainer.total_training_steps", trainer.total_training_steps),
+        ("trainer.max_ckpt_to_keep", trainer.max_ckpt_to_keep),
+        ("custom_reward_function.timeout_s", config.custom_reward_function.timeout_s),
+    ])
+    for key, value in (("trainer.save_freq", trainer.save_freq), ("trainer.test_freq", trainer.test_freq)):
+        _require(error, key, value, value == -1 or value > 0, "must be -1 (off) or a positive number of steps")
+    _require(error, "trainer.critic_warmup", trainer.critic_warmup, trainer.critic_warmup >= 0, "must be >= 0")
+
+
+def _check_ranges(config: TrainConfig, error: ConfigError) -> None:
+    actor, rollout, algorithm = config.actor, config.rollout, config.algorithm
+    for role in ("actor", "critic"):
+        role_config = getattr(config, role)
+        _positive(error, [(f"{role}.optim.lr", role_config.optim.lr), (f"{role}.grad_clip", role_config.grad_clip)])
+        optim = role_config.optim
+        _require(error, f"{role}.optim.weight_decay", optim.weight_decay, optim.weight_decay >= 0, "must be >= 0")
+        _require(error, f"{role}.optim.betas", list(optim.betas), len(optim.betas) == 2 and all(0 <= b < 1 for b in optim.betas),
+                 "must be two numbers in [0, 1)")
+        _require(error, f"{role}.optim.lr_warmup_steps_ratio", optim.lr_warmup_steps_ratio,
+                 0 <= optim.lr_warmup_steps_ratio < 1, "must be in [0, 1)")
+        _require(error, f"{role}.optim.min_lr_ratio", optim.min_lr_ratio, 0 <= optim.min_lr_ratio <= 1, "must be in [0, 1]")
+    for key, value in (("actor.clip_ratio_low", actor.clip_ratio_low), ("actor.clip_ratio_high", actor.clip_ratio_high),
+                       ("actor.entropy_coeff", actor.entropy_coeff), ("actor.kl_loss_coef", actor.kl_loss_coef),
+                       ("critic.cliprange_value", config.critic.cliprange_value),
+                       ("algorithm.kl_ctrl.kl_coef", algorithm.kl_ctrl.kl_coef)):
+        _require(error, key, value, value >= 0, "must be >= 0")
+    _require(error, "actor.clip_ratio_low", actor.clip_ratio_low, actor.clip_ratio_low < 1, "must be < 1 (ratio ≥ 1 − low)")
+    _require(error, "actor.clip_ratio_c", actor.clip_ratio_c, actor.clip_ratio_c > 1, "dual-clip bound must be > 1")
+    for key, value in (("algorithm.gamma", algorithm.gamma), ("algorithm.lam", algorithm.lam)):
+        _require(error, key, value, 0 <= value <= 1, "must be in [0, 1]")
+    for prefix, sampling in (("rollout", rollout), ("rollout.val_kwargs", rollout.val_kwargs)):
+        _require(error, f"{prefix}.temperature", sampling.temperature, sampling.temperature > 0, "must be > 0")
+        _require(error, f"{prefix}.top_p", sampling.top_p, 0 < sampling.top_p <= 1, "must be in (0, 1]")
+        _require(error, f"{prefix}.top_k", sampling.top_k, sampling.top_k == -1 or sampling.top_k > 0,
+                 "must be -1 (off) or positive")
+    _require(error, "rollout.gpu_memory_utilization", rollout.gpu_memory_utilization,
+             0 < rollout.gpu_memory_utilization <= 1, "must be in (0, 1]")
+    _positive(error, [("algorithm.kl_ctrl.target_kl", algorithm.kl_ctrl.target_kl),
+                      ("algorithm.kl_ctrl.horizon", algorithm.kl_ctrl.horizon)])
+
+
+def _check_choices(config: TrainConfig, error: ConfigError) -> None:
+    from hybridrl import algorithms  # the registries own their names
+
+    _choice(error, "algorithm.adv_estimator", config.algorithm.adv_estimator, algorithms.ADVANTAGE_ESTIMATORS)
+    _choice(error, "actor.policy_loss", config.actor.policy_loss, algorithms.POLICY_LOSSES)
+    _choice(error, "actor.loss_agg_mode", config.actor.loss_agg_mode, algorithms.LOSS_AGG_MODES)
+    _choice(error, "critic.loss_agg_mode", config.critic.loss_agg_mode, algorithms.LOSS_AGG_MODES)
+    _choice(error, "actor.kl_loss_type", config.actor.kl_loss_type, algorithms.KL_PENALTY_KINDS)
+    _choice(error, "algorithm.kl_penalty", config.algorithm.kl_penalty, algorithms.KL_PENALTY_KINDS)
+    _choice(error, "algorithm.kl_ctrl.type", config.algorithm.kl_ctrl.type, algorithms.KL_CONTROLLER_KINDS)
+    _choice(error, "model.dtype", config.model.dtype, MODEL_DTYPES)
+    _choice(error, "model.attn_implementation", config.model.attn_implementation, ATTENTION_IMPLEMENTATIONS)
+    _choice(error, "rollout.name", config.rollout.name, ROLLOUT_ENGINES)
+    _choice(error, "data.truncation", config.data.truncation, TRUNCATION_MODES)
+    _choice(error, "trainer.device", config.trainer.device, DEVICES)
+    _choice(error, "trainer.resume_mode", config.trainer.resume_mode, RESUME_MODES)
+    for logger in config.trainer.logger:
+        _choice(error, "trainer.logger", logger, LOGGERS)
+    for role in ("actor", "critic"):
+        role_config = getattr(config, role)
+        _choice(error, f"{role}.optim.lr_scheduler", role_config.optim.lr_scheduler, LR_SCHEDULERS)
+        _choice(error, f"{role}.fsdp.reduce_dtype", role_config.fsdp.reduce_dtype, REDUCE_DTYPES)
+        _choice(error, f"{role}.strategy", getattr(role_config, "strategy", "fsdp2"), ("fsdp2",))
+    try:
+        config.trainer.ray.validate()
+    except ValueError as ray_error:
+        error.add("trainer.ray", PREFORMATTED, str(ray_error))
+
+
+def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
+    estimator, n = config.algorithm.adv_estimator, config.rollout.n
+    if estimator in GROUP_ESTIMATORS and n < 2:
+        error.add("rollout.n", n, f"algorithm.adv_estimator={estimator} compares responses to the same prompt: "
+                                  "it needs rollout.n >= 2 (a group of one has no baseline)")
+    if estimator == "gae" and config.critic.enable is False:
+        error.add("critic.enable", False, "algorithm.adv_estimator=gae needs a critic (value model)")
+    longest_sequence = config.data.max_prompt_length + config.data.max_response_length
+    for role in ("actor", "critic"):
+        role_config = getattr(config, role)
+        if role_config.use_dynamic_bsz and role_config.ppo_max_token_len_per_gpu < longest_sequence:
+            error.add(f"{role}.ppo_max_token_len_per_gpu", role_config.ppo_max_token_len_per_gpu,
+                      f"must hold one whole sequence: data.max_prompt_length + data.max_response_length = {longest_sequence}")
+    if not config.data.train_files and config.data.synthetic_task is None:
+        error.add("data.train_files", [], "give at least one parquet/JSONL file, or set data.synthetic_task")
+    if config.trainer.resume_mode == "resume_path" and not config.trainer.resume_from_path:
+        error.add("trainer.resume_from_path", None, "is required when trainer.resume_mode=resume_path")
+    if config.reward_model.enable and not config.reward_model.model_path:
+        error.add("reward_model.model_path", None, "is required when reward_model.enable=true")
+
+
+def _check_devices(config: TrainConfig, error: ConfigError) -> None:
+    tp, devices = config.rollout.tensor_model_parallel_size, world_size(config)
+    if devices % tp:
+        error.add("rollout.tensor_model_parallel_size", tp,
+                  f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node)")
+    if config.rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
+        error.add("rollout.name", "vllm", "vLLM is not installed: pip install 'hybridrl[vllm]' (GPU) or "
+                                          "'hybridrl[cpu]' (CPU build), or use rollout.name=hf")
+    if config.model.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        error.add("model.attn_implementation", "flash_attention_2",
+                  "flash-attn is not installed (pip install 'hybridrl[gpu]' on a CUDA machine); sdpa is the portable choice")
+    device = resolved_device(config)
+    if config.trainer.device == "cuda" and device != "cuda" and config.trainer.ray.address == "local":
+        error.add("trainer.device", "cuda", "no CUDA device is visible on this machine; use trainer.device=cpu or auto")
+    if device == "cpu" and config.model.dtype == "float16":
+        error.add("model.dtype", "float16", "float16 training is not supported on CPU; use bfloat16 or float32")
+
+
+def resolved_device(config: TrainConfig) -> str:
+    """``trainer.device`` with ``auto`` resolved on this machine: ``cuda`` when a CUDA device is visible, else ``cpu``."""
+    if config.trainer.device != "auto":
+        return config.trainer.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _check_paths(config: TrainConfig, error: ConfigError) -> None:
+    _check_model_dir(error, "model.path", config.model.path)
+    if config.model.tokenizer_path is not None:
+        _require(error, "model.tokenizer_path", config.model.tokenizer_path, Path(config.model.tokenizer_path).is_dir(),
+                 "is not a directory")
+    if critic_enabled(config) and config.critic.model_path is not None:
+        _check_model_dir(error, "critic.model_path", config.critic.model_path)
+    if config.reward_model.enable and config.reward_model.model_path:
+        _check_model_dir(error, "reward_model.model_path", config.reward_model.model_path)
+    for key in ("train_files", "val_files"):
+        for path in getattr(config.data, key):
+            _check_data_file(error, f"data.{key}", path)
+    reward_path = config.custom_reward_function.path
+    if reward_path is not None:
+        _require(error, "custom_reward_function.path", reward_path,
+                 Path(reward_path).is_file() and reward_path.endswith(".py"), "must be an existing .py file")
+    if config.trainer.resume_mode == "resume_path" and config.trainer.resume_from_path:
+        _require(error, "trainer.resume_from_path", config.trainer.resume_from_path,
+                 Path(config.trainer.resume_from_path).is_dir(), "is not a directory")
+
+
+def _check_model_dir(error: ConfigError, key: str, path: str) -> None:
+    if path in ("???", "", None):
+        error.add(key, path, "is required: a local Hugging Face model directory")
+    elif not Path(path).is_dir():
+        error.add(key, path, "does not exist or is not a directory")
+    elif not (Path(path) / "config.json").is_file():
+        error.add(key, path, "is not a Hugging Face model directory (no config.json)")
+
+
+def _check_data_file(error: ConfigError, key: str, path: str) -> None:
+    if not Path(path).is_file():
+        error.add(key, path, "file does not exist")
+    elif not path.endswith(DATA_FILE_SUFFIXES):
+        error.add(key, path, f"unsupported format; expected one of {', '.join(DATA_FILE_SUFFIXES)}")
+
+
+def _check_batch_plans(config: TrainConfig, error: ConfigError) -> None:
+    for role in ["actor"] + (["critic"] if critic_enabled(config) else []):
+        try:
+            role_plan(config, role)
+        except ConfigError as plan_error:
+            error.extend(plan_error)

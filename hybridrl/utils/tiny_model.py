@@ -1,0 +1,117 @@
+"""Tiny real Hugging Face models and tokenizers, built from a config and saved to disk — never downloaded.
+
+The demo, the tests and the benchmarks use these: a real ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` with a handful of
+layers and a character-level tokenizer with a chat template, saved with ``save_pretrained`` so that every loading path
+(transformers, FSDP2 workers, vLLM) is exercised exactly as with a real checkpoint.
+
+Head dimension is 32 by default: vLLM's CPU attention supports 32, 64, 80, 96, 112, 128, … but not 16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<|user|>", "<|assistant|>")
+# Characters of the synthetic tasks and short English prompts; every character is one token.
+DEFAULT_CHARACTERS = "0123456789+-*/=()., ?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ:'\n"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'user' %}<|user|>{{ message['content'] }}"
+    "{% elif message['role'] == 'system' %}{{ message['content'] }}"
+    "{% else %}<|assistant|>{{ message['content'] }}<eos>{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Shape of a tiny decoder. ``num_heads × head_dim = hidden_size``; ``head_dim`` must be a vLLM-supported size."""
+
+    architecture: str = "llama"  # "llama" | "qwen2"
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 2
+    num_kv_heads: int = 1
+    intermediate_size: int = 128
+    max_position_embeddings: int = 256
+    tie_word_embeddings: bool = False
+
+
+def build_char_tokenizer(characters: str = DEFAULT_CHARACTERS):
+    """A character-level ``PreTrainedTokenizerFast`` with pad/eos tokens and a two-role chat template.
+
+    Returns:
+        tokenizer whose vocabulary is ``SPECIAL_TOKENS`` followed by each distinct character of ``characters``.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    ordered_characters = list(dict.fromkeys(characters))
+    vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *ordered_characters])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=None))
+    special_pattern = "|".join(token.replace("|", r"\|") for token in SPECIAL_TOKENS)
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(f"{special_pattern}|.|\n"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        additional_special_tokens=["<|user|>", "<|assistant|>"],
+        padding_side="left",
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(spec: TinyModelSpec, vocab_size: int, *, pad_token_id: int, eos_token_id: int, seed: int = 0):
+    """A randomly initialised causal LM of the given spec (fp32), deterministic in ``seed``."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}.get(spec.architecture)
+    if config_class is None:
+        raise ValueError(f"TinyModelSpec.architecture={spec.architecture!r}: expected 'llama' or 'qwen2'")
+    config = config_class(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        intermediate_size=spec.intermediate_size,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def save_tiny_model(directory: str | Path, spec: TinyModelSpec = TinyModelSpec(), *, seed: int = 0,
+                    characters: str = DEFAULT_CHARACTERS) -> Path:
+    """Build a tiny model + tokenizer and ``save_pretrained`` both into ``directory`` (safetensors). Returns the path."""
+    directory = Path(directory)
+    tokenizer = build_char_tokenizer(characters)
+    model = build_tiny_model(spec, len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=tokenizer.eos_token_id, seed=seed)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def encode_chat(tokenizer, prompts: Sequence[str]) -> list[list[int]]:
+    """Token ids of single-turn user prompts with the generation prompt appended (one list per prompt)."""
+    encoded = []
+    for prompt in prompts:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=True)["input_ids"]
+        encoded.append(list(ids))
+    return encoded

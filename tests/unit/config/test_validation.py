@@ -1,0 +1,105 @@
+"""Bad configs: each gets one clear ConfigError that names the offending key (the table below is the catalogue)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridrl.config import ConfigError, load_config
+
+# (overrides, key the error must name, a phrase the message must contain)
+BAD_CONFIGS = [
+    (["data.train_batch_size=0"], "data.train_batch_size", "positive"),
+    (["data.train_batch_size=-4"], "data.train_batch_size", "positive"),
+    (["data.max_response_length=0"], "data.max_response_length", "positive"),
+    (["actor.ppo_mini_batch_size=0"], "actor.ppo_mini_batch_size", "positive"),
+    (["actor.ppo_mini_batch_size=32"], "actor.ppo_mini_batch_size", "exceeds data.train_batch_size"),
+    (["actor.ppo_mini_batch_size=6"], "actor.ppo_mini_batch_size", "must divide data.train_batch_size"),
+    (["actor.ppo_micro_batch_size_per_gpu=3"], "actor.ppo_micro_batch_size_per_gpu", "micro × accumulation × world"),
+    (["actor.ppo_micro_batch_size_per_gpu=null"], "actor.ppo_micro_batch_size_per_gpu", "use_dynamic_bsz"),
+    (["trainer.n_gpus_per_node=3"], "actor.ppo_mini_batch_size", "data-parallel ranks"),
+    (["rollout.n=0"], "rollout.n", "positive"),
+    (["rollout.n=1"], "rollout.n", "needs rollout.n >= 2"),
+    (["algorithm=rloo", "rollout.n=1"], "rollout.n", "needs rollout.n >= 2"),
+    (["algorithm.adv_estimator=ppo2"], "algorithm.adv_estimator", "expected one of"),
+    (["actor.policy_loss=clipped"], "actor.policy_loss", "expected one of"),
+    (["actor.loss_agg_mode=mean"], "actor.loss_agg_mode", "expected one of"),
+    (["actor.kl_loss_type=k4"], "actor.kl_loss_type", "expected one of"),
+    (["algorithm.kl_ctrl.type=pid"], "algorithm.kl_ctrl.type", "expected one of"),
+    (["rollout.name=sglang"], "rollout.name", "expected one of"),
+    (["model.dtype=float64"], "model.dtype", "expected one of"),
+    (["data.truncation=middle"], "data.truncation", "expected one of"),
+    (["trainer.logger=[console,neptune]"], "trainer.logger", "expected one of"),
+    (["actor.clip_ratio_c=1.0"], "actor.clip_ratio_c", "> 1"),
+    (["actor.clip_ratio_low=-0.1"], "actor.clip_ratio_low", ">= 0"),
+    (["rollout.temperature=0"], "rollout.temperature", "> 0"),
+    (["rollout.top_p=1.5"], "rollout.top_p", "(0, 1]"),
+    (["algorithm.gamma=1.5"], "algorithm.gamma", "[0, 1]"),
+    (["actor.optim.lr=0"], "actor.optim.lr", "positive"),
+    (["actor.optim.betas=[0.9]"], "actor.optim.betas", "two numbers"),
+    (["rollout.tensor_model_parallel_size=4"], "rollout.tensor_model_parallel_size", "must divide the 2 devices"),
+    (["algorithm=gae", "critic.enable=false"], "critic.enable", "needs a critic"),
+    (["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=16"], "actor.ppo_max_token_len_per_gpu",
+     "one whole sequence"),
+    (["trainer.save_freq=0"], "trainer.save_freq", "-1 (off)"),
+    (["trainer.resume_mode=resume_path"], "trainer.resume_from_path", "is required"),
+    (["data.synthetic_task=null"], "data.train_files", "at least one"),
+    (["reward_model.enable=true"], "reward_model.model_path", "is required"),
+    (["trainer.ray.object_store_memory_mb=10"], "trainer.ray.object_store_memory_mb", "at least"),
+    (["trainer.device=cpu", "model.dtype=float16"], "model.dtype", "not supported on CPU"),
+    # type and key errors come from the schema merge
+    (["data.train_batch_size=lots"], "data.train_batch_size", ""),
+    (["actor.ppo_mini_batch_sizee=4"], "actor.ppo_mini_batch_sizee", "did you mean 'actor.ppo_mini_batch_size'"),
+    (["+trainer.nonsense=1"], "trainer.nonsense", "unknown config key"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key", "phrase"), BAD_CONFIGS, ids=[" ".join(case[0]) for case in BAD_CONFIGS])
+def test_bad_config_names_the_key(overrides, key, phrase):
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides, check_paths=False)
+    message = str(caught.value)
+    assert key in caught.value.keys or key in message, message
+    assert phrase in message, message
+
+
+def test_all_problems_reported_at_once():
+    with pytest.raises(ConfigError) as caught:
+        load_config(["data.train_batch_size=0", "rollout.temperature=-1", "rollout.name=nope"], check_paths=False)
+    assert {"data.train_batch_size", "rollout.temperature", "rollout.name"} <= set(caught.value.keys)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "phrase"),
+    [
+        (["model.path=/definitely/not/here"], "model.path", "does not exist"),
+        (["data.synthetic_task=null", "data.train_files=[/nope/train.parquet]"], "data.train_files", "does not exist"),
+        (["custom_reward_function.path=/nope/reward.py"], "custom_reward_function.path", "existing .py file"),
+    ],
+)
+def test_missing_files_are_named(overrides, key, phrase):
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides)
+    assert key in caught.value.keys
+    assert phrase in str(caught.value)
+
+
+def test_directory_without_config_json_is_not_a_model(tmp_path):
+    with pytest.raises(ConfigError, match="no config.json"):
+        load_config([f"model.path={tmp_path}"])
+
+
+def test_data_file_with_unknown_suffix(tmp_path):
+    data_file = tmp_path / "train.csv"
+    data_file.write_text("question,answer\n")
+    with pytest.raises(ConfigError, match="unsupported format"):
+        load_config(["data.synthetic_task=null", f"data.train_files=[{data_file}]"], check_paths=True)
+
+
+def test_unknown_config_name():
+    with pytest.raises(ConfigError, match="no does_not_exist.yaml"):
+        load_config([], config_name="does_not_exist", check_paths=False)
+
+
+def test_unknown_group_option_is_a_config_error():
+    with pytest.raises(ConfigError, match="overrides"):
+        load_config(["algorithm=ppo_but_better"], check_paths=False)

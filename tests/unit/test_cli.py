@@ -1,0 +1,20 @@
+"""The command line prints clear errors (exit 2) and the resolved config with its batch plan."""
+
+from __future__ import annotations
+
+from hybridrl.cli import main
+
+
+def test_config_command_prints_resolved_config_and_plan(capsys):
+    assert main(["config", "--no-check-paths", "rollout.n=2", "data.train_batch_size=8"]) == 0
+    out = capsys.readouterr().out
+    assert "adv_estimator: grpo" in out
+    assert "# actor: 8 prompts × n=2 = 16 sequences per step" in out
+    assert "4 per micro-batch × 2 accumulation steps" in out
+
+
+def test_bad_override_exits_2_with_message(capsys):
+    assert main(["config", "--no-check-paths", "rollout.n=0"]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.n=0: must be a positive number" in err
+    assert "Traceback" not in err
