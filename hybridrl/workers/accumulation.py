@@ -1,0 +1,170 @@
+"""Gradient accumulation with exact global normalisation — the loop shared by actor, critic and reward-model training.
+
+One optimizer step = one mini-batch. On each data-parallel rank the local part of the mini-batch is split into
+micro-batches (a fixed count of sequences, or a token budget balanced by Karmarkar–Karp). Before the first
+micro-batch, the mini-batch's **global** normaliser (valid tokens or sequences over all micro-batches and all ranks)
+is all-reduced; every micro-batch loss is divided by it and multiplied by the DP size (FSDP2 averages gradients over
+ranks, which turns that back into the sum), and gradients are reduced once, on the last micro-batch. The result equals one big batch on one device, which the invariance tests
+check against a plain PyTorch reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hybridrl.algorithms import loss_normalizer
+from hybridrl.data.partition import partition_by_token_budget
+from hybridrl.protocol import Batch
+from hybridrl.workers.fsdp import set_gradient_sync
+from hybridrl.workers.optim import clipped_step
+
+# (micro_batch, global_normalizer) -> (loss to backpropagate, metrics of this micro-batch as floats)
+MicroBatchLoss = Callable[[Batch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass(frozen=True)
+class DataParallelGroup:
+    """The data-parallel process group of a worker (``group=None`` and ``size=1`` for a single process)."""
+
+    group: Optional[dist.ProcessGroup] = None
+    rank: int = 0
+    size: int = 1
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """In-place all-reduce sum across DP ranks (a no-op on one rank); returns ``tensor``."""
+        if self.size > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        return tensor
+
+    def max_int(self, value: int) -> int:
+        """The maximum of ``value`` over DP ranks."""
+        if self.size == 1:
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        return int(tensor.item())
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How a rank cuts its part of a mini-batch: ``micro_batch_size`` sequences, or ``max_tokens`` per micro-batch."""
+
+    micro_batch_size: Optional[int] = None
+    max_tokens: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if (self.micro_batch_size is None) == (self.max_tokens is None):
+            raise ValueError("MicroBatching needs exactly one of micro_batch_size or max_tokens")
+
+
+def split_micro_batches(batch: Batch, micro_batching: MicroBatching,
+                        dp: DataParallelGroup) -> tuple[list[Batch], Optional[torch.Tensor]]:
+    """Cut ``batch`` (this rank's sequences) into micro-batches; every rank gets the same number of them.
+
+    With a token budget, sequences are grouped by ``partition_by_token_budget`` (token counts from
+    ``attention_mask``) and the count is agreed across ranks (FSDP collectives need equal call counts).
+
+    Returns:
+        ``(micro_batches, restore)``: ``restore`` is ``None`` when rows keep their order, else the permutation with
+        ``concat(outputs)[restore]`` back in ``batch``'s row order.
+    """
+    if micro_batching.micro_batch_size is not None:
+        size = micro_batching.micro_batch_size
+        sizes = [size] * (len(batch) // size) + ([len(batch) % size] if len(batch) % size else [])
+        return batch.split(sizes), None
+    parts = token_budget_parts(batch, micro_batching.max_tokens, dp)
+    order = torch.tensor([index for part in parts for index in part], dtype=torch.long)
+    return [batch.index(part) for part in parts], torch.argsort(order)
+
+
+def token_budget_parts(batch: Batch, max_tokens: int, dp: DataParallelGroup) -> list[list[int]]:
+    """Row indices of each token-budget micro-batch, with the micro-batch count agreed across DP ranks."""
+    lengths = batch["attention_mask"].sum(dim=-1).tolist()
+    parts = partition_by_token_budget(lengths, max_tokens)
+    for _ in range(8):  # more parts can, rarely, be needed at a larger count; agree again until stable
+        most, fewest = dp.max_int(len(parts)), -dp.max_int(-len(parts))  # both collectives on every rank
+        if most == fewest:
+            return parts
+        agreed = most
+        parts = partition_by_token_budget(lengths, max_tokens, min_num_micro_batches=agreed)
+    raise RuntimeError("data-parallel ranks could not agree on a micro-batch count")
+
+
+def global_normalizer(batch: Batch, loss_agg_mode: str, dp: DataParallelGroup) -> torch.Tensor:
+    """The mini-batch's loss normaliser: valid tokens or sequences of this rank's part, summed over DP ranks."""
+    count = loss_normalizer(batch["response_mask"], loss_agg_mode).to(torch.float64).reshape(1)
+    return dp.sum(count).reshape(())
+
+
+def accumulate_gradients(model: nn.Module, mini_batch: Batch, loss_fn: MicroBatchLoss, *, loss_agg_mode: str,
+                         micro_batching: MicroBatching, dp: DataParallelGroup) -> dict[str, float]:
+    """Forward/backward every micro-batch of this rank's part of ``mini_batch``; gradients reduce on the last one.
+
+    Returns metrics averaged over micro-batches weighted by their valid response tokens, then over DP ranks.
+    """
+    normalizer = global_normalizer(mini_batch, loss_agg_mode, dp)
+    micro_batches, _ = split_micro_batches(mini_batch, micro_batching, dp)
+    totals: dict[str, float] = {}
+    weight_sum = 0.0
+    for index, micro_batch in enumerate(micro_batches):
+        set_gradient_sync(model, index == len(micro_batches) - 1)
+        loss, metrics = loss_fn(micro_batch, normalizer)
+        (loss * dp.size).backward()
+        weight = float(micro_batch["response_mask"].sum())
+        weight_sum += weight
+        for name, value in metrics.items():
+            totals[name] = totals.get(name, 0.0) + float(value) * weight
+    return mean_over_ranks(totals, weight_sum, dp)
+
+
+def mean_over_ranks(weighted_totals: dict[str, float], weight: float, dp: DataParallelGroup) -> dict[str, float]:
+    """Turn per-rank weighted sums into global weighted means (one small all-reduce)."""
+    names = sorted(weighted_totals)
+    packed = torch.tensor([weighted_totals[name] for name in names] + [weight], dtype=torch.float64)
+    dp.sum(packed)
+    denominator = max(float(packed[-1]), 1.0)
+    return {name: float(packed[i]) / denominator for i, name in enumerate(names)}
+
+
+def train_mini_batch(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, mini_batch: Batch,
+                     loss_fn: MicroBatchLoss, *, loss_agg_mode: str, micro_batching: MicroBatching,
+                     dp: DataParallelGroup, grad_clip: float) -> dict[str, float]:
+    """One optimizer step over ``mini_batch``: accumulate, clip, step (or skip on a non-finite gradient norm)."""
+    metrics = accumulate_gradients(model, mini_batch, loss_fn, loss_agg_mode=loss_agg_mode,
+                                   micro_batching=micro_batching, dp=dp)
+    result = clipped_step(model, optimizer, scheduler, grad_clip)
+    metrics.update(grad_norm=result.grad_norm, lr=result.lr, skipped_step=float(not result.applied))
+    return metrics
+
+
+def iterate_mini_batches(data: Batch, local_mini_batch_size: int, *, epochs: int, shuffle: bool,
+                         seed: int) -> list[Batch]:
+    """This rank's mini-batches for all PPO epochs, shuffled per epoch with a generator seeded by ``seed``."""
+    mini_batches: list[Batch] = []
+    for epoch in range(epochs):
+        if shuffle:
+            generator = torch.Generator().manual_seed(seed * 1000 + epoch)
+            epoch_data = data.reorder(torch.randperm(len(data), generator=generator))
+        else:
+            epoch_data = data
+        count = len(epoch_data) // local_mini_batch_size
+        if count * local_mini_batch_size != len(epoch_data):
+            raise ValueError(f"this rank holds {len(epoch_data)} sequences, not a multiple of the local mini-batch "
+                             f"{local_mini_batch_size}; check the batch plan")
+        mini_batches += epoch_data.split([local_mini_batch_size] * count)
+    return mini_batches
+
+
+def average_metrics(per_step: list[dict[str, float]]) -> dict[str, float]:
+    """Mean of each metric over optimizer steps (``skipped_step`` is summed: it is a count)."""
+    if not per_step:
+        return {}
+    names = {name for metrics in per_step for name in metrics}
+    averaged = {name: sum(m.get(name, 0.0) for m in per_step) / len(per_step) for name in names}
+    averaged["skipped_step"] = sum(m.get("skipped_step", 0.0) for m in per_step)
+    return averaged

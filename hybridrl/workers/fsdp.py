@@ -1,0 +1,53 @@
+"""FSDP2 wrapping: ``fully_shard`` on every decoder layer, then on the root, with mixed precision and offload."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+from hybridrl.workers.model_builder import decoder_layers
+
+
+@dataclass(frozen=True)
+class ShardingOptions:
+    """How one model is sharded. ``compute_dtype`` is the dtype of forward/backward; master weights stay fp32.
+
+    ``reduce_dtype`` is the dtype of the gradient reduce-scatter (fp32 keeps accumulation exact).
+    """
+
+    compute_dtype: torch.dtype = torch.float32
+    reduce_dtype: torch.dtype = torch.float32
+    reshard_after_forward: bool = True
+    param_offload: bool = False
+
+
+def shard_model(model: nn.Module, mesh: Optional[DeviceMesh], options: ShardingOptions) -> nn.Module:
+    """Apply FSDP2 in place and return ``model`` (now an ``FSDPModule``). ``mesh=None`` leaves it unsharded.
+
+    FSDP2 *averages* gradients over ranks. The losses here are already normalised by the global token or sequence
+    count of the mini-batch, so the accumulation loop multiplies each rank's loss by the DP size to cancel the
+    average (a divide factor of 1 would need PREMUL_SUM, which gloo lacks).
+    """
+    if mesh is None:
+        return model
+    policy = MixedPrecisionPolicy(param_dtype=options.compute_dtype, reduce_dtype=options.reduce_dtype,
+                                  output_dtype=torch.float32, cast_forward_inputs=True)
+    kwargs = dict(mesh=mesh, mp_policy=policy, reshard_after_forward=options.reshard_after_forward)
+    if options.param_offload:
+        # pin_memory needs an accelerator; on CPU-only machines it must be off.
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
+    """Turn cross-rank gradient reduction on (last micro-batch) or off (the others) for an FSDP2 model."""
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(enabled)

@@ -1,0 +1,113 @@
+"""Forward passes over prompt+response sequences, padded or packed (padding removed), with identical outputs.
+
+Layout of a batch row (DESIGN.md): ``input_ids = [left-padded prompt | right-padded response]`` of width
+``T = P + R``; ``attention_mask`` marks real tokens; ``responses`` is the last ``R`` columns. The model's output at
+position ``t`` scores token ``t + 1``, so the output that belongs to response token ``k`` sits at column ``P + k - 1``.
+
+Both layouts reduce to the same thing: the model outputs at the *source* positions of the valid response tokens,
+as a flat ``[M, D]`` tensor (``M`` = valid response tokens in the micro-batch), plus the scatter back to ``[B, R]``.
+
+- padded: one forward on ``[B, T]`` with the attention mask and position ids;
+- packed: the valid tokens of all rows concatenated into one ``[1, N]`` row, position ids restarting at 0 for each
+  sequence, no attention mask — transformers then builds a block-diagonal causal mask, so attention never crosses
+  sequences, and no FLOPs are spent on pad tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hybridrl.algorithms import entropy_from_logits, log_probs_from_logits
+
+
+@dataclass(frozen=True)
+class ResponseTokens:
+    """Where the valid response tokens of a micro-batch are, and where their scoring outputs come from.
+
+    Attributes:
+        valid: ``[B, R]`` bool — response positions holding a real token (``attention_mask[:, P:]``).
+        targets: ``[M]`` the token ids at those positions, row-major order.
+    """
+
+    valid: torch.Tensor
+    targets: torch.Tensor
+
+    def scatter(self, values: torch.Tensor) -> torch.Tensor:
+        """``[M, ...]`` values at valid response positions → ``[B, R, ...]``, zeros elsewhere (autograd-safe)."""
+        out = values.new_zeros((*self.valid.shape, *values.shape[1:]))
+        out[self.valid] = values
+        return out
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` position ids counting only real tokens (0 at each row's first real token; pads get 0)."""
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp_min(0)
+
+
+def response_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int) -> ResponseTokens:
+    """Locate the valid response tokens of ``[B, T]`` sequences whose last ``response_length`` columns are responses."""
+    valid = attention_mask[:, -response_length:].bool()
+    return ResponseTokens(valid=valid, targets=input_ids[:, -response_length:][valid])
+
+
+def source_outputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
+                   *, packed: bool) -> torch.Tensor:
+    """Model outputs (``logits`` for a causal LM, ``logits`` of the value head for a critic) at the source positions of
+    the valid response tokens: ``[M, D]`` in row-major order of the response positions."""
+    response_length = int(response_length)
+    if packed:
+        return _packed_source_outputs(model, input_ids, attention_mask, response_length)
+    position_ids = position_ids_from_mask(attention_mask)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
+    valid = attention_mask[:, -response_length:].bool()
+    return logits[:, -response_length - 1:-1][valid]
+
+
+def _packed_source_outputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           response_length: int) -> torch.Tensor:
+    real = attention_mask.bool()
+    flat_ids = input_ids[real].unsqueeze(0)
+    flat_positions = position_ids_from_mask(attention_mask)[real].unsqueeze(0)
+    # Index of each real token in the packed row; the source of response column k is the token before it.
+    flat_index = real.flatten().long().cumsum(0).view_as(input_ids) - 1
+    source_columns = flat_index[:, -response_length - 1:-1]
+    valid = attention_mask[:, -response_length:].bool()
+    if not bool(real[:, -response_length - 1:-1][valid].all()):
+        raise ValueError("packed forward needs contiguous sequences: every valid response token must follow a real token")
+    # use_cache=False matters: transformers only detects packed sequences when no KV cache is passed.
+    logits = model(input_ids=flat_ids, position_ids=flat_positions, use_cache=False).logits[0]
+    return logits[source_columns[valid]]
+
+
+def response_log_probs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
+                       *, temperature: float = 1.0, packed: bool = False, with_entropy: bool = False,
+                       entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs (nats) of the response tokens under ``model``, and optionally the policy entropy.
+
+    Logits are divided by ``temperature`` first, so the numbers match the distribution the rollout sampled from.
+
+    Returns:
+        ``(log_probs [B, R], entropy [B, R] or None)``, zero at invalid positions. The entropy keeps its graph only
+        when ``entropy_grad`` (an entropy bonus is in the loss); otherwise it is computed without gradients.
+    """
+    tokens = response_tokens(input_ids, attention_mask, response_length)
+    logits = source_outputs(model, input_ids, attention_mask, response_length, packed=packed)
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_probs = tokens.scatter(log_probs_from_logits(logits, tokens.targets))
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = tokens.scatter(entropy_from_logits(logits))
+    return log_probs, entropy
+
+
+def response_values(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
+                    *, packed: bool = False) -> torch.Tensor:
+    """Critic values ``[B, R]`` of the state before each response token (zero at invalid positions)."""
+    tokens = response_tokens(input_ids, attention_mask, response_length)
+    values = source_outputs(model, input_ids, attention_mask, response_length, packed=packed)
+    return tokens.scatter(values.squeeze(-1).float())

@@ -1,0 +1,236 @@
+"""The invariance tests: one optimizer step's gradient (and update) is the same for every way of cutting the batch.
+
+DP ∈ {1, 2} (real FSDP2 over gloo) × micro-batch ∈ {1, 2, whole, token budget} × {padded, packed} × every
+``loss_agg_mode``, for the actor's PPO loss (with entropy bonus and KL loss) and the critic's clipped value loss —
+each compared with a plain single-process, single-batch PyTorch reference written out below (relative error ≤ 1e-5).
+This is the gradient-accumulation bug peer frameworks shipped; here it is a test.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+from hybridrl.config.schema import ModelConfig
+from hybridrl.protocol import Batch
+from hybridrl.utils.tiny_model import save_tiny_model
+from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients, train_mini_batch
+from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
+from hybridrl.workers.critic import ValueEngine, ValueLossSettings
+from hybridrl.workers.fsdp import ShardingOptions, shard_model
+from hybridrl.workers.model_builder import build_model
+from hybridrl.workers.optim import build_optimizer, build_scheduler
+from hybridrl.config.schema import OptimConfig
+from gloo_spawn import run_on_gloo
+
+pytestmark = pytest.mark.distributed
+
+BATCH, PROMPT, RESPONSE = 8, 5, 6
+MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+MICRO = ("1", "2", "whole", "tokens")
+HORIZON = float(RESPONSE)
+ACTOR_SETTINGS = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
+# Adam's first step is lr * g / (|g| + eps): with the default eps=1e-8 it maps float-rounding noise in gradients
+# of ~1e-9 to full-size updates, so the update comparison uses eps=1e-6 (gradients themselves are compared exactly).
+OPTIM = OptimConfig(lr=1e-3, weight_decay=0.01, eps=1e-6)
+
+
+def make_data(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Ragged prompt+response rows: prompt lengths 1..5 (left pad), response lengths 1..6 (right pad)."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(4, 60, (BATCH, PROMPT + RESPONSE), generator=generator)
+    attention_mask = torch.zeros(BATCH, PROMPT + RESPONSE, dtype=torch.long)
+    prompt_lengths = [5, 1, 3, 5, 2, 4, 5, 3]
+    response_lengths = [6, 1, 4, 2, 6, 3, 1, 5]
+    for row, (p, r) in enumerate(zip(prompt_lengths, response_lengths)):
+        attention_mask[row, PROMPT - p:PROMPT + r] = 1
+    input_ids = input_ids * attention_mask
+    response_mask = attention_mask[:, PROMPT:].clone()
+    noise = lambda: torch.randn(BATCH, RESPONSE, generator=generator)  # noqa: E731
+    return dict(input_ids=input_ids, attention_mask=attention_mask, responses=input_ids[:, PROMPT:].clone(),
+                response_mask=response_mask, advantages=noise(), values=noise() * 0.5, returns=noise(),
+                log_prob_noise=noise() * 0.3, ref_noise=noise() * 0.2)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("accum")
+    actor_dir = save_tiny_model(root / "actor")
+    critic = AutoModelForTokenClassification.from_pretrained(actor_dir, num_labels=1)  # head stored, so loads agree
+    critic.save_pretrained(root / "critic")
+    data = make_data()
+    with torch.no_grad():
+        current = reference_log_probs(AutoModelForCausalLM.from_pretrained(actor_dir), data)
+    data["old_log_probs"] = (current + data.pop("log_prob_noise")) * data["response_mask"]
+    data["ref_log_probs"] = (current + data.pop("ref_noise")) * data["response_mask"]
+    return actor_dir, root / "critic", data
+
+
+# ---------------------------------------------------------------- the plain single-process reference (no hybridrl)
+def reference_forward(model, data):
+    mask = data["attention_mask"]
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    return model(input_ids=data["input_ids"], attention_mask=mask, position_ids=positions, use_cache=False).logits
+
+
+def reference_log_probs(model, data, with_entropy=False):
+    logits = reference_forward(model, data)[:, PROMPT - 1:-1].float()
+    log_softmax = logits.log_softmax(-1)
+    log_probs = log_softmax.gather(-1, data["responses"].unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+    return (log_probs, entropy) if with_entropy else log_probs
+
+
+def reference_aggregate(loss, mask, mode):
+    mask = mask.float()
+    tokens_per_row = mask.sum(-1)
+    rows = (tokens_per_row > 0).float()
+    if mode == "token-mean":
+        return (loss * mask).sum() / mask.sum()
+    row_sums = (loss * mask).sum(-1)
+    if mode == "seq-mean-token-sum":
+        return row_sums.sum() / rows.sum()
+    if mode == "seq-mean-token-mean":
+        return (row_sums / tokens_per_row.clamp_min(1)).sum() / rows.sum()
+    return (row_sums / HORIZON).sum() / rows.sum()
+
+
+def reference_actor_loss(model, data, mode):
+    log_probs, entropy = reference_log_probs(model, data, with_entropy=True)
+    ratio = torch.exp(log_probs - data["old_log_probs"])
+    advantages = data["advantages"]
+    clipped = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(0.8, 1.28))
+    per_token = torch.where(advantages < 0, torch.minimum(clipped, -advantages * 3.0), clipped)
+    diff = data["ref_log_probs"] - log_probs  # k3 ("low_var_kl"), clamped as the library does
+    kl = (torch.exp(diff) - diff - 1).clamp(-10, 10)
+    mask = data["response_mask"]
+    return (reference_aggregate(per_token, mask, mode) - 0.01 * reference_aggregate(entropy, mask, mode)
+            + 0.1 * reference_aggregate(kl, mask, mode))
+
+
+def reference_critic_loss(model, data, mode):
+    values = reference_forward(model, data)[:, PROMPT - 1:-1, 0].float()
+    old, returns = data["values"], data["returns"]
+    clipped = old + (values - old).clamp(-0.5, 0.5)
+    per_token = torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+    return 0.5 * reference_aggregate(per_token, data["response_mask"], mode)
+
+
+def reference_gradients(role, model_dir, data, mode):
+    model_class = AutoModelForCausalLM if role == "actor" else AutoModelForTokenClassification
+    model = model_class.from_pretrained(model_dir, dtype=torch.float32)
+    loss = (reference_actor_loss if role == "actor" else reference_critic_loss)(model, data, mode)
+    loss.backward()
+    return model, {name: param.grad.clone() for name, param in model.named_parameters()}
+
+
+# ---------------------------------------------------------------- hybridrl on N gloo ranks
+def engine_for(role, model_dir, rank, world, packed):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor" if role == "actor" else "critic")
+    shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions())
+    optimizer = build_optimizer(model, OPTIM)
+    scheduler = build_scheduler(optimizer, OPTIM, total_steps=10)
+    dp = DataParallelGroup(rank=rank, size=world)
+    engine_class = PolicyEngine if role == "actor" else ValueEngine
+    return engine_class(model, dp=dp, packed=packed, optimizer=optimizer, scheduler=scheduler, grad_clip=1.0)
+
+
+def loss_fn_for(engine, role, mode):
+    if role == "actor":
+        settings = PolicyLossSettings(loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1,
+                                      kl_loss_type="low_var_kl", loss_scale_factor=HORIZON, **ACTOR_SETTINGS)
+        return engine.micro_batch_loss(settings, temperature=1.0)
+    return engine.micro_batch_loss(ValueLossSettings(cliprange_value=0.5, loss_agg_mode=mode,
+                                                     loss_scale_factor=HORIZON))
+
+
+def micro_batching_for(micro, local_size):
+    if micro == "tokens":
+        return MicroBatching(max_tokens=14)  # rows hold 2..11 tokens: 2-4 rows per micro-batch
+    return MicroBatching(micro_batch_size=local_size if micro == "whole" else int(micro))
+
+
+def run_cases(rank, world, dirs, data, cases, out_path):
+    local = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    batch = Batch(tensors={name: tensor[local] for name, tensor in data.items()})
+    results = {}
+    for role, mode, micro, packed, full_step in cases:
+        engine = engine_for(role, dirs[role], rank, world, packed)
+        loss_fn = loss_fn_for(engine, role, mode)
+        micro_batching = micro_batching_for(micro, len(batch))
+        if full_step:
+            train_mini_batch(engine.model, engine.optimizer, engine.scheduler, batch, loss_fn, loss_agg_mode=mode,
+                             micro_batching=micro_batching, dp=engine.dp, grad_clip=1.0)
+            tensors = {name: param.detach().full_tensor() for name, param in engine.model.named_parameters()}
+        else:
+            accumulate_gradients(engine.model, batch, loss_fn, loss_agg_mode=mode, micro_batching=micro_batching,
+                                 dp=engine.dp)
+            tensors = {name: param.grad.full_tensor() for name, param in engine.model.named_parameters()}
+        results[(role, mode, micro, packed, full_step)] = tensors
+    if rank == 0:
+        torch.save(results, out_path)
+
+
+def relative_error(tensors, reference):
+    numerator = sum(float((tensors[name] - reference[name]).pow(2).sum()) for name in reference)
+    denominator = sum(float(reference[name].pow(2).sum()) for name in reference)
+    return (numerator / denominator) ** 0.5
+
+
+GRADIENT_CASES = [(role, mode, micro, packed, False)
+                  for role, mode, micro, packed in itertools.product(("actor", "critic"), MODES, MICRO, (False, True))]
+STEP_CASES = [("actor", "token-mean", "2", True, True), ("critic", "seq-mean-token-mean", "tokens", False, True)]
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
+def engine_results(request, setup, tmp_path_factory):
+    actor_dir, critic_dir, data = setup
+    out_path = tmp_path_factory.mktemp(f"dp{request.param}") / "results.pt"
+    run_on_gloo(request.param, run_cases, {"actor": actor_dir, "critic": critic_dir}, data,
+                GRADIENT_CASES + STEP_CASES, out_path)
+    return torch.load(out_path)
+
+
+@pytest.mark.parametrize("role", ["actor", "critic"])
+@pytest.mark.parametrize("mode", MODES)
+def test_gradient_equals_single_batch_reference(engine_results, setup, role, mode):
+    actor_dir, critic_dir, data = setup
+    _, reference = reference_gradients(role, actor_dir if role == "actor" else critic_dir, data, mode)
+    assert sum(float(g.abs().sum()) for g in reference.values()) > 0
+    errors = {(micro, packed): relative_error(engine_results[(role, mode, micro, packed, False)], reference)
+              for micro in MICRO for packed in (False, True)}
+    worst = max(errors.values())
+    assert worst <= 1e-5, errors
+
+
+@pytest.mark.parametrize("case", STEP_CASES, ids=lambda case: f"{case[0]}-{case[1]}-micro{case[2]}")
+def test_optimizer_step_equals_reference(engine_results, setup, case):
+    role, mode = case[0], case[1]
+    actor_dir, critic_dir, data = setup
+    model, _ = reference_gradients(role, actor_dir if role == "actor" else critic_dir, data, mode)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, eps=1e-6)
+    before = {name: param.detach().clone() for name, param in model.named_parameters()}
+    optimizer.step()
+    after = {name: param.detach() for name, param in model.named_parameters()}
+    update = {name: after[name] - before[name] for name in after}
+    engine_update = {name: engine_results[case][name] - before[name] for name in after}
+    assert relative_error(engine_update, update) <= 1e-5
+
+
+def test_scaled_loss_is_caught(setup):
+    """Guard on the guard: a per-micro-batch normaliser (the classic bug) is far outside the tolerance."""
+    actor_dir, _, data = setup
+    _, reference = reference_gradients("actor", actor_dir, data, "token-mean")
+    wrong = {}
+    for half in (slice(0, 4), slice(4, 8)):
+        part = {name: tensor[half] for name, tensor in data.items()}
+        _, grads = reference_gradients("actor", actor_dir, part, "token-mean")
+        for name, grad in grads.items():
+            wrong[name] = wrong.get(name, 0) + grad / 2  # mean of per-micro-batch means
+    assert relative_error(wrong, reference) > 1e-2
