@@ -1,0 +1,108 @@
+"""Ray start-up, owned by hybridrl: a private local instance by default, or attachment to a running cluster.
+
+Ray reads some settings when it is imported and passes its environment to the processes it starts, so the variables
+below are set (as defaults a user's own environment overrides) when this module is imported — before any
+``import ray`` in hybridrl. ``hybridrl.controller`` imports this module first.
+
+- ``RAY_AUTH_MODE=disabled``: Ray 2.60 otherwise turns token authentication on and writes a token file.
+- ``RAY_USAGE_STATS_ENABLED=0``: no usage reporting.
+- ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: keeps a local instance on 127.0.0.1 instead of the machine's interface.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+RAY_ENV_DEFAULTS = {
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+}
+
+
+def apply_ray_env_defaults() -> None:
+    """Set hybridrl's Ray environment defaults where the user has not set them."""
+    for key, value in RAY_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+# Ray reads some of these when it is imported (the node address, for one): too late if it was imported already.
+_RAY_IMPORTED_FIRST = "ray" in sys.modules and any(key not in os.environ for key in RAY_ENV_DEFAULTS)
+apply_ray_env_defaults()
+
+import logging  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any, Optional  # noqa: E402
+
+import ray  # noqa: E402
+
+from hybridrl.config.ray import RayConfig  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RayRuntime:
+    """The controller's handle on Ray. ``owns_ray``: this runtime called ``ray.init`` and will call ``ray.shutdown``.
+
+    In local mode (``config.local_mode``) Ray is not started at all; pools and groups made from this runtime run
+    their workers in the controller process.
+    """
+
+    config: RayConfig
+    owns_ray: bool = False
+
+    @property
+    def local_mode(self) -> bool:
+        return self.config.local_mode
+
+    def shutdown(self) -> None:
+        """Stop Ray if this runtime started it (idempotent)."""
+        if self.owns_ray and ray.is_initialized():
+            ray.shutdown()
+        self.owns_ray = False
+
+    def __enter__(self) -> RayRuntime:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def start_ray(config: Optional[RayConfig] = None) -> RayRuntime:
+    """Validate ``config`` and bring Ray up (or reuse an already initialised Ray in this process).
+
+    ``address="local"`` starts a private instance bounded by ``num_cpus``/``num_gpus``/``object_store_memory_mb``;
+    any other address attaches to that cluster. ``local_mode=True`` starts nothing.
+    """
+    config = config or RayConfig()
+    config.validate()
+    if config.local_mode:
+        return RayRuntime(config, owns_ray=False)
+    apply_ray_env_defaults()
+    if _RAY_IMPORTED_FIRST:
+        logger.warning("ray was imported before hybridrl.controller, so some of %s may not apply (e.g. the local "
+                       "instance may advertise a network address instead of 127.0.0.1); import hybridrl.controller "
+                       "first or export them", ", ".join(RAY_ENV_DEFAULTS))
+    if ray.is_initialized():
+        logger.warning("Ray is already initialised in this process; reusing it (trainer.ray start-up settings unused)")
+        return RayRuntime(config, owns_ray=False)
+    ray.init(**ray_init_kwargs(config))
+    return RayRuntime(config, owns_ray=True)
+
+
+def ray_init_kwargs(config: RayConfig) -> dict[str, Any]:
+    """The ``ray.init`` arguments for ``config`` (a function of its own so it can be checked without starting Ray)."""
+    kwargs: dict[str, Any] = {
+        "address": config.address,
+        "logging_level": config.logging_level.upper(),
+        "log_to_driver": True,
+    }
+    if config.address == "local":
+        kwargs.update(
+            num_cpus=config.num_cpus, num_gpus=config.num_gpus,
+            object_store_memory=config.object_store_memory_mb * 2**20,
+            include_dashboard=config.include_dashboard,
+        )
+    return kwargs

@@ -1,0 +1,132 @@
+"""Process-level distributed set-up for worker processes — the one place that decides it.
+
+- ``worker_process_env``: the environment every worker process starts with (threads, NCCL/gloo, import path).
+- ``rank_env``: the per-rank ``torch.distributed`` variables (``RANK``, ``MASTER_ADDR``, …).
+- ``init_process_group`` / ``build_device_meshes``: the process group (gloo on CPU, NCCL + gloo on CUDA) and the
+  two meshes every worker gets: ``dp`` (all ranks; FSDP shards over it) and ``rollout`` (``[dp, tp]``, row-major, so
+  ranks ``d*tp .. d*tp+tp-1`` form the tensor-parallel group of data-parallel replica ``d``).
+
+Nothing here imports Ray; the controller calls these inside the worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from pathlib import Path
+from typing import Mapping, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+DEVICES = ("cpu", "cuda")
+
+
+def package_root() -> str:
+    """The directory holding the ``hybridrl`` package, so worker processes can import it without an install."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+def worker_process_env(device: str, extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """Environment variables every worker process of a ``device`` group starts with.
+
+    CPU workers get one OpenMP/MKL thread each: several ranks share few cores, and oversubscription makes gloo
+    collectives and matmuls crawl. ``extra`` (``trainer.ray.worker_env``) overrides any default; a ``PYTHONPATH`` in
+    it is prepended to the entry that makes ``hybridrl`` importable.
+    """
+    check_device(device)
+    env = {
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+        # NCCL: fail a stuck collective with an error instead of hanging forever; warnings only.
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "NCCL_DEBUG": "WARN",
+    }
+    if device == "cpu":
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    extra = dict(extra or {})
+    paths = [p for p in (extra.pop("PYTHONPATH", ""), package_root()) if p]
+    env.update(extra)
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def cpu_threads_per_worker(device: str) -> Optional[int]:
+    """``torch.set_num_threads`` value for a worker: 1 on CPU (see ``worker_process_env``), unchanged on CUDA."""
+    return 1 if device == "cpu" else None
+
+
+def rank_env(rank: int, world_size: int, local_rank: int, local_world_size: int,
+             master_addr: str, master_port: int) -> dict[str, str]:
+    """The ``env://`` rendezvous variables of one rank (what ``torchrun`` would set)."""
+    return {
+        "RANK": str(rank), "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(local_world_size),
+        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+    }
+
+
+def find_free_port() -> int:
+    """A TCP port free on this host right now (the OS picks it; a tiny race with other processes remains)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def check_device(device: str) -> None:
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+
+
+def process_group_backend(device: str) -> str:
+    """gloo on CPU; on CUDA NCCL for device tensors plus gloo for CPU tensors (object gathers, barriers)."""
+    check_device(device)
+    return "gloo" if device == "cpu" else "cpu:gloo,cuda:nccl"
+
+
+def init_process_group(device: str, env: Mapping[str, str], timeout_s: float) -> None:
+    """Export ``env`` (from ``rank_env``) into this process and join the default process group.
+
+    ``timeout_s`` bounds the rendezvous and every later collective, so a peer that never arrives fails loudly.
+    """
+    os.environ.update(env)
+    if device == "cuda":
+        # Ray hands each worker its GPU(s) through CUDA_VISIBLE_DEVICES; the first visible one is this rank's.
+        torch.cuda.set_device(0)
+    dist.init_process_group(
+        backend=process_group_backend(device), init_method="env://",
+        rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def init_single_rank_group(device: str) -> bool:
+    """Give this process a one-rank process group (the serial executor with world size 1).
+
+    Returns ``True`` when this call created it (the caller then owns ``destroy_process_group``).
+    """
+    if dist.is_initialized():
+        return False
+    store = dist.HashStore()
+    dist.init_process_group(backend=process_group_backend(device), store=store, rank=0, world_size=1)
+    return True
+
+
+def build_device_meshes(device: str, world_size: int, tp_size: int) -> tuple[DeviceMesh, DeviceMesh]:
+    """``(dp_mesh, rollout_mesh)``: ``dp_mesh`` is 1-D ``("dp",)`` over all ranks (FSDP's); ``rollout_mesh`` is
+    ``("dp", "tp")`` of shape ``[world_size // tp_size, tp_size]``. Must be called on every rank (it is collective)."""
+    check_tp_size(world_size, tp_size)
+    dp_mesh = init_device_mesh(device, (world_size,), mesh_dim_names=("dp",))
+    rollout_mesh = init_device_mesh(device, (world_size // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    return dp_mesh, rollout_mesh
+
+
+def check_tp_size(world_size: int, tp_size: int) -> None:
+    if tp_size < 1 or world_size % tp_size:
+        raise ValueError(f"tp_size={tp_size} must be >= 1 and divide the group's world size {world_size}")
+
+
+def dp_tp_coordinates(rank: int, tp_size: int) -> tuple[int, int]:
+    """``(dp_rank, tp_rank)`` of ``rank`` in the row-major ``[dp, tp]`` rollout layout."""
+    return rank // tp_size, rank % tp_size
