@@ -1,0 +1,97 @@
+"""The rollout engine protocol: generate responses for a batch of prompts, and accept new weights.
+
+Every engine returns the same ``Batch`` layout, the one the trainer and the workers use (DESIGN.md §2):
+
+- ``prompts [B·n, P]``: the left-padded prompt ids, each prompt repeated ``n`` times consecutively;
+- ``responses [B·n, R]``: generated ids, right-padded with the pad id to ``R = max_new_tokens``;
+- ``response_mask [B·n, R]``: 1 for generated tokens up to and including the first EOS, 0 after;
+- ``input_ids [B·n, P+R]`` / ``attention_mask [B·n, P+R]``: prompt and response side by side;
+- ``rollout_log_probs [B·n, R]``: log-probs (nats) of the sampled tokens under the engine's temperature-scaled
+  distribution — compared with the trainer's log-probs every step (a mismatch is the first sign of a broken sync);
+- non-tensor fields of the prompt batch (``uid``, ``ground_truth``, …) repeated alongside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable, Optional, Protocol
+
+import torch
+
+from hybridrl.config.schema import RolloutConfig
+from hybridrl.protocol import Batch, Fields
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings of one generate call. ``do_sample=False`` is greedy decoding (temperature ignored)."""
+
+    n: int = 1
+    max_new_tokens: int = 32
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: Optional[int] = None
+
+    @classmethod
+    def for_training(cls, rollout: RolloutConfig, max_new_tokens: int, seed: Optional[int] = None) -> "SamplingParams":
+        return cls(n=rollout.n, max_new_tokens=max_new_tokens, do_sample=True, temperature=rollout.temperature,
+                   top_p=rollout.top_p, top_k=rollout.top_k, seed=seed)
+
+    @classmethod
+    def for_validation(cls, rollout: RolloutConfig, max_new_tokens: int,
+                       seed: Optional[int] = None) -> "SamplingParams":
+        val = rollout.val_kwargs
+        return cls(n=val.n, max_new_tokens=max_new_tokens, do_sample=val.do_sample, temperature=val.temperature,
+                   top_p=val.top_p, top_k=val.top_k, seed=seed)
+
+    def with_seed(self, seed: int) -> "SamplingParams":
+        return replace(self, seed=seed)
+
+    @property
+    def effective_temperature(self) -> float:
+        """The temperature log-probs are computed at: 1 for greedy decoding."""
+        return self.temperature if self.do_sample else 1.0
+
+
+class RolloutEngine(Protocol):
+    """What the colocated worker needs from a generation backend."""
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Responses for ``prompts`` (``input_ids``/``attention_mask`` ``[B, P]``, left-padded) in the layout above."""
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights, given as (Hugging Face parameter name, full tensor) pairs, streamed."""
+
+    def release_memory(self) -> None:
+        """Free the engine's cache memory during training (no-op where unsupported)."""
+
+    def resume(self) -> None:
+        """Restore what ``release_memory`` freed, before the next ``generate``."""
+
+
+def response_mask_from_eos(responses: torch.Tensor, eos_token_ids: Iterable[int]) -> torch.Tensor:
+    """``[B, R]`` mask: 1 up to and including the first EOS of each row, 0 after it (all 1 if there is no EOS)."""
+    is_eos = torch.zeros_like(responses, dtype=torch.bool)
+    for eos in eos_token_ids:
+        is_eos |= responses == eos
+    eos_before = is_eos.long().cumsum(dim=-1) - is_eos.long()  # EOS tokens strictly before each position
+    return (eos_before == 0).long()
+
+
+def assemble_rollout(prompts: Batch, n: int, responses: torch.Tensor, response_mask: torch.Tensor,
+                     rollout_log_probs: torch.Tensor, pad_token_id: int, temperature: float) -> Batch:
+    """Build the rollout ``Batch`` (layout in the module docstring) from engine outputs for the repeated prompts."""
+    repeated = prompts.repeat_interleave(n)
+    prompt_ids, prompt_mask = repeated[Fields.INPUT_IDS], repeated[Fields.ATTENTION_MASK]
+    responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, pad_token_id))
+    tensors = {
+        Fields.PROMPTS: prompt_ids,
+        Fields.RESPONSES: responses,
+        Fields.RESPONSE_MASK: response_mask,
+        Fields.INPUT_IDS: torch.cat([prompt_ids, responses], dim=-1),
+        Fields.ATTENTION_MASK: torch.cat([prompt_mask, response_mask], dim=-1),
+        Fields.ROLLOUT_LOG_PROBS: rollout_log_probs * response_mask,
+    }
+    return Batch(tensors=tensors, non_tensors=dict(repeated.non_tensors), meta={**prompts.meta, "temperature": temperature})

@@ -1,0 +1,88 @@
+"""``rollout.name=hf``: transformers ``generate`` on the actor's own module — the debugging and small-scale path.
+
+It shares the training module (FSDP2-sharded or not), so there are no weights to sync: ``update_weights`` is a no-op
+and generation always sees the latest update. With several data-parallel ranks every forward is a collective, so
+``synced_gpus`` keeps all ranks stepping until the slowest finishes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hybridrl.protocol import Batch, Fields
+from hybridrl.rollout.base import SamplingParams, assemble_rollout, response_mask_from_eos
+
+logger = logging.getLogger(__name__)
+
+
+class HFRollout:
+    """Batched generation with a KV cache on left-padded prompts, returning the rollout layout of ``rollout.base``."""
+
+    def __init__(self, model: nn.Module, *, pad_token_id: int, eos_token_ids: Iterable[int],
+                 micro_batch_size: Optional[int] = None) -> None:
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids = list(eos_token_ids)
+        self.micro_batch_size = micro_batch_size
+        self._noted_no_sleep = False
+
+    @torch.no_grad()
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        was_training = self.model.training
+        self.model.eval()
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        repeated = prompts.repeat_interleave(params.n)
+        size = self.micro_batch_size or len(repeated)
+        pieces = [self._generate_chunk(chunk, params) for chunk in repeated.split(_sizes(len(repeated), size))]
+        self.model.train(was_training)
+        width = params.max_new_tokens
+        responses = torch.cat([_pad_right(ids, width, self.pad_token_id) for ids, _ in pieces])
+        log_probs = torch.cat([_pad_right(lp, width, 0.0) for _, lp in pieces])
+        mask = response_mask_from_eos(responses, self.eos_token_ids)
+        return assemble_rollout(prompts, params.n, responses, mask, log_probs, self.pad_token_id,
+                                params.effective_temperature)
+
+    def _generate_chunk(self, prompts: Batch, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        input_ids = prompts[Fields.INPUT_IDS]
+        sampling = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p,
+                        top_k=params.top_k if params.top_k > 0 else 0) if params.do_sample else dict(do_sample=False)
+        output = self.model.generate(
+            input_ids=input_ids, attention_mask=prompts[Fields.ATTENTION_MASK], max_new_tokens=params.max_new_tokens,
+            eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id, use_cache=True,
+            return_dict_in_generate=True, output_logits=True, synced_gpus=_several_ranks(), **sampling)
+        responses = output.sequences[:, input_ids.shape[1]:]
+        logits = torch.stack(output.logits, dim=1).float() / params.effective_temperature
+        log_probs = logits.log_softmax(dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+        return responses, log_probs
+
+    def update_weights(self, named_tensors) -> None:
+        """Nothing to do: this engine generates with the training module itself."""
+
+    def release_memory(self) -> None:
+        if not self._noted_no_sleep:
+            logger.info("rollout.name=hf keeps no separate cache between steps; release_memory is a no-op")
+            self._noted_no_sleep = True
+
+    def resume(self) -> None:
+        """Nothing was released (see ``release_memory``)."""
+
+
+def _several_ranks() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _sizes(total: int, chunk: int) -> list[int]:
+    return [chunk] * (total // chunk) + ([total % chunk] if total % chunk else [])
+
+
+def _pad_right(values: torch.Tensor, width: int, fill: float) -> torch.Tensor:
+    if values.shape[1] >= width:
+        return values[:, :width]
+    padding = values.new_full((values.shape[0], width - values.shape[1]), fill)
+    return torch.cat([values, padding], dim=1)

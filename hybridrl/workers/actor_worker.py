@@ -1,0 +1,158 @@
+"""The colocated hybrid-engine worker: actor (FSDP2 + optimizer), rollout and reference policy in one process per device.
+
+The rollout generates with the actor's own module (``rollout.name=hf``), so generation always sees the latest update
+and no weights move. Each method's dispatch is declared next to it; the controller calls
+``group.call(ActorRolloutRefWorker.generate_sequences, prompts, params)`` and "go to definition" lands here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from hybridrl.config.schema import TrainConfig
+from hybridrl.config.sizes import role_plan
+from hybridrl.controller import Worker, dp_split, one_to_all
+from hybridrl.protocol import Batch, Fields
+from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.hf import HFRollout
+from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching
+from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
+from hybridrl.workers.checkpoint import export_hf, load_sharded, save_sharded
+from hybridrl.workers.fsdp import ShardingOptions, shard_model
+from hybridrl.workers.model_builder import build_model, load_tokenizer, torch_dtype
+from hybridrl.workers.optim import build_optimizer, build_scheduler
+
+logger = logging.getLogger(__name__)
+
+
+def data_parallel_group(worker: Worker) -> DataParallelGroup:
+    """The worker's data-parallel group (all ranks of the group; FSDP shards over it)."""
+    mesh = worker.dp_mesh
+    return DataParallelGroup(group=mesh.get_group() if mesh is not None else None, rank=worker.rank,
+                             size=worker.world_size)
+
+
+def sharding_options(config: TrainConfig, param_offload: bool) -> ShardingOptions:
+    return ShardingOptions(compute_dtype=torch_dtype(config.model.dtype),
+                           reduce_dtype=torch_dtype(config.actor.fsdp.reduce_dtype),
+                           reshard_after_forward=config.actor.fsdp.reshard_after_forward, param_offload=param_offload)
+
+
+def log_prob_micro_batching(config: TrainConfig, micro_batch_size: int | None) -> MicroBatching:
+    """Micro-batches of no-grad forwards: the role's log-prob size, else the PPO micro-batch, or the token budget."""
+    if config.actor.use_dynamic_bsz:
+        return MicroBatching(max_tokens=config.actor.ppo_max_token_len_per_gpu)
+    return MicroBatching(micro_batch_size=micro_batch_size or config.actor.ppo_micro_batch_size_per_gpu)
+
+
+class ActorRolloutRefWorker(Worker):
+    """One rank of the hybrid engine.
+
+    Args:
+        config: the validated trainer config.
+        total_training_steps: training steps of the run (sizes the learning-rate schedule).
+        with_reference: build a frozen reference policy (needed for a KL loss or KL in the reward).
+    """
+
+    def __init__(self, config: TrainConfig, total_training_steps: int, with_reference: bool) -> None:
+        torch.manual_seed(config.trainer.seed)
+        self.config = config
+        self.plan = role_plan(config, "actor")
+        dp = data_parallel_group(self)
+        device_type = self.device.type
+        self.tokenizer = load_tokenizer(config.model)
+        actor_model = build_model(config.model, "actor", device_type=device_type).to(self.device)
+        shard_model(actor_model, self.dp_mesh, sharding_options(config, config.actor.fsdp.param_offload))
+        optimizer = build_optimizer(actor_model, config.actor.optim)
+        optimizer_steps = total_training_steps * self.plan.num_mini_batches * config.actor.ppo_epochs
+        scheduler = build_scheduler(optimizer, config.actor.optim, optimizer_steps)
+        packed = config.model.use_remove_padding
+        self.actor = PolicyEngine(actor_model, dp=dp, packed=packed, optimizer=optimizer, scheduler=scheduler,
+                                  grad_clip=config.actor.grad_clip)
+        self.reference = None
+        if with_reference:
+            reference_model = build_model(config.model, "reference", device_type=device_type).to(self.device)
+            shard_model(reference_model, self.dp_mesh, sharding_options(config, config.ref.param_offload))
+            self.reference = PolicyEngine(reference_model, dp=dp, packed=packed)
+        self.rollout = HFRollout(actor_model, pad_token_id=self.tokenizer.pad_token_id,
+                                 eos_token_ids=eos_token_ids(self.tokenizer))
+        self.loss_settings = PolicyLossSettings.from_config(config.actor, config.data.max_response_length)
+
+    @dp_split
+    def generate_sequences(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Responses for this rank's prompts; ``params.seed`` is offset by the rank so ranks sample differently."""
+        if params.seed is not None:
+            params = params.with_seed(params.seed + 1000 * self.rank)
+        return self.rollout.generate(prompts, params)
+
+    @dp_split
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """``old_log_probs`` (and ``entropy``) of the responses under the current policy."""
+        micro_batching = log_prob_micro_batching(self.config, self.config.actor.log_prob_micro_batch_size_per_gpu)
+        return self.actor.compute_log_prob(batch, micro_batching)
+
+    @dp_split
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """``ref_log_probs`` of the responses under the frozen reference policy."""
+        if self.reference is None:
+            raise RuntimeError("this worker was started without a reference policy (with_reference=False)")
+        micro_batch_size = (self.config.ref.log_prob_micro_batch_size_per_gpu
+                            or self.config.actor.log_prob_micro_batch_size_per_gpu)
+        result = self.reference.compute_log_prob(batch, log_prob_micro_batching(self.config, micro_batch_size),
+                                                 with_entropy=False)
+        return Batch(tensors={Fields.REF_LOG_PROBS: result[Fields.OLD_LOG_PROBS]})
+
+    @dp_split(pad=False)
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs over this rank's share of the step's data; returns metrics averaged over optimizer steps."""
+        actor = self.config.actor
+        if actor.use_dynamic_bsz:
+            micro_batching = MicroBatching(max_tokens=actor.ppo_max_token_len_per_gpu)
+        else:
+            micro_batching = MicroBatching(micro_batch_size=actor.ppo_micro_batch_size_per_gpu)
+        step = int(batch.meta.get("global_step", 0))
+        return self.actor.update_policy(batch, self.loss_settings, micro_batching,
+                                        local_mini_batch_size=self.plan.local_mini_batch_sequences,
+                                        epochs=actor.ppo_epochs, shuffle=actor.shuffle,
+                                        seed=self.config.trainer.seed * 100_003 + step)
+
+    @dp_split(pad=False)
+    def update_sft(self, batch: Batch) -> dict[str, float]:
+        """One supervised optimizer step on this rank's share of ``batch`` (prompt + target rows, rollout layout)."""
+        micro_batch_size = self.config.actor.ppo_micro_batch_size_per_gpu or len(batch)
+        return self.actor.update_sft(batch, MicroBatching(micro_batch_size=micro_batch_size))
+
+    @one_to_all(collect="first")
+    def save_checkpoint(self, directory: str) -> str:
+        """Actor model, optimizer, scheduler and RNG states under ``directory`` (every rank writes its shards)."""
+        save_sharded(directory, self.actor.model, self.actor.optimizer, self.actor.scheduler)
+        return directory
+
+    @one_to_all(collect="first")
+    def load_checkpoint(self, directory: str) -> str:
+        """Restore what ``save_checkpoint`` wrote (the DP size may differ)."""
+        load_sharded(directory, self.actor.model, self.actor.optimizer, self.actor.scheduler)
+        return directory
+
+    @one_to_all(collect="first")
+    def export_hf(self, directory: str) -> str:
+        """The current policy as a Hugging Face directory (safetensors + tokenizer) that transformers and vLLM load."""
+        return str(export_hf(self.actor.model, self.tokenizer, directory))
+
+    @one_to_all(collect="first")
+    def parameter_checksum(self) -> float:
+        """Sum of all actor parameters (gathered): a cheap fingerprint for determinism and resume tests."""
+        total = torch.zeros((), dtype=torch.float64)
+        for param in self.actor.model.parameters():
+            full = param.full_tensor() if hasattr(param, "full_tensor") else param
+            total += full.detach().double().sum()
+        return float(total)
+
+
+def eos_token_ids(tokenizer) -> list[int]:
+    """EOS ids that end a response: the tokenizer's EOS (plus the generation config's, where the caller adds them)."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no eos_token; generation could never stop")
+    return [tokenizer.eos_token_id]

@@ -1,0 +1,121 @@
+"""Checkpoints of a sharded model: distributed (``torch.distributed.checkpoint``) for resume, and HF export.
+
+- ``save_sharded`` / ``load_sharded``: model + optimizer + LR scheduler with DCP (each rank writes its shards; a load
+  into a different DP size reshards), plus each rank's RNG states. Everything loads with ``weights_only=True``.
+- ``export_hf``: the full fp32 weights gathered to rank 0 and written as safetensors with the config and tokenizer,
+  loadable by plain ``transformers`` and by vLLM.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states (torch CPU, CUDA if present, numpy, python), as tensors and plain values."""
+    _, numpy_keys, numpy_position, *_ = np.random.get_state()
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(numpy_keys.astype(np.int64)),
+                             "numpy_pos": int(numpy_position), "python": repr(random.getstate())}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the RNG states captured by :func:`rng_state`."""
+    import ast
+
+    torch.set_rng_state(state["torch"])
+    numpy_state = np.random.get_state()
+    np.random.set_state((numpy_state[0], state["numpy"].numpy().astype(np.uint32), int(state["numpy_pos"]), 0, 0.0))
+    random.setstate(_tuple_tree(ast.literal_eval(state["python"])))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _tuple_tree(value: Any) -> Any:
+    return tuple(_tuple_tree(item) for item in value) if isinstance(value, (list, tuple)) else value
+
+
+def save_sharded(directory: str | Path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                 scheduler: Any = None) -> None:
+    """Write ``model`` (+ optimizer, scheduler) shards and this rank's RNG state under ``directory`` (all ranks)."""
+    directory = Path(directory)
+    if optimizer is not None:
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+    else:
+        state = {"model": get_model_state_dict(model)}
+    dcp.save(state, checkpoint_id=str(directory / "dcp"))
+    extras = {"rng": rng_state(), "scheduler": scheduler.state_dict() if scheduler is not None else None}
+    torch.save(extras, directory / f"extra_rank{_rank()}.pt")
+    _barrier()
+
+
+def load_sharded(directory: str | Path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                 scheduler: Any = None, *, restore_rng: bool = True) -> None:
+    """Load what :func:`save_sharded` wrote, into an already sharded ``model`` (any DP size)."""
+    directory = Path(directory)
+    if not (directory / "dcp" / ".metadata").is_file():
+        raise ValueError(f"{directory} is not a hybridrl checkpoint (no dcp/.metadata)")
+    if optimizer is not None:
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+    else:
+        state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=str(directory / "dcp"))
+    set_state_dict(model, optimizer if optimizer is not None else (), model_state_dict=state["model"],
+                   optim_state_dict=state.get("optimizer", {}))
+    extras_path = directory / f"extra_rank{_rank()}.pt"
+    if extras_path.is_file():
+        extras = torch.load(extras_path, weights_only=True)
+        if scheduler is not None and extras.get("scheduler") is not None:
+            scheduler.load_state_dict(extras["scheduler"])
+        if restore_rng:
+            set_rng_state(extras["rng"])
+    _barrier()
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded fp32 state dict on rank 0 (``{}`` on other ranks); every rank must call it."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)
+
+
+def export_hf(model: nn.Module, tokenizer, directory: str | Path) -> Path:
+    """Write a Hugging Face directory (config, safetensors, tokenizer) of ``model``'s current weights (all ranks call).
+
+    Returns the directory. Only rank 0 writes; the others wait at a barrier.
+    """
+    directory = Path(directory)
+    state = full_state_dict(model)
+    if _rank() == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(directory, state_dict=state, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(directory)
+    _barrier()
+    return directory
