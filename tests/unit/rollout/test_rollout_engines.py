@@ -1,0 +1,88 @@
+"""The rollout-engine registry and the vLLM engine's settings, checked without starting an engine."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hybridrl.config.schema import RolloutConfig
+from hybridrl.rollout import ROLLOUT_ENGINES, EngineInputs, build_rollout_engine
+from hybridrl.rollout.hf import HFRollout
+from hybridrl.rollout.vllm_engine import VLLMSettings, _buckets, _check_settings, _engine_kwargs, import_vllm
+from hybridrl.utils.registry import UnknownNameError
+from hybridrl.utils.tiny_model import save_tiny_model
+
+
+def test_registry_names_and_unknown_name():
+    assert ROLLOUT_ENGINES.names()[:2] == ("hf", "vllm")
+    with pytest.raises(UnknownNameError, match="valid names: hf, vllm"):
+        build_rollout_engine("sglang", EngineInputs(rollout=RolloutConfig(), pad_token_id=0, eos_token_ids=[1]))
+
+
+def test_hf_engine_from_registry(tmp_path):
+    model_dir = save_tiny_model(tmp_path / "model")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    engine = build_rollout_engine("hf", EngineInputs(rollout=RolloutConfig(), pad_token_id=tokenizer.pad_token_id,
+                                                     eos_token_ids=[tokenizer.eos_token_id], model=model))
+    assert isinstance(engine, HFRollout) and engine.model is model
+
+
+def test_engines_name_what_they_miss():
+    inputs = EngineInputs(rollout=RolloutConfig(name="vllm"), pad_token_id=0, eos_token_ids=[1])
+    with pytest.raises(ValueError, match="EngineInputs.model is required"):
+        build_rollout_engine("hf", inputs)
+    with pytest.raises(ValueError, match="model_path"):
+        build_rollout_engine("vllm", inputs)
+
+
+def test_settings_from_config():
+    rollout = RolloutConfig(name="vllm", kv_cache_memory_mb=32, max_num_seqs=8, weight_sync_bucket_mb=16,
+                            free_cache_engine=False)
+    settings = VLLMSettings.from_config(rollout, max_model_len=96, dtype="float32", seed=7)
+    assert (settings.kv_cache_memory_mb, settings.max_num_seqs, settings.weight_sync_bucket_mb) == (32, 8, 16)
+    assert settings.seed == 7 and not settings.free_cache_engine
+    assert VLLMSettings.from_config(RolloutConfig(seed=3), max_model_len=96, dtype="float32", seed=7).seed == 3
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(tensor_parallel_size=2), "tensor_model_parallel_size=2"),
+    (dict(kv_cache_memory_mb=None), "rollout.kv_cache_memory_mb is required on CPU"),
+    (dict(dtype="float16"), "not supported on CPU"),
+    (dict(max_model_len=0), "max_model_len=0"),
+])
+def test_cpu_settings_refused_with_the_key(change, message):
+    settings = VLLMSettings(**{**dict(max_model_len=64, kv_cache_memory_mb=64, dtype="bfloat16"), **change})
+    with pytest.raises(ValueError, match=message):
+        _check_settings(settings, on_cpu=True)
+
+
+def test_gpu_settings_allowed_and_sleep_mode():
+    settings = VLLMSettings(max_model_len=64, tensor_parallel_size=2, dtype="float16", gpu_memory_utilization=0.4)
+    _check_settings(settings, on_cpu=False)
+    kwargs = _engine_kwargs(settings, on_cpu=False)
+    assert kwargs["enable_sleep_mode"] and kwargs["gpu_memory_utilization"] == 0.4
+    assert "kv_cache_memory_bytes" not in kwargs and kwargs["tensor_parallel_size"] == 2
+
+
+def test_cpu_engine_kwargs_use_the_kv_budget():
+    kwargs = _engine_kwargs(VLLMSettings(max_model_len=64, kv_cache_memory_mb=64), on_cpu=True)
+    assert kwargs["kv_cache_memory_bytes"] == 64 << 20 and "enable_sleep_mode" not in kwargs
+    assert kwargs["max_model_len"] == 64 and kwargs["enable_prefix_caching"]
+
+
+def test_buckets_bound_their_size():
+    tensors = [(f"w{i}", torch.zeros(size, dtype=torch.float32)) for i, size in enumerate([10, 10, 30, 5, 1])]
+    buckets = list(_buckets(iter(tensors), max_bytes=80))  # 80 bytes = 20 floats
+    assert [[name for name, _ in bucket] for bucket in buckets] == [["w0", "w1"], ["w2"], ["w3", "w4"]]
+
+
+def test_missing_vllm_says_how_to_install(monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # import_vllm sets both; monkeypatch restores them
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail
+    with pytest.raises(ImportError, match=r"hybridrl\[cpu\]"):
+        import_vllm()
