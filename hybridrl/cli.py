@@ -7,19 +7,24 @@ User mistakes print one clear message and exit with status 2 — never a traceba
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable, Optional, Sequence
 
 from hybridrl.config import ConfigError
 
-COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {}
+# Before transformers is imported anywhere: its per-file progress bars would bury the trainer's progress display.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+Handler = Callable[[argparse.Namespace], int]
+COMMANDS: dict[str, tuple[str, str, Handler]] = {}
 
 
-def command(name: str, help_text: str) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
-    """Register a sub-command handler ``(args) -> exit status``."""
+def command(name: str, help_text: str, config_name: str = "ppo_trainer") -> Callable[[Handler], Handler]:
+    """Register a sub-command handler ``(args) -> exit status`` whose default config is ``config_name``."""
 
-    def register(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-        COMMANDS[name] = (help_text, handler)
+    def register(handler: Handler) -> Handler:
+        COMMANDS[name] = (help_text, config_name, handler)
         return handler
 
     return register
@@ -37,12 +42,47 @@ def show_config(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("train", "run the RL trainer (PPO, GRPO, ...): hybridrl train model.path=... algorithm=grpo")
+def train(args: argparse.Namespace) -> int:
+    from hybridrl.config import load_config
+    from hybridrl.controller.trainer import RLTrainer
+    from hybridrl.utils.report import format_summary, plot_learning_curves, step_time_breakdown
+    from hybridrl.utils.tracking import read_metrics
+
+    config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths)
+    result = RLTrainer(config).fit()
+    plot = plot_learning_curves(result.run_dir)
+    figures = {"steps": result.global_step, "run directory": str(result.run_dir), "learning curves": str(plot)}
+    figures.update({key: f"{value:.4g}" for key, value in (result.last_validation or {}).items()})
+    print(format_summary("hybridrl train", figures, step_time_breakdown(read_metrics(result.run_dir))))
+    return 0
+
+
+@command("sft", "supervised fine-tuning (the warm start for RL): hybridrl sft model.path=...", "sft_trainer")
+def sft(args: argparse.Namespace) -> int:
+    from hybridrl.config import load_config
+    from hybridrl.controller.sft_trainer import SFTTrainer
+
+    config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths)
+    result = SFTTrainer(config).fit()
+    print(f"hybridrl sft: {len(result.history)} steps; model exported to {result.export_dir}")
+    return 0
+
+
+@command("demo", "the main job: tiny model, SFT then GRPO on arithmetic, on CPU (overrides go to GRPO)", "demo_grpo")
+def demo(args: argparse.Namespace) -> int:
+    from hybridrl.demo import run_demo
+
+    run_demo(args.overrides)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridrl", description=__doc__.splitlines()[0])
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (help_text, _) in COMMANDS.items():
+    for name, (help_text, config_name, _) in COMMANDS.items():
         sub = subcommands.add_parser(name, help=help_text)
-        sub.add_argument("--config-name", default="ppo_trainer", help="YAML file in conf/ (without .yaml)")
+        sub.add_argument("--config-name", default=config_name, help="YAML file in conf/ (without .yaml)")
         sub.add_argument("--no-check-paths", action="store_true", help="skip file-existence checks")
         sub.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. rollout.n=8 algorithm=gae")
     return parser
@@ -50,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    _, handler = COMMANDS[args.command]
+    _, _, handler = COMMANDS[args.command]
     try:
         return handler(args)
     except ConfigError as error:

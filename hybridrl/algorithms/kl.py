@@ -41,6 +41,7 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> t
         return 0.5 * (logprob - ref_logprob).square()
     if kind in ("k3", "low_var_kl"):
         log_ratio = torch.clamp(ref_logprob - logprob, min=-K3_LOG_RATIO_CLAMP, max=K3_LOG_RATIO_CLAMP)
-        estimate = torch.exp(log_ratio) - log_ratio - 1
+        # expm1(x) - x, not exp(x) - 1 - x: for small x the latter rounds below zero (a negative "KL").
+        estimate = torch.expm1(log_ratio) - log_ratio
         return torch.clamp(estimate, min=-K3_VALUE_CLAMP, max=K3_VALUE_CLAMP)
     raise ValueError(f"unknown KL penalty kind {kind!r}; valid kinds: {', '.join(KL_PENALTY_KINDS)}")

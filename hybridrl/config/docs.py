@@ -14,6 +14,7 @@ import typing
 from typing import Any, Iterator
 
 from hybridrl.config.schema import TrainConfig
+from hybridrl.config.sft_schema import SFTConfig
 
 
 def field_docs(config_class: type) -> dict[str, str]:
@@ -45,19 +46,22 @@ def iter_fields(config_class: type, prefix: str = "") -> Iterator[tuple[str, Any
             yield key, getattr(defaults, config_field.name), docs.get(config_field.name, ""), config_class
 
 
-def render_markdown(root: type = TrainConfig) -> str:
-    """The whole reference as Markdown: one table per top-level section."""
+def render_markdown(roots: tuple[tuple[str, type], ...] = (("ppo_trainer", TrainConfig),
+                                                            ("sft_trainer", SFTConfig))) -> str:
+    """The whole reference as Markdown: per trainer, one table per top-level section."""
     lines = ["# Config reference", "",
-             "Generated from `hybridrl/config/schema.py` by `python -m hybridrl.config.docs`; do not edit by hand.",
-             "Override any key on the command line (`hybridrl train actor.optim.lr=1e-6`).", ""]
-    section = None
-    for key, default, doc, _ in iter_fields(root):
-        top = key.split(".")[0]
-        if top != section:
-            section = top
-            lines += ["", f"## `{section}`", "", "| key | default | meaning |", "|---|---|---|"]
-        shown = "null" if default is None else repr(default) if isinstance(default, str) else default
-        lines.append(f"| `{key}` | `{shown}` | {doc.replace('|', '/')} |")
+             "Generated from `hybridrl/config/*schema.py` by `python -m hybridrl.config.docs`; do not edit by hand.",
+             "Override any key on the command line (`hybridrl train actor.optim.lr=1e-6`)."]
+    for config_name, root in roots:
+        lines += ["", f"# `{config_name}` ({root.__name__})"]
+        section = None
+        for key, default, doc, _ in iter_fields(root):
+            top = key.split(".")[0]
+            if top != section:
+                section = top
+                lines += ["", f"## `{config_name}`: `{section}`", "", "| key | default | meaning |", "|---|---|---|"]
+            shown = "null" if default is None else repr(default) if isinstance(default, str) else default
+            lines.append(f"| `{key}` | `{shown}` | {doc.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 
 

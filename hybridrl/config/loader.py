@@ -18,12 +18,13 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.schema import TrainConfig
+from hybridrl.config.sft_schema import SFTConfig
 
 ConfigT = TypeVar("ConfigT")
 
 DEFAULT_CONFIG_NAME = "ppo_trainer"
 # Primary config name → the dataclass that types it. Later trainers (SFT, reward model) add theirs here.
-SCHEMAS: dict[str, type] = {DEFAULT_CONFIG_NAME: TrainConfig}
+SCHEMAS: dict[str, type] = {DEFAULT_CONFIG_NAME: TrainConfig, "sft_trainer": SFTConfig}
 # Keys whose values never reach a log or a dumped file (tracking-service credentials).
 SECRET_KEY_PATTERN = re.compile(r"(^|_)(token|api_key|apikey|password|secret)$", re.IGNORECASE)
 
@@ -46,6 +47,7 @@ def compose_yaml(config_name: str = DEFAULT_CONFIG_NAME, overrides: Sequence[str
     from hydra.errors import HydraException
 
     _register_schemas()
+    overrides = open_dict_overrides(overrides, SCHEMAS.get(config_name, TrainConfig))
     conf_dir = Path(conf_dir) if conf_dir is not None else config_dir()
     if not (conf_dir / f"{config_name}.yaml").is_file():
         available = sorted(path.stem for path in conf_dir.glob("*.yaml"))
@@ -54,7 +56,35 @@ def compose_yaml(config_name: str = DEFAULT_CONFIG_NAME, overrides: Sequence[str
         with initialize_config_dir(config_dir=str(conf_dir), version_base=None, job_name="hybridrl"):
             return compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as error:
-        raise _composition_error(error, overrides) from None
+        raise _composition_error(error, overrides, SCHEMAS.get(config_name)) from None
+
+
+def open_dict_overrides(overrides: Sequence[str], schema: type) -> list[str]:
+    """Prefix overrides of free-form dict fields (``extra``, ``data.synthetic_task_kwargs``, …) with ``++``.
+
+    Hydra refuses a new key below a typed config unless it is written ``++key=value``; for fields that are dicts by
+    design that is a trap, so ``data.synthetic_task_kwargs.max_digits=1`` just works.
+    """
+    prefixes = tuple(_dict_field_paths(schema))
+    rewritten = []
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if not key.startswith(("+", "~")) and any(key == p or key.startswith(p + ".") for p in prefixes):
+            override = "++" + override
+        rewritten.append(override)
+    return rewritten
+
+
+def _dict_field_paths(schema: type, prefix: str = "") -> list[str]:
+    import typing
+
+    paths = []
+    for name, hint in typing.get_type_hints(schema).items():
+        if is_dataclass(hint):
+            paths += _dict_field_paths(hint, f"{prefix}{name}.")
+        elif typing.get_origin(hint) is dict:
+            paths.append(f"{prefix}{name}")
+    return paths
 
 
 def _register_schemas() -> None:
@@ -66,7 +96,7 @@ def _register_schemas() -> None:
         store.store(name=f"{name}_schema", node=schema)
 
 
-def _composition_error(error: Exception, overrides: Sequence[str]) -> ConfigError:
+def _composition_error(error: Exception, overrides: Sequence[str], schema: Optional[type]) -> ConfigError:
     """Turn Hydra's wrapped exception into a ``ConfigError`` naming the key when OmegaConf recorded one."""
     cause: Optional[BaseException] = error
     while cause is not None:
@@ -74,7 +104,7 @@ def _composition_error(error: Exception, overrides: Sequence[str]) -> ConfigErro
         if key:
             if isinstance(cause, ConfigKeyError) or "not in" in str(cause):
                 return ConfigError([(str(key), _override_value(overrides, str(key)),
-                                     f"unknown config key{_suggestion(str(key), SCHEMAS[DEFAULT_CONFIG_NAME])}")])
+                                     f"unknown config key{_suggestion(str(key), schema)}")])
             return ConfigError([(str(key), _override_value(overrides, str(key)), _first_line(cause))])
         cause = cause.__cause__ or cause.__context__
     return ConfigError([("overrides", list(overrides), _first_line(error))])
@@ -110,19 +140,29 @@ def to_schema(raw: DictConfig | dict, schema: type[ConfigT]) -> ConfigT:
 
 
 def load_config(overrides: Sequence[str] = (), config_name: str = DEFAULT_CONFIG_NAME, *,
-                conf_dir: Optional[Path] = None, check_paths: bool = True) -> TrainConfig:
+                conf_dir: Optional[Path] = None, check_paths: bool = True) -> Any:
     """Compose, type-check, validate and freeze a trainer config — the one entry point for CLI, recipes and notebooks.
+
+    Returns a ``TrainConfig`` for ``ppo_trainer`` (and configs built on it), an ``SFTConfig`` for ``sft_trainer``.
 
     Example::
 
         config = load_config(["algorithm.adv_estimator=grpo", "rollout.n=8", "model.path=/models/qwen"])
     """
-    from hybridrl.config.validation import validate_config
+    from hybridrl.config.validation import validate_config, validate_sft_config
 
-    config = to_schema(compose_yaml(config_name, overrides, conf_dir), TrainConfig)
-    validate_config(config, check_paths=check_paths)
+    raw = compose_yaml(config_name, overrides, conf_dir)
+    schema = schema_of(raw)
+    config = to_schema(raw, schema)
+    (validate_sft_config if schema is SFTConfig else validate_config)(config, check_paths=check_paths)
     config.freeze()
     return config
+
+
+def schema_of(raw: DictConfig) -> type:
+    """The dataclass a composed config was built on (its defaults list names ``<name>_schema``)."""
+    found = OmegaConf.get_type(raw)
+    return found if found in SCHEMAS.values() else TrainConfig
 
 
 def config_to_yaml(config: Any, redact_secrets: bool = True) -> str:
@@ -182,8 +222,10 @@ def _value_at(raw: DictConfig | dict, dotted_key: str) -> Any:
     return OmegaConf.to_container(node) if isinstance(node, DictConfig) else node
 
 
-def _suggestion(dotted_key: str, schema: type) -> str:
+def _suggestion(dotted_key: str, schema: Optional[type]) -> str:
     """A " (did you mean ...?)" hint with the closest valid key at the same level, or an empty string."""
+    if schema is None:
+        return ""
     *parents, leaf = dotted_key.split(".") if dotted_key else [""]
     node: Any = schema
     for part in parents:

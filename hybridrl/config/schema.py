@@ -228,6 +228,9 @@ class KLControlConfig(FreezableConfig):
     """Adaptive controller: target KL per token."""
     horizon: int = 10000
     """Adaptive controller: horizon in samples."""
+    target_kl_coef: float = 0.0
+    """Scheduled controller: the coefficient reached at the end of training (warm-up oscillation, square-root ramp,
+    then a quadratic approach to this value)."""
 
 
 @dataclass
@@ -256,6 +259,8 @@ class DataConfig(FreezableConfig):
     """Validation files, same schema."""
     synthetic_task: Optional[str] = None
     """Generate prompts on the fly instead of reading files, e.g. ``arithmetic`` (used by the demo and tests)."""
+    synthetic_task_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Options of the synthetic task, e.g. ``{max_digits: 2, operators: "+"}`` (see ``hybridrl.data.synthetic``)."""
     prompt_key: str = "prompt"
     """Column holding the prompt (chat messages or plain text)."""
     max_prompt_length: int = 512

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Optional
 
 from hybridrl.config.errors import PREFORMATTED, ConfigError
 from hybridrl.config.schema import TrainConfig
+from hybridrl.config.sft_schema import SFTConfig
 from hybridrl.config.sizes import role_plan, world_size
 
 # Choices owned by the config layer. Names owned by a registry (estimators, losses, …) are read from that registry.
@@ -248,3 +249,31 @@ def _check_batch_plans(config: TrainConfig, error: ConfigError) -> None:
             role_plan(config, role)
         except ConfigError as plan_error:
             error.extend(plan_error)
+
+
+def validate_sft_config(config: SFTConfig, *, check_paths: bool = True) -> None:
+    """Raise ``ConfigError`` naming every invalid key of an SFT config."""
+    error = ConfigError()
+    data, trainer = config.data, config.trainer
+    _positive(error, [
+        ("data.train_batch_size", data.train_batch_size), ("data.micro_batch_size_per_gpu", data.micro_batch_size_per_gpu),
+        ("data.max_prompt_length", data.max_prompt_length), ("data.max_response_length", data.max_response_length),
+        ("trainer.total_training_steps", trainer.total_training_steps), ("trainer.nnodes", trainer.nnodes),
+        ("trainer.n_gpus_per_node", trainer.n_gpus_per_node), ("optim.lr", config.optim.lr),
+    ])
+    _choice(error, "model.dtype", config.model.dtype, MODEL_DTYPES)
+    _choice(error, "trainer.device", trainer.device, DEVICES)
+    for logger in trainer.logger:
+        _choice(error, "trainer.logger", logger, LOGGERS)
+    if not data.train_files and data.synthetic_task is None:
+        error.add("data.train_files", [], "give at least one parquet/JSONL file, or set data.synthetic_task")
+    devices = trainer.nnodes * trainer.n_gpus_per_node
+    if not error and data.train_batch_size % (devices * data.micro_batch_size_per_gpu):
+        error.add("data.train_batch_size", data.train_batch_size,
+                  f"must be a multiple of devices ({devices}) × data.micro_batch_size_per_gpu "
+                  f"({data.micro_batch_size_per_gpu}): global = micro × accumulation × world must hold exactly")
+    if check_paths:
+        _check_model_dir(error, "model.path", config.model.path)
+        for path in data.train_files:
+            _check_data_file(error, "data.train_files", path)
+    error.raise_if_any()

@@ -39,6 +39,8 @@ def worker_process_env(device: str, extra: Optional[Mapping[str, str]] = None) -
     check_device(device)
     env = {
         "TOKENIZERS_PARALLELISM": "false",
+        # transformers' per-load progress bars, times ranks, bury the trainer's own progress display.
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         "PYTHONUNBUFFERED": "1",
         # NCCL: fail a stuck collective with an error instead of hanging forever; warnings only.
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",

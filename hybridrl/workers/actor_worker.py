@@ -8,6 +8,7 @@ and no weights move. Each method's dispatch is declared next to it; the controll
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -15,8 +16,9 @@ from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import role_plan
 from hybridrl.controller import Worker, dp_split, one_to_all
 from hybridrl.protocol import Batch, Fields
+from hybridrl.hybrid_engine import WeightResharder, bucket_bytes_from_mb
+from hybridrl.rollout import EngineInputs, RolloutEngine, build_rollout_engine
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.rollout.hf import HFRollout
 from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching
 from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
 from hybridrl.workers.checkpoint import export_hf, load_sharded, save_sharded
@@ -76,16 +78,52 @@ class ActorRolloutRefWorker(Worker):
             reference_model = build_model(config.model, "reference", device_type=device_type).to(self.device)
             shard_model(reference_model, self.dp_mesh, sharding_options(config, config.ref.param_offload))
             self.reference = PolicyEngine(reference_model, dp=dp, packed=packed)
-        self.rollout = HFRollout(actor_model, pad_token_id=self.tokenizer.pad_token_id,
-                                 eos_token_ids=eos_token_ids(self.tokenizer))
+        self.rollout = self._build_rollout(actor_model, dp)
         self.loss_settings = PolicyLossSettings.from_config(config.actor, config.data.max_response_length)
+
+    def _build_rollout(self, actor_model, dp: DataParallelGroup) -> RolloutEngine:
+        """The generation engine: ``hf`` shares ``actor_model``; ``vllm`` holds its own copy, fed by a resharder."""
+        config = self.config
+        self.resharder = None
+        if config.rollout.name != "hf":
+            if config.rollout.tensor_model_parallel_size != 1:
+                raise ValueError("rollout.tensor_model_parallel_size > 1 with an in-process vLLM engine is not "
+                                 "supported yet (each rank runs its own engine); use 1")
+            self.resharder = WeightResharder(actor_model, tp_size=1, group=dp.group,
+                                             bucket_bytes=bucket_bytes_from_mb(config.rollout.weight_sync_bucket_mb),
+                                             dtype=torch_dtype(config.model.dtype))
+        return build_rollout_engine(config.rollout.name, EngineInputs(
+            rollout=config.rollout, pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_ids=eos_token_ids(self.tokenizer), model=actor_model, model_path=config.model.path,
+            tokenizer_path=config.model.tokenizer_path,
+            max_model_len=config.data.max_prompt_length + config.data.max_response_length,
+            dtype=config.model.dtype, seed=config.trainer.seed))
 
     @dp_split
     def generate_sequences(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Responses for this rank's prompts; ``params.seed`` is offset by the rank so ranks sample differently."""
         if params.seed is not None:
             params = params.with_seed(params.seed + 1000 * self.rank)
-        return self.rollout.generate(prompts, params)
+        free_cache = self.config.rollout.free_cache_engine
+        if free_cache:
+            self.rollout.resume()
+        output = self.rollout.generate(prompts, params)
+        if free_cache:
+            self.rollout.release_memory()
+        return output
+
+    @one_to_all(collect="first")
+    def sync_rollout_weights(self) -> dict[str, float]:
+        """Stream the updated actor weights into a separate engine (vLLM); nothing to do for ``hf``.
+
+        Returns the sync's seconds and bytes received by rank 0 (the collective runs on every rank).
+        """
+        if self.resharder is None:
+            return {"weight_sync/seconds": 0.0, "weight_sync/bytes": 0.0}
+        started = time.perf_counter()
+        self.rollout.update_weights(self.resharder.stream())
+        return {"weight_sync/seconds": time.perf_counter() - started,
+                "weight_sync/bytes": float(self.resharder.last_stats.received_bytes)}
 
     @dp_split
     def compute_log_prob(self, batch: Batch) -> Batch:

@@ -18,6 +18,7 @@ from hybridrl.config import (
     to_schema,
 )
 from hybridrl.config.docs import iter_fields, render_markdown
+from hybridrl.config.sft_schema import SFTConfig
 
 CONF = config_dir()
 REPO = CONF.parent
@@ -39,9 +40,14 @@ def test_every_group_option_composes_and_validates(group, option):
     assert config.is_frozen
 
 
+# Primary configs that need a data source from the user get one here.
+PRIMARY_OVERRIDES = {"sft_trainer": ["data.synthetic_task=arithmetic"]}
+
+
 @pytest.mark.parametrize("config_file", sorted(CONF.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_primary_config_composes(config_file):
-    assert isinstance(load_config([], config_file.stem, check_paths=False), TrainConfig)
+    config = load_config(PRIMARY_OVERRIDES.get(config_file.stem, []), config_file.stem, check_paths=False)
+    assert isinstance(config, (TrainConfig, SFTConfig)) and config.is_frozen
 
 
 def test_presets_select_what_they_say():
@@ -96,7 +102,7 @@ def test_dump_round_trips_and_redacts(tmp_path):
 
 
 def test_every_field_is_documented_and_the_reference_is_current():
-    undocumented = [key for key, _, doc, _ in iter_fields(TrainConfig) if not doc]
+    undocumented = [key for root in (TrainConfig, SFTConfig) for key, _, doc, _ in iter_fields(root) if not doc]
     assert undocumented == []
     reference = REPO / "docs" / "config.md"
     assert reference.read_text() == render_markdown(), "docs/config.md is stale: run `make docs`"
@@ -113,3 +119,10 @@ def test_recipe_configs_are_not_forgotten():
     covered = {Path(CONF / group / f"{option}.yaml") for group, option in group_options()}
     covered |= set(CONF.glob("*.yaml"))
     assert covered == set(CONF.rglob("*.yaml"))
+
+
+def test_free_form_dict_fields_accept_new_keys_from_the_command_line():
+    config = load_config(["data.synthetic_task_kwargs={max_digits: 1, operators: '+'}", "extra.note=kept",
+                          "trainer.ray.worker_env.MY_FLAG=1"], check_paths=False)
+    assert dict(config.data.synthetic_task_kwargs) == {"max_digits": 1, "operators": "+"}
+    assert config.extra["note"] == "kept" and config.trainer.ray.worker_env["MY_FLAG"] == "1"

@@ -1,0 +1,72 @@
+"""The SFT trainer's configuration (``conf/sft_trainer.yaml``): supervised warm-start on the same FSDP2 worker stack."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hybridrl.config.frozen import FreezableConfig
+from hybridrl.config.ray import RayConfig
+from hybridrl.config.schema import ModelConfig, OptimConfig
+
+
+@dataclass
+class SFTDataConfig(FreezableConfig):
+    train_files: list[str] = field(default_factory=list)
+    """Parquet/JSONL rows in the RL schema; the target response is ``reward_model.ground_truth``."""
+    synthetic_task: Optional[str] = None
+    """Generate (prompt, answer) pairs on the fly instead, e.g. ``arithmetic``."""
+    synthetic_task_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Options of the synthetic task (e.g. ``max_digits``, ``operators``)."""
+    max_prompt_length: int = 512
+    """Prompt tokens after the chat template (longer prompts are an error)."""
+    max_response_length: int = 512
+    """Target tokens including EOS (longer targets are an error)."""
+    train_batch_size: int = 64
+    """Sequences per optimizer step (global)."""
+    micro_batch_size_per_gpu: int = 16
+    """Sequences per forward/backward on one device."""
+    seed: int = 1
+    """Seed of the data stream."""
+    apply_chat_template: bool = True
+    """Format prompts with the tokenizer's chat template (as the RL rollout will)."""
+
+
+@dataclass
+class SFTTrainerConfig(FreezableConfig):
+    project_name: str = "hybridrl"
+    """Project name (tracking, run directory)."""
+    experiment_name: str = "sft"
+    """Experiment name (tracking, run directory)."""
+    default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
+    """Run directory: resolved config, metrics, the exported model."""
+    export_dir: Optional[str] = None
+    """Where the fine-tuned model is written as a Hugging Face directory; ``null`` = ``<run dir>/hf``."""
+    device: str = "auto"
+    """``auto`` | ``cuda`` | ``cpu``."""
+    nnodes: int = 1
+    """Nodes in the job."""
+    n_gpus_per_node: int = 1
+    """Devices per node (CPU slots when ``device=cpu``)."""
+    total_training_steps: int = 100
+    """Optimizer steps."""
+    seed: int = 1
+    """Model-side seed."""
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Trackers: ``console``, ``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """Ray start-up settings."""
+
+
+@dataclass
+class SFTConfig(FreezableConfig):
+    """The SFT trainer's whole configuration."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model to fine-tune."""
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    """Supervised pairs."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4, weight_decay=0.0))
+    """Optimizer and schedule."""
+    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
+    """Devices, steps, logging."""

@@ -1,0 +1,83 @@
+"""The controller's own steps between worker calls: rewards to token level, KL in the reward, advantages, balancing.
+
+Pure functions on ``Batch`` — no Ray, no process groups — so each is unit-tested directly.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from hybridrl.algorithms import ADVANTAGE_ESTIMATORS, kl_penalty, masked_mean
+from hybridrl.config.schema import AlgorithmConfig
+from hybridrl.data.partition import balance_across_ranks
+from hybridrl.protocol import Batch, Fields
+
+
+def apply_kl_in_reward(batch: Batch, kl_coef: float, kind: str) -> tuple[torch.Tensor, dict[str, float]]:
+    """``token_level_rewards = token_level_scores − kl_coef × KL(policy ‖ reference)`` per token.
+
+    Returns the rewards ``[B, R]`` and metrics: the mean per-sequence KL (for the KL controller) and the coefficient.
+    """
+    mask = batch[Fields.RESPONSE_MASK]
+    kl = kl_penalty(batch[Fields.OLD_LOG_PROBS], batch[Fields.REF_LOG_PROBS], kind) * mask
+    rewards = batch[Fields.TOKEN_LEVEL_SCORES] - kl_coef * kl
+    sequence_kl = (kl.sum(-1) / mask.sum(-1).clamp_min(1)).mean()
+    return rewards, {"actor/reward_kl_penalty": float(sequence_kl), "actor/reward_kl_coef": kl_coef}
+
+
+def compute_advantages(batch: Batch, algorithm: AlgorithmConfig,
+                       reward_baselines: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns ``[B, R]`` with the configured estimator, grouped by the ``uid`` field."""
+    estimator = ADVANTAGE_ESTIMATORS[algorithm.adv_estimator]
+    kwargs = dict(token_level_rewards=batch[Fields.TOKEN_LEVEL_REWARDS], response_mask=batch[Fields.RESPONSE_MASK],
+                  gamma=algorithm.gamma, lam=algorithm.lam, norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo)
+    if Fields.UID in batch:
+        kwargs["index"] = np.asarray(batch[Fields.UID])
+    if Fields.VALUES in batch:
+        kwargs["values"] = batch[Fields.VALUES]
+    if reward_baselines is not None:
+        kwargs["reward_baselines"] = reward_baselines
+    return estimator(**kwargs)
+
+
+def balance_batch(batch: Batch, num_ranks: int) -> Batch:
+    """Reorder rows so each of the ``num_ranks`` contiguous chunks (one per DP rank) has a similar token count.
+
+    Responses to one prompt may land on different ranks; advantages were already computed, so nothing depends on
+    group locality after this point.
+    """
+    if num_ranks == 1:
+        return batch
+    lengths = batch[Fields.ATTENTION_MASK].sum(dim=-1).tolist()
+    parts = balance_across_ranks(lengths, num_ranks, equal_size=True)
+    return batch.reorder(torch.tensor([index for part in parts for index in part]))
+
+
+def batch_metrics(batch: Batch) -> dict[str, float]:
+    """Scores, rewards, advantages and lengths of a step's batch (means, with min/max for the key ones)."""
+    response_mask = batch[Fields.RESPONSE_MASK].float()
+    response_lengths = response_mask.sum(-1)
+    prompt_lengths = batch[Fields.ATTENTION_MASK].sum(-1).float() - response_lengths
+    scores = batch[Fields.TOKEN_LEVEL_SCORES].sum(-1)
+    rewards = batch[Fields.TOKEN_LEVEL_REWARDS].sum(-1)
+    max_length = batch[Fields.RESPONSES].shape[-1]
+    metrics = {
+        "critic/score/mean": float(scores.mean()), "critic/score/max": float(scores.max()),
+        "critic/score/min": float(scores.min()), "critic/rewards/mean": float(rewards.mean()),
+        "critic/advantages/mean": float(masked_mean(batch[Fields.ADVANTAGES], response_mask)),
+        "critic/advantages/max": float(batch[Fields.ADVANTAGES][response_mask.bool()].max()),
+        "critic/advantages/min": float(batch[Fields.ADVANTAGES][response_mask.bool()].min()),
+        "response_length/mean": float(response_lengths.mean()), "response_length/max": float(response_lengths.max()),
+        "response_length/clip_ratio": float((response_lengths >= max_length).float().mean()),
+        "prompt_length/mean": float(prompt_lengths.mean()),
+    }
+    if Fields.VALUES in batch:
+        metrics["critic/values/mean"] = float(masked_mean(batch[Fields.VALUES], response_mask))
+    if Fields.ROLLOUT_LOG_PROBS in batch and Fields.OLD_LOG_PROBS in batch:
+        difference = (batch[Fields.ROLLOUT_LOG_PROBS] - batch[Fields.OLD_LOG_PROBS]).abs() * response_mask
+        metrics["rollout/log_prob_diff_max"] = float(difference.max())
+        metrics["rollout/log_prob_diff_mean"] = float(difference.sum() / response_mask.sum().clamp_min(1))
+    return metrics

@@ -1,0 +1,125 @@
+"""Supervised fine-tuning on the same worker stack as RL — the warm-start checkpoint for an RL run.
+
+The loss is the negative log-likelihood of the target response tokens (prompt tokens masked), normalised by the
+global token count of the step, with the same exact gradient accumulation as the RL losses.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from hybridrl.config.loader import dump_config
+from hybridrl.config.schema import ActorConfig, DataConfig, RolloutConfig, TrainConfig, TrainerConfig
+from hybridrl.config.sft_schema import SFTConfig
+from hybridrl.config.validation import resolved_device
+from hybridrl.controller import PoolSpec, ResourcePool, WorkerGroup, start_ray
+from hybridrl.data.dataset import format_prompt, tokenize_prompts
+from hybridrl.data.io import read_rows
+from hybridrl.data.sft import SFTExample, sft_examples_from_rows
+from hybridrl.data.synthetic import build_synthetic_task
+from hybridrl.protocol import Batch, Fields
+from hybridrl.rollout.base import assemble_rollout
+from hybridrl.utils.tracking import Tracker
+from hybridrl.workers.actor_worker import ActorRolloutRefWorker
+from hybridrl.workers.model_builder import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SFTResult:
+    run_dir: Path
+    export_dir: Path
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def worker_config(config: SFTConfig) -> TrainConfig:
+    """The policy worker's view of an SFT run: one mini-batch per step, no sampling, no critic."""
+    data = config.data
+    return TrainConfig(
+        model=config.model,
+        actor=ActorConfig(ppo_mini_batch_size=data.train_batch_size,
+                          ppo_micro_batch_size_per_gpu=data.micro_batch_size_per_gpu, optim=config.optim),
+        rollout=RolloutConfig(n=1),
+        data=DataConfig(train_batch_size=data.train_batch_size,
+                        max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length),
+        trainer=TrainerConfig(device=config.trainer.device, nnodes=config.trainer.nnodes,
+                              n_gpus_per_node=config.trainer.n_gpus_per_node, seed=config.trainer.seed,
+                              ray=config.trainer.ray),
+    )
+
+
+def encode_examples(tokenizer: Any, examples: Sequence[SFTExample], max_response_length: int,
+                    apply_chat_template: bool = True) -> Batch:
+    """SFT examples in the rollout layout: left-padded prompts ``[B, P]`` + target tokens and EOS ``[B, R]``."""
+    prompt_ids = [tokenize_prompts([format_prompt(example.prompt, tokenizer, apply_chat_template)], tokenizer,
+                                   apply_chat_template)[0] for example in examples]
+    width = max(len(ids) for ids in prompt_ids)
+    prompts = torch.full((len(examples), width), tokenizer.pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros_like(prompts)
+    responses = torch.full((len(examples), max_response_length), tokenizer.pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros_like(responses)
+    for row, (ids, example) in enumerate(zip(prompt_ids, examples)):
+        prompts[row, width - len(ids):], prompt_mask[row, width - len(ids):] = torch.tensor(ids), 1
+        target = tokenizer(example.response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        if len(target) > max_response_length:
+            raise ValueError(f"SFT example {row}: target of {len(target)} tokens (with EOS) exceeds "
+                             f"data.max_response_length={max_response_length}")
+        responses[row, :len(target)], response_mask[row, :len(target)] = torch.tensor(target), 1
+    prompt_batch = Batch(tensors={Fields.INPUT_IDS: prompts, Fields.ATTENTION_MASK: prompt_mask})
+    return assemble_rollout(prompt_batch, 1, responses, response_mask, torch.zeros(responses.shape),
+                            tokenizer.pad_token_id, temperature=1.0)
+
+
+class SFTTrainer:
+    """Fine-tunes ``model.path`` on supervised pairs and exports the result as a Hugging Face directory."""
+
+    def __init__(self, config: SFTConfig) -> None:
+        self.config = config
+        self.run_dir = Path(config.trainer.default_local_dir)
+        self.export_dir = Path(config.trainer.export_dir) if config.trainer.export_dir else self.run_dir / "hf"
+        self.tokenizer = load_tokenizer(config.model)
+        self.examples = self._examples()
+
+    def _examples(self) -> list[SFTExample]:
+        data, steps = self.config.data, self.config.trainer.total_training_steps
+        if data.synthetic_task is not None:
+            task = build_synthetic_task(data.synthetic_task, seed=data.seed, **dict(data.synthetic_task_kwargs))
+            return task.sft_examples(steps * data.train_batch_size)
+        rows = [row for path in data.train_files for row in read_rows(path).rows]
+        return sft_examples_from_rows(rows)
+
+    def batch(self, step: int) -> Batch:
+        """The ``step``-th batch of ``train_batch_size`` examples (cycling over the examples)."""
+        size = self.config.data.train_batch_size
+        picked = [self.examples[(step * size + offset) % len(self.examples)] for offset in range(size)]
+        return encode_examples(self.tokenizer, picked, self.config.data.max_response_length,
+                               self.config.data.apply_chat_template)
+
+    def fit(self) -> SFTResult:
+        config, trainer = self.config, self.config.trainer
+        dump_config(config, self.run_dir)
+        result = SFTResult(self.run_dir, self.export_dir)
+        with start_ray(trainer.ray) as runtime:
+            pool = ResourcePool.create(PoolSpec("sft", nnodes=trainer.nnodes, devices_per_node=trainer.n_gpus_per_node,
+                                                device=resolved_device(worker_config(config))), runtime)
+            group = WorkerGroup(ActorRolloutRefWorker, pool, name="sft_actor",
+                                args=(worker_config(config), trainer.total_training_steps, False))
+            tracker = Tracker(trainer.logger, self.run_dir, total_steps=trainer.total_training_steps,
+                              project=trainer.project_name, experiment=trainer.experiment_name)
+            try:
+                for step in range(trainer.total_training_steps):
+                    metrics = group.call(ActorRolloutRefWorker.update_sft, self.batch(step))[0]
+                    metrics = {f"sft/{name}": value for name, value in metrics.items()}
+                    tracker.log(metrics, step=step + 1)
+                    result.history.append(metrics)
+                group.call(ActorRolloutRefWorker.export_hf, str(self.export_dir))
+            finally:
+                tracker.close()
+                group.shutdown()
+        return result

@@ -1,0 +1,234 @@
+"""The RL trainer: the PPO/GRPO dataflow written as plain Python on the single controller (DESIGN.md §2).
+
+    prompts → generate → reward → old/ref log-probs, values → (KL in reward) → advantages → critic / actor update
+
+Each heavy call goes to a worker group; everything between calls is tensor math on the driver
+(``rl_steps``). ``fit`` adds validation, tracking, checkpoints and exact resume around the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from hybridrl.algorithms import build_kl_controller
+from hybridrl.config import critic_enabled, dump_config, resolved_device, world_size
+from hybridrl.config.schema import TrainConfig
+from hybridrl.controller import PoolSpec, ResourcePool, WorkerGroup, gather, start_ray
+from hybridrl.controller.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
+from hybridrl.controller.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
+from hybridrl.controller.validation import Scoring, validate
+from hybridrl.data.loader import build_prompt_loaders
+from hybridrl.protocol import Batch, Fields
+from hybridrl.rewards.scorer import build_reward_scorer
+from hybridrl.rollout.base import SamplingParams
+from hybridrl.utils.timing import PhaseTimer
+from hybridrl.utils.tracking import Tracker
+from hybridrl.workers.actor_worker import ActorRolloutRefWorker
+from hybridrl.workers.critic_worker import CriticWorker
+from hybridrl.workers.model_builder import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """What ``fit`` returns: where the run lives, how far it got, and its validation figures."""
+
+    run_dir: Path
+    global_step: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    first_validation: Optional[dict[str, float]] = None
+    last_validation: Optional[dict[str, float]] = None
+
+
+class RLTrainer:
+    """PPO / GRPO (and the other estimators) on Ray worker groups. Build with a validated, frozen ``TrainConfig``."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+        self.run_dir = Path(config.trainer.default_local_dir)
+        self.tokenizer = load_tokenizer(config.model)
+        self.loaders = build_prompt_loaders(config.data, self.tokenizer)
+        self.total_steps = config.trainer.total_training_steps or \
+            config.trainer.total_epochs * self.loaders.train.steps_per_epoch
+        self.kl_controller = _kl_controller(config, self.total_steps)
+        self.checkpoints = CheckpointManager(self.run_dir, config.trainer.max_ckpt_to_keep)
+        self.with_reference = config.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+        self.global_step = 0
+        self.actor: Optional[WorkerGroup[ActorRolloutRefWorker]] = None
+        self.critic: Optional[WorkerGroup[CriticWorker]] = None
+
+    # ------------------------------------------------------------------ the run
+    def fit(self) -> TrainResult:
+        """Train for ``total_steps`` (resuming if configured), validating and checkpointing as configured."""
+        dump_config(self.config, self.run_dir)
+        trainer = self.config.trainer
+        result = TrainResult(self.run_dir, 0)
+        with start_ray(trainer.ray) as runtime, build_reward_scorer(self.config.custom_reward_function) as scorer:
+            self.scoring = Scoring(scorer, self.tokenizer)
+            self._start_workers(runtime)
+            self._resume()
+            tracker = Tracker(trainer.logger, self.run_dir, total_steps=self.total_steps,
+                              project=trainer.project_name, experiment=trainer.experiment_name)
+            try:
+                if trainer.val_before_train and self.global_step == 0 and self.loaders.val is not None:
+                    result.first_validation = self.validate()
+                    tracker.log(result.first_validation, step=0)
+                while self.global_step < self.total_steps:
+                    metrics = self.train_step(next(iter(self.loaders.train)))
+                    self.global_step += 1
+                    if self._due(trainer.test_freq) or self.global_step == self.total_steps:
+                        result.last_validation = self.validate() if self.loaders.val is not None else None
+                        metrics.update(result.last_validation or {})
+                    tracker.log(metrics, step=self.global_step)
+                    result.history.append(metrics)
+                    if self._due(trainer.save_freq) or (self.global_step == self.total_steps and trainer.save_at_end):
+                        self.save_checkpoint()
+            finally:
+                tracker.close()
+                self._stop_workers()
+        result.global_step = self.global_step
+        return result
+
+    def train_step(self, prompts: Batch) -> dict[str, float]:
+        """One PPO/GRPO step on a batch of prompts; returns the step's metrics."""
+        config, timer = self.config, PhaseTimer()
+        actor = self._actor()
+        with timer.phase("generate"):
+            params = SamplingParams.for_training(config.rollout, config.data.max_response_length,
+                                                 seed=self._sampling_seed())
+            batch = actor.call(ActorRolloutRefWorker.generate_sequences, prompts, params)
+        batch = batch.with_meta(global_step=self.global_step)
+        with timer.phase("reward"):
+            scores, reward_metrics = self.scoring.token_level_scores(batch)
+            batch[Fields.TOKEN_LEVEL_SCORES] = scores
+        with timer.phase("log_probs_and_values"):
+            batch = self._old_log_probs_ref_and_values(batch)
+        with timer.phase("advantages"):
+            metrics = self._rewards_and_advantages(batch)
+        batch = balance_batch(batch, world_size(config)) if config.trainer.balance_batch else batch
+        if self.critic is not None:
+            with timer.phase("update_critic"):
+                metrics.update(_prefixed("critic", self.critic.call(CriticWorker.update_critic, batch)[0]))
+        if self.global_step >= config.trainer.critic_warmup:
+            with timer.phase("update_actor"):
+                metrics.update(_prefixed("actor", actor.call(ActorRolloutRefWorker.update_actor, batch)[0]))
+            with timer.phase("weight_sync"):
+                metrics.update(actor.call(ActorRolloutRefWorker.sync_rollout_weights))
+        metrics.update(reward_metrics)
+        metrics.update(batch_metrics(batch))
+        metrics.update(timer.metrics())
+        metrics["perf/throughput_tokens_per_s"] = float(batch[Fields.ATTENTION_MASK].sum()) / max(
+            timer.total(), 1e-9)
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        """Greedy (``rollout.val_kwargs``) generation on the validation set, scored per data source."""
+        params = SamplingParams.for_validation(self.config.rollout, self.config.data.max_response_length,
+                                               seed=self.config.trainer.seed)
+        return validate(self._actor(), self.loaders.val, self.scoring, params)
+
+    # ------------------------------------------------------------------ steps between worker calls
+    def _old_log_probs_ref_and_values(self, batch: Batch) -> Batch:
+        """Start the old-log-prob, reference and value forwards together, then merge their outputs."""
+        actor = self._actor()
+        futures = [actor.call_async(ActorRolloutRefWorker.compute_log_prob, batch)]
+        if self.with_reference:
+            futures.append(actor.call_async(ActorRolloutRefWorker.compute_ref_log_prob, batch))
+        if self.critic is not None:
+            futures.append(self.critic.call_async(CriticWorker.compute_values, batch))
+        for output in gather(*futures):
+            batch = batch.union(output)
+        return batch
+
+    def _rewards_and_advantages(self, batch: Batch) -> dict[str, float]:
+        algorithm, metrics = self.config.algorithm, {}
+        if algorithm.use_kl_in_reward:
+            rewards, metrics = apply_kl_in_reward(batch, self.kl_controller.value, algorithm.kl_penalty)
+            self.kl_controller.update(metrics["actor/reward_kl_penalty"], n_steps=len(batch))
+        else:
+            rewards = batch[Fields.TOKEN_LEVEL_SCORES]
+        batch[Fields.TOKEN_LEVEL_REWARDS] = rewards
+        advantages, returns = compute_advantages(batch, algorithm)
+        batch[Fields.ADVANTAGES], batch[Fields.RETURNS] = advantages, returns
+        return metrics
+
+    # ------------------------------------------------------------------ workers, checkpoints
+    def _start_workers(self, runtime) -> None:
+        config, started = self.config, time.perf_counter()
+        device = resolved_device(config)
+        pool = ResourcePool.create(PoolSpec("global", nnodes=config.trainer.nnodes,
+                                            devices_per_node=config.trainer.n_gpus_per_node, device=device), runtime)
+        share = 0.5 if critic_enabled(config) else 1.0
+        self.actor = WorkerGroup(ActorRolloutRefWorker, pool, name="actor_rollout_ref", bundle_share=share,
+                                 args=(config, self.total_steps, self.with_reference))
+        if critic_enabled(config):
+            self.critic = WorkerGroup(CriticWorker, pool, name="critic", bundle_share=share,
+                                      args=(config, self.total_steps))
+        logger.info("workers started in %.1f s", time.perf_counter() - started)
+
+    def _stop_workers(self) -> None:
+        for group in (self.actor, self.critic):
+            if group is not None:
+                group.shutdown()
+
+    def save_checkpoint(self) -> Path:
+        """Checkpoint actor (+ critic) shards and the controller state; atomic, ``latest`` updated last."""
+        directory = self.checkpoints.partial_dir(self.global_step)
+        futures = [self._actor().call_async(ActorRolloutRefWorker.save_checkpoint, str(directory / "actor"))]
+        if self.critic is not None:
+            futures.append(self.critic.call_async(CriticWorker.save_checkpoint, str(directory / "critic")))
+        gather(*futures)
+        state = {"global_step": self.global_step, "loader": self.loaders.train.state_dict(),
+                 "kl_controller": self.kl_controller.state_dict(), "model_path": self.config.model.path}
+        return self.checkpoints.commit(self.global_step, state)
+
+    def _resume(self) -> None:
+        trainer = self.config.trainer
+        checkpoint = resume_checkpoint(trainer.resume_mode, self.run_dir, trainer.resume_from_path)
+        if checkpoint is None:
+            return
+        state = load_trainer_state(checkpoint)
+        if state.get("model_path") != self.config.model.path:
+            raise ValueError(f"checkpoint {checkpoint} was trained from model.path={state.get('model_path')!r}, "
+                             f"not {self.config.model.path!r}; use trainer.resume_mode=disable to start afresh")
+        self._actor().call(ActorRolloutRefWorker.load_checkpoint, str(checkpoint / "actor"))
+        self._actor().call(ActorRolloutRefWorker.sync_rollout_weights)  # a separate engine still holds model.path
+        if self.critic is not None:
+            self.critic.call(CriticWorker.load_checkpoint, str(checkpoint / "critic"))
+        self.loaders.train.load_state_dict(state["loader"])
+        self.kl_controller.load_state_dict(state["kl_controller"])
+        self.global_step = int(state["global_step"])
+        logger.info("resumed from %s at step %d", checkpoint, self.global_step)
+
+    def _actor(self) -> WorkerGroup[ActorRolloutRefWorker]:
+        if self.actor is None:
+            raise RuntimeError("workers are not started; call fit()")
+        return self.actor
+
+    def _due(self, frequency: int) -> bool:
+        return frequency > 0 and self.global_step % frequency == 0
+
+    def _sampling_seed(self) -> int:
+        return self.config.rollout.seed if self.config.rollout.seed is not None else \
+            self.config.trainer.seed * 1_000_003 + self.global_step
+
+
+def _kl_controller(config: TrainConfig, total_steps: int):
+    kl = config.algorithm.kl_ctrl
+    if kl.type == "fixed":
+        return build_kl_controller("fixed", kl_coef=kl.kl_coef)
+    if kl.type == "adaptive":
+        return build_kl_controller("adaptive", init_kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
+    return build_kl_controller("scheduled", init_kl_coef=kl.kl_coef, target_kl_coef=kl.target_kl_coef,
+                               total_steps=total_steps * config.data.train_batch_size * config.rollout.n)
+
+
+def _prefixed(prefix: str, metrics: dict[str, Any]) -> dict[str, float]:
+    return {f"{prefix}/{name}": float(value) for name, value in metrics.items()}

@@ -1,0 +1,72 @@
+"""The critic worker: a value model (FSDP2) that computes values and learns from returns.
+
+It runs as its own group: on the actor's bundles as separate processes (``bundle_share``) or in a pool of its own
+(split placement).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridrl.config.schema import TrainConfig
+from hybridrl.config.sizes import role_plan
+from hybridrl.controller import Worker, dp_split, one_to_all
+from hybridrl.protocol import Batch
+from hybridrl.workers.accumulation import MicroBatching
+from hybridrl.workers.actor_worker import data_parallel_group
+from hybridrl.workers.checkpoint import load_sharded, save_sharded
+from hybridrl.workers.critic import ValueEngine, ValueLossSettings
+from hybridrl.workers.fsdp import ShardingOptions, shard_model
+from hybridrl.workers.model_builder import build_model, torch_dtype
+from hybridrl.workers.optim import build_optimizer, build_scheduler
+
+
+class CriticWorker(Worker):
+    """One rank of the value model. ``total_training_steps`` sizes the learning-rate schedule."""
+
+    def __init__(self, config: TrainConfig, total_training_steps: int) -> None:
+        torch.manual_seed(config.trainer.seed + 1)
+        self.config = config
+        critic = config.critic
+        self.plan = role_plan(config, "critic")
+        model = build_model(config.model, "critic", path=critic.model_path or config.model.path,
+                            device_type=self.device.type).to(self.device)
+        shard_model(model, self.dp_mesh, ShardingOptions(
+            compute_dtype=torch_dtype(config.model.dtype), reduce_dtype=torch_dtype(critic.fsdp.reduce_dtype),
+            reshard_after_forward=critic.fsdp.reshard_after_forward, param_offload=critic.fsdp.param_offload))
+        optimizer = build_optimizer(model, critic.optim)
+        scheduler = build_scheduler(optimizer, critic.optim,
+                                    total_training_steps * self.plan.num_mini_batches * critic.ppo_epochs)
+        self.engine = ValueEngine(model, dp=data_parallel_group(self), packed=config.model.use_remove_padding,
+                                  optimizer=optimizer, scheduler=scheduler, grad_clip=critic.grad_clip)
+        self.settings = ValueLossSettings.from_config(critic, config.data.max_response_length)
+
+    def _micro_batching(self) -> MicroBatching:
+        critic = self.config.critic
+        if critic.use_dynamic_bsz:
+            return MicroBatching(max_tokens=critic.ppo_max_token_len_per_gpu)
+        return MicroBatching(micro_batch_size=critic.ppo_micro_batch_size_per_gpu)
+
+    @dp_split
+    def compute_values(self, batch: Batch) -> Batch:
+        """``values [B, R]`` of the state before each response token."""
+        return self.engine.compute_values(batch, self._micro_batching())
+
+    @dp_split(pad=False)
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """Value-loss epochs over this rank's share (``values`` = old values, ``returns`` = targets)."""
+        step = int(batch.meta.get("global_step", 0))
+        return self.engine.update_critic(batch, self.settings, self._micro_batching(),
+                                         local_mini_batch_size=self.plan.local_mini_batch_sequences,
+                                         epochs=self.config.critic.ppo_epochs, shuffle=True,
+                                         seed=self.config.trainer.seed * 100_019 + step)
+
+    @one_to_all(collect="first")
+    def save_checkpoint(self, directory: str) -> str:
+        save_sharded(directory, self.engine.model, self.engine.optimizer, self.engine.scheduler)
+        return directory
+
+    @one_to_all(collect="first")
+    def load_checkpoint(self, directory: str) -> str:
+        load_sharded(directory, self.engine.model, self.engine.optimizer, self.engine.scheduler)
+        return directory
