@@ -23,6 +23,7 @@ from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching
 from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
 from hybridrl.workers.checkpoint import export_hf, load_sharded, save_sharded
 from hybridrl.workers.fsdp import ShardingOptions, shard_model
+from hybridrl.workers.offload import move_optimizer_state
 from hybridrl.workers.model_builder import build_model, load_tokenizer, torch_dtype
 from hybridrl.workers.optim import build_optimizer, build_scheduler
 
@@ -104,6 +105,7 @@ class ActorRolloutRefWorker(Worker):
         """Responses for this rank's prompts; ``params.seed`` is offset by the rank so ranks sample differently."""
         if params.seed is not None:
             params = params.with_seed(params.seed + 1000 * self.rank)
+        self._offload_optimizer()
         free_cache = self.config.rollout.free_cache_engine
         if free_cache:
             self.rollout.resume()
@@ -124,6 +126,15 @@ class ActorRolloutRefWorker(Worker):
         self.rollout.update_weights(self.resharder.stream())
         return {"weight_sync/seconds": time.perf_counter() - started,
                 "weight_sync/bytes": float(self.resharder.last_stats.received_bytes)}
+
+    def _offload_optimizer(self) -> None:
+        """``actor.fsdp.optimizer_offload``: Adam's moments leave the GPU while the rollout runs (no-op on CPU)."""
+        if self.config.actor.fsdp.optimizer_offload and self.device.type != "cpu":
+            move_optimizer_state(self.actor.optimizer, torch.device("cpu"))
+
+    def _reload_optimizer(self) -> None:
+        if self.config.actor.fsdp.optimizer_offload and self.device.type != "cpu":
+            move_optimizer_state(self.actor.optimizer, self.device)
 
     @dp_split
     def compute_log_prob(self, batch: Batch) -> Batch:
@@ -151,6 +162,7 @@ class ActorRolloutRefWorker(Worker):
         else:
             micro_batching = MicroBatching(micro_batch_size=actor.ppo_micro_batch_size_per_gpu)
         step = int(batch.meta.get("global_step", 0))
+        self._reload_optimizer()
         return self.actor.update_policy(batch, self.loss_settings, micro_batching,
                                         local_mini_batch_size=self.plan.local_mini_batch_sequences,
                                         epochs=actor.ppo_epochs, shuffle=actor.shuffle,

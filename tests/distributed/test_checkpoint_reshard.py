@@ -1,0 +1,64 @@
+"""A distributed checkpoint saved with DP = 2 loads into DP = 1 (and back): same weights, same Adam state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gloo_spawn import run_on_gloo
+from torch.distributed.device_mesh import init_device_mesh
+
+from hybridrl.config.schema import ModelConfig, OptimConfig
+from hybridrl.utils.tiny_model import save_tiny_model
+from hybridrl.workers.checkpoint import full_state_dict, load_sharded, save_sharded
+from hybridrl.workers.fsdp import ShardingOptions, shard_model
+from hybridrl.workers.model_builder import build_model
+from hybridrl.workers.optim import build_optimizer, build_scheduler
+
+pytestmark = pytest.mark.distributed
+
+
+def sharded_actor(model_dir, world):
+    model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor")
+    shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions())
+    optimizer = build_optimizer(model, OptimConfig(lr=1e-2))
+    return model, optimizer, build_scheduler(optimizer, OptimConfig(lr=1e-2), total_steps=10)
+
+
+def adam_moments(model, optimizer):
+    return {name: optimizer.state[param]["exp_avg"].full_tensor() for name, param in model.named_parameters()}
+
+
+def train_and_save(rank, world, model_dir, checkpoint, reference_path):
+    model, optimizer, scheduler = sharded_actor(model_dir, world)
+    ids = torch.arange(4 * 6).reshape(4, 6) % 50 + 4
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    scheduler.step()
+    save_sharded(checkpoint, model, optimizer, scheduler)
+    weights, moments = full_state_dict(model), adam_moments(model, optimizer)
+    if rank == 0:
+        torch.save({"weights": weights, "moments": moments, "lr": scheduler.get_last_lr()}, reference_path)
+
+
+def load_and_compare(rank, world, model_dir, checkpoint, reference_path, out_path):
+    model, optimizer, scheduler = sharded_actor(model_dir, world)
+    load_sharded(checkpoint, model, optimizer, scheduler)
+    weights, moments = full_state_dict(model), adam_moments(model, optimizer)
+    if rank == 0:
+        torch.save({"weights": weights, "moments": moments, "lr": scheduler.get_last_lr()}, out_path)
+
+
+def test_dp2_checkpoint_loads_into_dp1(tmp_path):
+    model_dir = save_tiny_model(tmp_path / "model")
+    checkpoint, reference, loaded = tmp_path / "ckpt", tmp_path / "reference.pt", tmp_path / "loaded.pt"
+    run_on_gloo(2, train_and_save, model_dir, checkpoint, reference)
+    run_on_gloo(1, load_and_compare, model_dir, checkpoint, reference, loaded)
+    expected, actual = torch.load(reference, weights_only=True), torch.load(loaded, weights_only=True)
+    assert expected["weights"].keys() == actual["weights"].keys()
+    for name, tensor in expected["weights"].items():
+        assert torch.equal(tensor, actual["weights"][name]), name
+    for name, tensor in expected["moments"].items():
+        assert torch.equal(tensor, actual["moments"][name]), name
+    assert expected["lr"] == actual["lr"]
+    fresh = build_model(ModelConfig(path=str(model_dir)), "actor").state_dict()
+    assert not torch.equal(fresh["lm_head.weight"], actual["weights"]["lm_head.weight"])  # it did train
