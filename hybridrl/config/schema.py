@@ -34,6 +34,8 @@ class ModelConfig(FreezableConfig):
     """Pack micro-batches without pad tokens (per-sequence position ids); outputs equal the padded computation."""
     trust_remote_code: bool = False
     """Allow model code shipped inside the model directory. Off by default: it executes that code."""
+    use_torch_compile: bool = False
+    """Compile each decoder layer with ``torch.compile`` (training roles); the first steps are slower while it compiles."""
 
 
 @dataclass

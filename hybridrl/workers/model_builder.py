@@ -72,6 +72,9 @@ def build_model(model_config: ModelConfig, role: ModelRole, *, path: str | None 
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     disable_dropout(model)
+    if model_config.use_torch_compile and role in ("actor", "critic"):
+        for layer in decoder_layers(model):  # per block, before FSDP wraps it (FSDP2 + compile compose per layer)
+            layer.compile()
     if role == "reference":
         model.requires_grad_(False)
         model.eval()
