@@ -260,6 +260,12 @@ class Batch(TypedFieldsMixin):
         bounds = np.cumsum([0, *sizes]).tolist()
         return [self._take(slice(start, stop, 1)) for start, stop in zip(bounds[:-1], bounds[1:])]
 
+    def split_every(self, size: int) -> list[Batch]:
+        """Consecutive Batches (views) of ``size`` rows each, the last one shorter if ``size`` does not divide."""
+        size = check_positive_int("size", size)
+        full, rest = divmod(len(self), size)
+        return self.split([size] * full + ([rest] if rest else []))
+
     def pad_to_multiple(self, multiple: int) -> tuple[Batch, int]:
         """Pad to a multiple of ``multiple`` rows by repeating rows from the start (cyclically, so it also works when
         ``len(self) < multiple``); returns ``(padded, pad_count)``. Without padding needed, a shallow copy and 0.

@@ -38,8 +38,8 @@ class HFRollout:
         if params.seed is not None:
             torch.manual_seed(params.seed)
         repeated = prompts.repeat_interleave(params.n)
-        size = self.micro_batch_size or len(repeated)
-        pieces = [self._generate_chunk(chunk, params) for chunk in repeated.split(_sizes(len(repeated), size))]
+        pieces = [self._generate_chunk(chunk, params)
+                  for chunk in repeated.split_every(self.micro_batch_size or max(len(repeated), 1))]
         self.model.train(was_training)
         width = params.max_new_tokens
         responses = torch.cat([_pad_right(ids, width, self.pad_token_id) for ids, _ in pieces])
@@ -75,10 +75,6 @@ class HFRollout:
 
 def _several_ranks() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _sizes(total: int, chunk: int) -> list[int]:
-    return [chunk] * (total // chunk) + ([total % chunk] if total % chunk else [])
 
 
 def _pad_right(values: torch.Tensor, width: int, fill: float) -> torch.Tensor:

@@ -74,9 +74,7 @@ def split_micro_batches(batch: Batch, micro_batching: MicroBatching,
         ``concat(outputs)[restore]`` back in ``batch``'s row order.
     """
     if micro_batching.micro_batch_size is not None:
-        size = micro_batching.micro_batch_size
-        sizes = [size] * (len(batch) // size) + ([len(batch) % size] if len(batch) % size else [])
-        return batch.split(sizes), None
+        return batch.split_every(micro_batching.micro_batch_size), None
     parts = token_budget_parts(batch, micro_batching.max_tokens, dp)
     order = torch.tensor([index for part in parts for index in part], dtype=torch.long)
     return [batch.index(part) for part in parts], torch.argsort(order)

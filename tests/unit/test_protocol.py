@@ -461,3 +461,12 @@ def test_ray_put_get_round_trip(local_ray):
     assert torch.equal(restored[str(torch.float32)], batch[str(torch.float32)] + 1)  # and the original is untouched
     chunks = local_ray.get([local_ray.put(chunk) for chunk in batch.chunk(4)])
     _assert_same_content(Batch.concat(chunks), batch)
+
+
+def test_split_every_leaves_a_shorter_last_piece():
+    batch = Batch(tensors={"x": torch.arange(7)})
+    pieces = batch.split_every(3)
+    assert [len(piece) for piece in pieces] == [3, 3, 1]
+    assert torch.equal(Batch.concat(pieces)["x"], torch.arange(7))
+    with pytest.raises(ValueError):
+        batch.split_every(0)
