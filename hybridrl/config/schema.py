@@ -236,6 +236,25 @@ class KLControlConfig(FreezableConfig):
 
 
 @dataclass
+class FilterGroupsConfig(FreezableConfig):
+    enable: bool = False
+    """DAPO dynamic sampling: drop prompt groups whose responses all scored the same (no learning signal) and
+    generate more prompts until ``data.train_batch_size`` informative groups are collected."""
+    max_num_gen_batches: int = 10
+    """Give up (with an error) after this many generation batches in one step; raise it or lower the filter."""
+
+
+@dataclass
+class OverlongBufferConfig(FreezableConfig):
+    enable: bool = False
+    """DAPO overlong reward shaping: a linear penalty for responses in the last ``len`` tokens before the limit."""
+    len: int = 64
+    """Width of the buffer in tokens (must be < ``data.max_response_length``)."""
+    penalty_factor: float = 1.0
+    """Penalty at the limit; it grows linearly from 0 at ``max_response_length − len``."""
+
+
+@dataclass
 class AlgorithmConfig(FreezableConfig):
     adv_estimator: str = "grpo"
     """Advantage estimator: ``gae`` | ``grpo`` | ``drgrpo`` | ``rloo`` | ``reinforce_plus_plus`` | ``reinforce_plus_plus_baseline`` | ``remax``."""
@@ -251,6 +270,10 @@ class AlgorithmConfig(FreezableConfig):
     """KL estimator used in the reward: ``k1``/``kl`` | ``abs`` | ``k2``/``mse`` | ``k3``/``low_var_kl``."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """KL-in-reward coefficient controller."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO dynamic sampling (needs a group estimator and ``rollout.n >= 2``)."""
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    """DAPO overlong reward shaping."""
 
 
 @dataclass

@@ -171,6 +171,17 @@ def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
         if role_config.use_dynamic_bsz and role_config.ppo_max_token_len_per_gpu < longest_sequence:
             error.add(f"{role}.ppo_max_token_len_per_gpu", role_config.ppo_max_token_len_per_gpu,
                       f"must hold one whole sequence: data.max_prompt_length + data.max_response_length = {longest_sequence}")
+    overlong = config.algorithm.overlong_buffer
+    if overlong.enable and not 0 < overlong.len < config.data.max_response_length:
+        error.add("algorithm.overlong_buffer.len", overlong.len,
+                  f"must be in (0, data.max_response_length={config.data.max_response_length})")
+    if config.algorithm.filter_groups.enable:
+        if n < 2:
+            error.add("algorithm.filter_groups.enable", True, "dynamic sampling compares a prompt's responses: "
+                                                              "it needs rollout.n >= 2")
+        if config.algorithm.filter_groups.max_num_gen_batches < 1:
+            error.add("algorithm.filter_groups.max_num_gen_batches",
+                      config.algorithm.filter_groups.max_num_gen_batches, "must be >= 1")
     if not config.data.train_files and config.data.synthetic_task is None:
         error.add("data.train_files", [], "give at least one parquet/JSONL file, or set data.synthetic_task")
     if config.trainer.resume_mode == "resume_path" and not config.trainer.resume_from_path:

@@ -23,6 +23,8 @@ from hybridrl.controller import PoolSpec, ResourcePool, WorkerGroup, gather, sta
 from hybridrl.controller.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
 from hybridrl.controller.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
 from hybridrl.controller.validation import Scoring, validate
+from hybridrl.controller.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups, num_groups,
+                                          prompt_rows, shape_rewards)
 from hybridrl.data.loader import build_prompt_loaders
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rewards.scorer import build_reward_scorer
@@ -100,18 +102,12 @@ class RLTrainer:
         """One PPO/GRPO step on a batch of prompts; returns the step's metrics."""
         config, timer = self.config, PhaseTimer()
         actor = self._actor()
-        with timer.phase("generate"):
-            params = SamplingParams.for_training(config.rollout, config.data.max_response_length,
-                                                 seed=self._sampling_seed())
-            batch = actor.call(ActorRolloutRefWorker.generate_sequences, prompts, params)
-        batch = batch.with_meta(global_step=self.global_step)
-        with timer.phase("reward"):
-            scores, reward_metrics = self.scoring.token_level_scores(batch)
-            batch[Fields.TOKEN_LEVEL_SCORES] = scores
+        batch, reward_metrics = self._rollout(prompts, timer)
         with timer.phase("log_probs_and_values"):
             batch = self._old_log_probs_ref_and_values(batch)
         with timer.phase("advantages"):
-            metrics = self._rewards_and_advantages(batch)
+            baselines = self._remax_baselines(batch) if config.algorithm.adv_estimator == "remax" else None
+            metrics = self._rewards_and_advantages(batch, baselines)
         batch = balance_batch(batch, world_size(config)) if config.trainer.balance_batch else batch
         if self.critic is not None:
             with timer.phase("update_critic"):
@@ -135,6 +131,46 @@ class RLTrainer:
         return validate(self._actor(), self.loaders.val, self.scoring, params)
 
     # ------------------------------------------------------------------ steps between worker calls
+    def _generate_and_score(self, prompts: Batch, params: SamplingParams, timer: PhaseTimer) -> tuple[Batch, dict]:
+        with timer.phase("generate"):
+            batch = self._actor().call(ActorRolloutRefWorker.generate_sequences, prompts, params)
+        with timer.phase("reward"):
+            scores, metrics = self.scoring.token_level_scores(batch)
+            batch[Fields.TOKEN_LEVEL_SCORES] = scores
+            metrics.update(shape_rewards(batch, self.config))
+        return batch.with_meta(global_step=self.global_step), metrics
+
+    def _rollout(self, prompts: Batch, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
+        """Generate and score; with dynamic sampling, keep informative groups and generate more until the batch is
+        full (``algorithm.filter_groups``)."""
+        config, filtering = self.config, self.config.algorithm.filter_groups
+        params = SamplingParams.for_training(config.rollout, config.data.max_response_length, seed=self._sampling_seed())
+        batch, metrics = self._generate_and_score(prompts, params, timer)
+        if not filtering.enable:
+            return batch, metrics
+        kept, attempts = [], 1
+        while True:
+            kept.append(keep_groups(batch, GROUP_FILTERS["non_constant_score"](batch)))
+            collected = concat_rollouts(kept, self.tokenizer.pad_token_id)
+            if num_groups(collected) >= config.data.train_batch_size:
+                metrics["dapo/num_gen_batches"] = float(attempts)
+                return first_groups(collected, config.data.train_batch_size), metrics
+            if attempts >= filtering.max_num_gen_batches:
+                raise RuntimeError(f"dynamic sampling found {num_groups(collected)} of {config.data.train_batch_size} "
+                                   f"informative prompt groups in {attempts} generation batches; raise "
+                                   "algorithm.filter_groups.max_num_gen_batches or rollout.n, or disable the filter")
+            attempts += 1
+            batch, _ = self._generate_and_score(next(iter(self.loaders.train)),
+                                                params.with_seed(params.seed + 7919 * attempts), timer)
+
+    def _remax_baselines(self, batch: Batch) -> torch.Tensor:
+        """ReMax: the score of each prompt's greedy response, for every row of that prompt ``[B]``."""
+        prompts, group_of_row = prompt_rows(batch)
+        params = SamplingParams(n=1, max_new_tokens=self.config.data.max_response_length, do_sample=False)
+        greedy = self._actor().call(ActorRolloutRefWorker.generate_sequences, prompts, params)
+        scores, _, _ = self.scoring.score(greedy)
+        return scores[torch.as_tensor(group_of_row)]
+
     def _old_log_probs_ref_and_values(self, batch: Batch) -> Batch:
         """Start the old-log-prob, reference and value forwards together, then merge their outputs."""
         actor = self._actor()
@@ -147,7 +183,7 @@ class RLTrainer:
             batch = batch.union(output)
         return batch
 
-    def _rewards_and_advantages(self, batch: Batch) -> dict[str, float]:
+    def _rewards_and_advantages(self, batch: Batch, reward_baselines: Optional[torch.Tensor] = None) -> dict[str, float]:
         algorithm, metrics = self.config.algorithm, {}
         if algorithm.use_kl_in_reward:
             rewards, metrics = apply_kl_in_reward(batch, self.kl_controller.value, algorithm.kl_penalty)
@@ -155,7 +191,7 @@ class RLTrainer:
         else:
             rewards = batch[Fields.TOKEN_LEVEL_SCORES]
         batch[Fields.TOKEN_LEVEL_REWARDS] = rewards
-        advantages, returns = compute_advantages(batch, algorithm)
+        advantages, returns = compute_advantages(batch, algorithm, reward_baselines)
         batch[Fields.ADVANTAGES], batch[Fields.RETURNS] = advantages, returns
         return metrics
 

@@ -63,3 +63,22 @@ def test_resume_rejects_a_checkpoint_of_another_model(model_dir, tmp_path):
     other = save_tiny_model(tmp_path / "other", seed=1)
     with pytest.raises(ValueError, match="was trained from model.path"):
         RLTrainer(run_config(other, run_dir, 2, "trainer.resume_mode=auto")).fit()
+
+
+@pytest.mark.parametrize("variant", [
+    ["algorithm=remax", "rollout.n=1", "data.train_batch_size=4", "actor.ppo_mini_batch_size=2",
+     "actor.ppo_micro_batch_size_per_gpu=1"],
+    ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=20",
+     "algorithm.overlong_buffer.enable=true", "algorithm.overlong_buffer.len=2", "actor.clip_ratio_high=0.28"],
+    ["algorithm=gae", "trainer.critic_warmup=1", "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=2"],
+], ids=["remax", "dapo", "ppo_gae"])
+def test_algorithm_variants_run_end_to_end(model_dir, tmp_path, variant):
+    result = RLTrainer(run_config(model_dir, tmp_path / "run", 2, "trainer.save_at_end=false", *variant)).fit()
+    assert result.global_step == 2
+    rows = read_metrics(tmp_path / "run")
+    assert all(row["actor/skipped_step"] == 0 for row in rows if "actor/skipped_step" in row)
+    if "algorithm=gae" in variant:
+        assert "critic/vf_loss" in rows[0] and "actor/pg_loss" not in rows[0]  # warm-up: critic only
+        assert "actor/pg_loss" in rows[1]
+    if "algorithm.filter_groups.enable=true" in variant:
+        assert all(row["dapo/num_gen_batches"] >= 1 for row in rows)

@@ -1,0 +1,118 @@
+"""Algorithm variants that plug into the training loop without copying it.
+
+- **Reward shapers** (``REWARD_SHAPERS``): ``(batch, config) -> (token_level_scores, metrics)``, applied in order
+  after scoring. Built in: ``overlong_buffer`` (DAPO), enabled by ``algorithm.overlong_buffer.enable``.
+- **Group filters** (``GROUP_FILTERS``): ``(batch) -> keep [num_groups] bool`` over prompt groups (``uid``), used by
+  dynamic sampling (``algorithm.filter_groups.enable``): groups whose responses all scored the same carry no GRPO
+  signal and are replaced by freshly generated ones.
+
+A recipe registers its own (``@REWARD_SHAPERS.register("mine")``) and lists it in ``extra.reward_shapers``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from hybridrl.config.schema import TrainConfig
+from hybridrl.protocol import Batch, Fields
+from hybridrl.utils.registry import Registry
+
+RewardShaper = Callable[[Batch, TrainConfig], tuple[torch.Tensor, dict[str, float]]]
+GroupFilter = Callable[[Batch], np.ndarray]
+
+REWARD_SHAPERS: Registry[RewardShaper] = Registry("reward shaper")
+GROUP_FILTERS: Registry[GroupFilter] = Registry("group filter")
+
+
+@REWARD_SHAPERS.register("overlong_buffer")
+def overlong_penalty(batch: Batch, config: TrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """DAPO's soft overlong punishment: ``−factor × (L − (max − buffer)) / buffer`` for response length ``L`` past
+    ``max − buffer``, added on the last response token (0 for shorter responses, ``−factor`` at the limit)."""
+    buffer = config.algorithm.overlong_buffer
+    lengths = batch[Fields.RESPONSE_MASK].sum(-1).float()
+    start = config.data.max_response_length - buffer.len
+    penalty = -buffer.penalty_factor * ((lengths - start) / buffer.len).clamp(min=0.0, max=1.0)
+    scores = batch[Fields.TOKEN_LEVEL_SCORES].clone()
+    has_tokens = lengths > 0
+    rows = torch.arange(len(lengths))[has_tokens]
+    scores[rows, lengths[has_tokens].long() - 1] += penalty[has_tokens]
+    return scores, {"reward/overlong_penalty_mean": float(penalty.mean()),
+                    "reward/overlong_fraction": float((penalty < 0).float().mean())}
+
+
+def shaper_names(config: TrainConfig) -> list[str]:
+    """The reward shapers a config enables, in application order."""
+    names = ["overlong_buffer"] if config.algorithm.overlong_buffer.enable else []
+    return names + list(config.extra.get("reward_shapers", []))
+
+
+def shape_rewards(batch: Batch, config: TrainConfig) -> dict[str, float]:
+    """Apply every enabled reward shaper to ``batch[token_level_scores]`` in place; returns their metrics."""
+    metrics: dict[str, float] = {}
+    for name in shaper_names(config):
+        scores, shaper_metrics = REWARD_SHAPERS[name](batch, config)
+        batch[Fields.TOKEN_LEVEL_SCORES] = scores
+        metrics.update(shaper_metrics)
+    return metrics
+
+
+@GROUP_FILTERS.register("non_constant_score")
+def non_constant_score(batch: Batch) -> np.ndarray:
+    """Keep prompt groups whose sequence scores are not all equal (all-correct and all-wrong groups are dropped)."""
+    uids = np.asarray(batch[Fields.UID])
+    scores = batch[Fields.TOKEN_LEVEL_SCORES].sum(-1).numpy()
+    groups = list(dict.fromkeys(uids.tolist()))
+    return np.array([np.ptp(scores[uids == uid]) > 0 for uid in groups])
+
+
+def keep_groups(batch: Batch, keep: np.ndarray) -> Batch:
+    """The rows of ``batch`` whose group (``uid``, in order of first appearance) has ``keep`` set."""
+    uids = np.asarray(batch[Fields.UID])
+    kept = {uid for uid, flag in zip(dict.fromkeys(uids.tolist()), keep) if flag}
+    return batch.index(torch.tensor([i for i, uid in enumerate(uids.tolist()) if uid in kept], dtype=torch.long))
+
+
+def num_groups(batch: Batch) -> int:
+    return len(set(np.asarray(batch[Fields.UID]).tolist()))
+
+
+def first_groups(batch: Batch, count: int) -> Batch:
+    """The rows of the first ``count`` groups (in order of appearance)."""
+    uids = np.asarray(batch[Fields.UID])
+    chosen = set(list(dict.fromkeys(uids.tolist()))[:count])
+    return batch.index(torch.tensor([i for i, uid in enumerate(uids.tolist()) if uid in chosen], dtype=torch.long))
+
+
+def left_pad_prompts(batch: Batch, width: int, pad_token_id: int) -> Batch:
+    """Widen the prompt part of a rollout batch to ``width`` columns by left padding (so batches can be concatenated)."""
+    extra = width - batch[Fields.PROMPTS].shape[1]
+    if extra <= 0:
+        return batch
+    padded = batch.select(*batch.keys())
+    for name, fill in ((Fields.PROMPTS, pad_token_id), (Fields.INPUT_IDS, pad_token_id), (Fields.ATTENTION_MASK, 0)):
+        tensor = batch[name]
+        padded[name] = torch.cat([tensor.new_full((len(batch), extra), fill), tensor], dim=1)
+    return padded
+
+
+def concat_rollouts(batches: list[Batch], pad_token_id: int) -> Batch:
+    """Concatenate rollout batches whose prompts were padded to different widths."""
+    width = max(batch[Fields.PROMPTS].shape[1] for batch in batches)
+    return Batch.concat([left_pad_prompts(batch, width, pad_token_id) for batch in batches])
+
+
+def prompt_rows(batch: Batch) -> tuple[Batch, np.ndarray]:
+    """One prompt batch (``input_ids``/``attention_mask`` ``[G, P]`` + non-tensors) per group of a rollout batch, and
+    for every row the index of its group — for baselines computed once per prompt (ReMax)."""
+    uids = np.asarray(batch[Fields.UID]).tolist()
+    order = list(dict.fromkeys(uids))
+    first = [uids.index(uid) for uid in order]
+    width = batch[Fields.PROMPTS].shape[1]
+    rows = batch.index(torch.tensor(first, dtype=torch.long))
+    prompts = Batch(tensors={Fields.INPUT_IDS: rows[Fields.PROMPTS],
+                             Fields.ATTENTION_MASK: rows[Fields.ATTENTION_MASK][:, :width]},
+                    non_tensors=dict(rows.non_tensors))
+    return prompts, np.array([order.index(uid) for uid in uids])
