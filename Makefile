@@ -11,7 +11,7 @@ EXTRAS ?= cpu,test
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile 2>/dev/null | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast lint docs clean
+.PHONY: setup demo test test-fast docs clean
 
 setup: $(STAMP)
 

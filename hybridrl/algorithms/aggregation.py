@@ -24,6 +24,10 @@ constant (``data.max_response_length``) to keep the invariant.
 
 Fully masked rows count in no normaliser (their loss is 0 and they are not sequences); with ``normalizer=None``
 this matches verl's ``agg_loss`` whenever no row is fully masked (verl versions disagree on such rows).
+
+``seq-mean-token-sum-norm`` here is the Dr. GRPO form, a mean over sequences of ``token-sum / H``. Some verl versions
+compute ``sum over sequences of token-sum / H`` instead (no mean over sequences): that loss, and its gradient, is
+larger by the number of sequences, which matters with gradient clipping — port learning rates with care.
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ class RolloutConfig(FreezableConfig):
     top_k: int = -1
     """Top-k sampling (-1 disables)."""
     seed: Optional[int] = None
-    """Sampling seed; ``null`` derives it from ``trainer.seed`` and the step (reproducible runs)."""
+    """Base sampling seed, combined with the step and the rank so every step samples afresh; ``null`` = ``trainer.seed``."""
     tensor_model_parallel_size: int = 1
     """Tensor-parallel size t_g of the generation layout; must divide the number of devices."""
     gpu_memory_utilization: float = 0.5
@@ -166,8 +166,6 @@ class RolloutConfig(FreezableConfig):
     """Release the engine's KV cache during training and restore it before generation (vLLM sleep/wake on GPU)."""
     weight_sync_bucket_mb: int = 256
     """Size of one bucket of streamed weights when resharding training weights into the engine."""
-    log_prob_micro_batch_size_per_gpu: Optional[int] = None
-    """Deprecated alias kept for verl users; use ``actor.log_prob_micro_batch_size_per_gpu``."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling parameters used for validation."""
 
@@ -295,11 +293,12 @@ class DataConfig(FreezableConfig):
     train_batch_size: int = 64
     """Prompts per training step (global)."""
     val_batch_size: Optional[int] = None
-    """Prompts per validation generation call; ``null`` = the whole validation set at once."""
+    """Prompts per validation generation call; ``null`` = ``train_batch_size`` (bounded memory on large sets)."""
     truncation: str = "error"
     """Over-long prompts: ``error`` (refuse, naming the row) | ``left`` | ``right``."""
     filter_overlong_prompts: bool = True
-    """Drop prompts longer than ``max_prompt_length`` when loading (reported), before ``truncation`` applies."""
+    """Drop prompts longer than ``max_prompt_length`` when loading (the count is reported); when true,
+    ``truncation`` never sees an over-long prompt."""
     shuffle: bool = True
     """Shuffle training prompts each epoch (seeded, resumable)."""
     seed: int = 1

@@ -40,13 +40,15 @@ def critic_enabled(config: TrainConfig) -> bool:
 def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
     """Raise ``ConfigError`` naming every invalid key; return ``None`` when the config can run.
 
-    ``check_paths=False`` skips file-existence checks (e.g. composing a recipe meant for another machine).
+    ``check_paths=False`` skips what depends on this machine — files, installed backends, visible devices — e.g. to
+    compose a recipe meant for a GPU cluster.
     """
     error = ConfigError()
-    for check in (_check_sizes, _check_ranges, _check_choices, _check_algorithm_rules, _check_devices):
+    for check in (_check_sizes, _check_ranges, _check_choices, _check_algorithm_rules, _check_layout):
         check(config, error)
     if check_paths:
         _check_paths(config, error)
+        _check_this_machine(config, error)
     if not error:  # the batch identity is only meaningful once the individual sizes are sane
         _check_batch_plans(config, error)
     error.raise_if_any()
@@ -171,6 +173,21 @@ def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
         if role_config.use_dynamic_bsz and role_config.ppo_max_token_len_per_gpu < longest_sequence:
             error.add(f"{role}.ppo_max_token_len_per_gpu", role_config.ppo_max_token_len_per_gpu,
                       f"must hold one whole sequence: data.max_prompt_length + data.max_response_length = {longest_sequence}")
+    if config.trainer.critic_warmup > 0 and not critic_enabled(config):
+        error.add("trainer.critic_warmup", config.trainer.critic_warmup,
+                  "warms up a critic, but this run has none: the actor would silently not train for those steps")
+    if config.actor.policy_loss == "gspo" and max(config.actor.clip_ratio_low, config.actor.clip_ratio_high) >= 0.01:
+        error.add("actor.clip_ratio_high", config.actor.clip_ratio_high,
+                  "GSPO clips a sequence-level ratio: use clip ranges of order 1e-4 (the paper: 3e-4 / 4e-4)")
+    if config.reward_model.enable:
+        error.add("reward_model.enable", True, "reward-model scoring inside the RL loop is not wired yet (the worker "
+                                               "exists: hybridrl.workers.reward_model_worker); use rule rewards")
+    if config.critic.fsdp.optimizer_offload:
+        error.add("critic.fsdp.optimizer_offload", True, "only the actor offloads its optimizer (during generation)")
+    if config.rollout.tensor_model_parallel_size > 1:
+        error.add("rollout.tensor_model_parallel_size", config.rollout.tensor_model_parallel_size,
+                  f"rollout.name={config.rollout.name} runs one engine per device: tensor-parallel generation is not "
+                  "supported yet (the resharding plan is; the engine side is not)")
     overlong = config.algorithm.overlong_buffer
     if overlong.enable and not 0 < overlong.len < config.data.max_response_length:
         error.add("algorithm.overlong_buffer.len", overlong.len,
@@ -190,11 +207,23 @@ def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
         error.add("reward_model.model_path", None, "is required when reward_model.enable=true")
 
 
-def _check_devices(config: TrainConfig, error: ConfigError) -> None:
+def _check_layout(config: TrainConfig, error: ConfigError) -> None:
     tp, devices = config.rollout.tensor_model_parallel_size, world_size(config)
     if devices % tp:
         error.add("rollout.tensor_model_parallel_size", tp,
                   f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node)")
+    if config.trainer.device == "cpu":
+        _check_cpu_dtype(config, error)
+
+
+def _check_cpu_dtype(config: TrainConfig, error: ConfigError) -> None:
+    if config.model.dtype == "float16":
+        error.add("model.dtype", "float16", "float16 training is not supported on CPU; use bfloat16 or float32")
+
+
+def _check_this_machine(config: TrainConfig, error: ConfigError) -> None:
+    """What only this machine can tell: installed backends and visible devices (skipped for recipes composed
+    elsewhere with ``check_paths=False``)."""
     if config.rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
         error.add("rollout.name", "vllm", "vLLM is not installed: pip install 'hybridrl[vllm]' (GPU) or "
                                           "'hybridrl[cpu]' (CPU build), or use rollout.name=hf")
@@ -204,8 +233,8 @@ def _check_devices(config: TrainConfig, error: ConfigError) -> None:
     device = resolved_device(config)
     if config.trainer.device == "cuda" and device != "cuda" and config.trainer.ray.address == "local":
         error.add("trainer.device", "cuda", "no CUDA device is visible on this machine; use trainer.device=cpu or auto")
-    if device == "cpu" and config.model.dtype == "float16":
-        error.add("model.dtype", "float16", "float16 training is not supported on CPU; use bfloat16 or float32")
+    if config.trainer.device == "auto" and device == "cpu":
+        _check_cpu_dtype(config, error)
 
 
 def resolved_device(config: TrainConfig) -> str:

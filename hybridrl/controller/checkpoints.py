@@ -4,7 +4,7 @@ Layout::
 
     <run_dir>/checkpoints/global_step_<k>/actor/...        worker shards (torch.distributed.checkpoint)
                                          /critic/...
-                                         /trainer_state.pt  step, data position, KL controller, controller RNG
+                                         /trainer_state.pt  step, data position, KL controller
     <run_dir>/checkpoints/latest                           text: "global_step_<k>", replaced last
 
 A checkpoint is written into ``global_step_<k>.partial`` and renamed when complete; ``latest`` is then replaced
@@ -54,6 +54,13 @@ class CheckpointManager:
         os.replace(pointer, self.root / "latest")
         self._prune()
         return final
+
+    def sweep_partials(self) -> list[Path]:
+        """Delete checkpoints a crash left half-written (``*.partial``); returns what was removed."""
+        stale = sorted(self.root.glob("global_step_*.partial")) if self.root.is_dir() else []
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True)
+        return stale
 
     def steps(self) -> list[int]:
         """Steps of the complete checkpoints, ascending."""

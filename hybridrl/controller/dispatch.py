@@ -260,9 +260,13 @@ def _collect_split(results: dict[int, Any], method: DispatchedMethod[Any, Any, A
     outputs = [results[rank] for rank in leaders]
     if not all(isinstance(out, Batch) for out in outputs):
         return outputs
-    if pad_count and any(len(out) != rows_per_rank for out in outputs):
+    # A method may return k rows per input row, consecutively (generation with n samples per prompt): the padding
+    # rows, last in the input, then own the last k × pad_count output rows.
+    rows_out = {len(out) for out in outputs}
+    if pad_count and (len(rows_out) != 1 or rows_out.pop() % rows_per_rank):
         raise ValueError(f"{method.qualname} returned Batches of lengths {[len(o) for o in outputs]} for inputs of "
                          f"{rows_per_rank} rows each; to remove the {pad_count} padding rows after the gather, every "
-                         "rank must return one row per input row")
+                         "rank must return the same whole number of rows per input row")
     merged = Batch.concat(outputs)
-    return merged.unpad(pad_count) if pad_count else merged
+    rows_per_input = len(outputs[0]) // rows_per_rank if rows_per_rank else 1
+    return merged.unpad(pad_count * rows_per_input) if pad_count else merged

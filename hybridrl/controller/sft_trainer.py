@@ -18,12 +18,10 @@ from hybridrl.config.schema import ActorConfig, DataConfig, RolloutConfig, Train
 from hybridrl.config.sft_schema import SFTConfig
 from hybridrl.config.validation import resolved_device
 from hybridrl.controller import PoolSpec, ResourcePool, WorkerGroup, start_ray
-from hybridrl.data.dataset import format_prompt, tokenize_prompts
 from hybridrl.data.io import read_rows
-from hybridrl.data.sft import SFTExample, sft_examples_from_rows
+from hybridrl.data.sft import SFTExample, encode_sft_examples, sft_examples_from_rows
 from hybridrl.data.synthetic import build_synthetic_task
-from hybridrl.protocol import Batch, Fields
-from hybridrl.rollout.base import assemble_rollout
+from hybridrl.protocol import Batch
 from hybridrl.utils.tracking import Tracker
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
 from hybridrl.workers.model_builder import load_tokenizer
@@ -54,28 +52,6 @@ def worker_config(config: SFTConfig) -> TrainConfig:
     )
 
 
-def encode_examples(tokenizer: Any, examples: Sequence[SFTExample], max_response_length: int,
-                    apply_chat_template: bool = True) -> Batch:
-    """SFT examples in the rollout layout: left-padded prompts ``[B, P]`` + target tokens and EOS ``[B, R]``."""
-    prompt_ids = [tokenize_prompts([format_prompt(example.prompt, tokenizer, apply_chat_template)], tokenizer,
-                                   apply_chat_template)[0] for example in examples]
-    width = max(len(ids) for ids in prompt_ids)
-    prompts = torch.full((len(examples), width), tokenizer.pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros_like(prompts)
-    responses = torch.full((len(examples), max_response_length), tokenizer.pad_token_id, dtype=torch.long)
-    response_mask = torch.zeros_like(responses)
-    for row, (ids, example) in enumerate(zip(prompt_ids, examples)):
-        prompts[row, width - len(ids):], prompt_mask[row, width - len(ids):] = torch.tensor(ids), 1
-        target = tokenizer(example.response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        if len(target) > max_response_length:
-            raise ValueError(f"SFT example {row}: target of {len(target)} tokens (with EOS) exceeds "
-                             f"data.max_response_length={max_response_length}")
-        responses[row, :len(target)], response_mask[row, :len(target)] = torch.tensor(target), 1
-    prompt_batch = Batch(tensors={Fields.INPUT_IDS: prompts, Fields.ATTENTION_MASK: prompt_mask})
-    return assemble_rollout(prompt_batch, 1, responses, response_mask, torch.zeros(responses.shape),
-                            tokenizer.pad_token_id, temperature=1.0)
-
-
 class SFTTrainer:
     """Fine-tunes ``model.path`` on supervised pairs and exports the result as a Hugging Face directory."""
 
@@ -98,8 +74,9 @@ class SFTTrainer:
         """The ``step``-th batch of ``train_batch_size`` examples (cycling over the examples)."""
         size = self.config.data.train_batch_size
         picked = [self.examples[(step * size + offset) % len(self.examples)] for offset in range(size)]
-        return encode_examples(self.tokenizer, picked, self.config.data.max_response_length,
-                               self.config.data.apply_chat_template)
+        data = self.config.data
+        return encode_sft_examples(self.tokenizer, picked, data.max_response_length, data.apply_chat_template,
+                               max_prompt_length=data.max_prompt_length)
 
     def fit(self) -> SFTResult:
         config, trainer = self.config, self.config.trainer

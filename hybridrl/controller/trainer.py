@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 
 from hybridrl.algorithms import build_kl_controller
-from hybridrl.config import critic_enabled, dump_config, resolved_device, world_size
+from hybridrl.config import critic_enabled, dump_config, resolved_device, validate_config, world_size
 from hybridrl.config.schema import TrainConfig
 from hybridrl.controller import PoolSpec, ResourcePool, WorkerGroup, gather, start_ray
 from hybridrl.controller.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
@@ -29,8 +29,9 @@ from hybridrl.data.loader import build_prompt_loaders
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rewards.scorer import build_reward_scorer
 from hybridrl.rollout.base import SamplingParams
+from hybridrl.utils.seeding import derive_seed
 from hybridrl.utils.timing import PhaseTimer
-from hybridrl.utils.tracking import Tracker
+from hybridrl.utils.tracking import Tracker, prepare_metrics_file
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
 from hybridrl.workers.critic_worker import CriticWorker
 from hybridrl.workers.model_builder import load_tokenizer
@@ -53,6 +54,9 @@ class RLTrainer:
     """PPO / GRPO (and the other estimators) on Ray worker groups. Build with a validated, frozen ``TrainConfig``."""
 
     def __init__(self, config: TrainConfig) -> None:
+        if not config.is_frozen:  # built in Python (a notebook): validate it like the CLI would, then freeze it
+            validate_config(config)
+            config.freeze()
         self.config = config
         self.run_dir = Path(config.trainer.default_local_dir)
         self.tokenizer = load_tokenizer(config.model)
@@ -63,6 +67,7 @@ class RLTrainer:
         self.checkpoints = CheckpointManager(self.run_dir, config.trainer.max_ckpt_to_keep)
         self.with_reference = config.actor.use_kl_loss or config.algorithm.use_kl_in_reward
         self.global_step = 0
+        self.pool: Optional[ResourcePool] = None
         self.actor: Optional[WorkerGroup[ActorRolloutRefWorker]] = None
         self.critic: Optional[WorkerGroup[CriticWorker]] = None
 
@@ -74,41 +79,49 @@ class RLTrainer:
         result = TrainResult(self.run_dir, 0)
         with start_ray(trainer.ray) as runtime, build_reward_scorer(self.config.custom_reward_function) as scorer:
             self.scoring = Scoring(scorer, self.tokenizer)
-            self._start_workers(runtime)
-            self._resume()
-            tracker = Tracker(trainer.logger, self.run_dir, total_steps=self.total_steps,
-                              project=trainer.project_name, experiment=trainer.experiment_name)
+            tracker: Optional[Tracker] = None
             try:
-                if trainer.val_before_train and self.global_step == 0 and self.loaders.val is not None:
-                    result.first_validation = self.validate()
-                    tracker.log(result.first_validation, step=0)
-                while self.global_step < self.total_steps:
-                    metrics = self.train_step(next(iter(self.loaders.train)))
-                    self.global_step += 1
-                    if self._due(trainer.test_freq) or self.global_step == self.total_steps:
-                        result.last_validation = self.validate() if self.loaders.val is not None else None
-                        metrics.update(result.last_validation or {})
-                    tracker.log(metrics, step=self.global_step)
-                    result.history.append(metrics)
-                    if self._due(trainer.save_freq) or (self.global_step == self.total_steps and trainer.save_at_end):
-                        self.save_checkpoint()
+                self._start_workers(runtime)
+                self._resume()
+                prepare_metrics_file(self.run_dir, self.global_step)
+                tracker = Tracker(trainer.logger, self.run_dir, total_steps=self.total_steps,
+                                  project=trainer.project_name, experiment=trainer.experiment_name)
+                self._train_loop(tracker, result)
             finally:
-                tracker.close()
+                if tracker is not None:
+                    tracker.close()
                 self._stop_workers()
         result.global_step = self.global_step
         return result
+
+    def _train_loop(self, tracker: Tracker, result: TrainResult) -> None:
+        trainer = self.config.trainer
+        if trainer.val_before_train and self.global_step == 0 and self.loaders.val is not None:
+            result.first_validation = self.validate()
+            tracker.log(result.first_validation, step=0)
+        while self.global_step < self.total_steps:
+            metrics = self.train_step(next(iter(self.loaders.train)))
+            self.global_step += 1
+            if self._due(trainer.test_freq) or self.global_step == self.total_steps:
+                result.last_validation = self.validate() if self.loaders.val is not None else None
+                metrics.update(result.last_validation or {})
+            tracker.log(metrics, step=self.global_step)
+            result.history.append(metrics)
+            if self._due(trainer.save_freq) or (self.global_step == self.total_steps and trainer.save_at_end):
+                self.save_checkpoint()
 
     def train_step(self, prompts: Batch) -> dict[str, float]:
         """One PPO/GRPO step on a batch of prompts; returns the step's metrics."""
         config, timer = self.config, PhaseTimer()
         actor = self._actor()
         batch, reward_metrics = self._rollout(prompts, timer)
+        # Balance tokens across DP ranks before any forward (only reorders rows; groups are found by uid).
+        batch = balance_batch(batch, world_size(config)) if config.trainer.balance_batch else batch
         with timer.phase("log_probs_and_values"):
             batch = self._old_log_probs_ref_and_values(batch)
         with timer.phase("advantages"):
             baselines = self._remax_baselines(batch) if config.algorithm.adv_estimator == "remax" else None
             metrics = self._rewards_and_advantages(batch, baselines)
-        batch = balance_batch(batch, world_size(config)) if config.trainer.balance_batch else batch
         if self.critic is not None:
             with timer.phase("update_critic"):
                 metrics.update(_prefixed("critic", self.critic.call(CriticWorker.update_critic, batch)[0]))
@@ -161,7 +174,7 @@ class RLTrainer:
                                    "algorithm.filter_groups.max_num_gen_batches or rollout.n, or disable the filter")
             attempts += 1
             batch, _ = self._generate_and_score(next(iter(self.loaders.train)),
-                                                params.with_seed(params.seed + 7919 * attempts), timer)
+                                                params.with_seed(derive_seed(params.seed, "refill", attempts)), timer)
 
     def _remax_baselines(self, batch: Batch) -> torch.Tensor:
         """ReMax: the score of each prompt's greedy response, for every row of that prompt ``[B]``."""
@@ -199,8 +212,9 @@ class RLTrainer:
     def _start_workers(self, runtime) -> None:
         config, started = self.config, time.perf_counter()
         device = resolved_device(config)
-        pool = ResourcePool.create(PoolSpec("global", nnodes=config.trainer.nnodes,
-                                            devices_per_node=config.trainer.n_gpus_per_node, device=device), runtime)
+        self.pool = pool = ResourcePool.create(PoolSpec("global", nnodes=config.trainer.nnodes,
+                                                        devices_per_node=config.trainer.n_gpus_per_node,
+                                                        device=device), runtime)
         share = 0.5 if critic_enabled(config) else 1.0
         self.actor = WorkerGroup(ActorRolloutRefWorker, pool, name="actor_rollout_ref", bundle_share=share,
                                  args=(config, self.total_steps, self.with_reference))
@@ -213,6 +227,8 @@ class RLTrainer:
         for group in (self.actor, self.critic):
             if group is not None:
                 group.shutdown()
+        if self.pool is not None:
+            self.pool.release()
 
     def save_checkpoint(self) -> Path:
         """Checkpoint actor (+ critic) shards and the controller state; atomic, ``latest`` updated last."""
@@ -227,6 +243,8 @@ class RLTrainer:
 
     def _resume(self) -> None:
         trainer = self.config.trainer
+        for stale in self.checkpoints.sweep_partials():
+            logger.warning("removed a half-written checkpoint left by a crash: %s", stale)
         checkpoint = resume_checkpoint(trainer.resume_mode, self.run_dir, trainer.resume_from_path)
         if checkpoint is None:
             return
@@ -252,8 +270,9 @@ class RLTrainer:
         return frequency > 0 and self.global_step % frequency == 0
 
     def _sampling_seed(self) -> int:
-        return self.config.rollout.seed if self.config.rollout.seed is not None else \
-            self.config.trainer.seed * 1_000_003 + self.global_step
+        """A different, reproducible seed every step (from ``rollout.seed``, else ``trainer.seed``)."""
+        base = self.config.rollout.seed if self.config.rollout.seed is not None else self.config.trainer.seed
+        return derive_seed(base, "step", self.global_step)
 
 
 def _kl_controller(config: TrainConfig, total_steps: int):

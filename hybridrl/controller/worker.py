@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from hybridrl.controller.errors import RankLocation
+from hybridrl.protocol import Batch
 from hybridrl.utils import distributed as dist_utils
 
 
@@ -165,7 +166,12 @@ class WorkerHost:
         """Run ``worker.<method_name>(*args, **kwargs)``; the name comes from a ``DispatchedMethod``."""
         if self._worker is None:
             raise RuntimeError(f"{method_name}() called before the worker was constructed")
-        return getattr(self._worker, method_name)(*args, **kwargs)
+        # Batches travel on CPU (pickled through Ray); each rank works on its own device and returns CPU results.
+        device = self._worker.device
+        args = tuple(arg.to(device) if isinstance(arg, Batch) else arg for arg in args)
+        kwargs = {key: value.to(device) if isinstance(value, Batch) else value for key, value in kwargs.items()}
+        result = getattr(self._worker, method_name)(*args, **kwargs)
+        return result.cpu() if isinstance(result, Batch) and device.type != "cpu" else result
 
     def __repr__(self) -> str:  # Ray shows this in log prefixes and errors: "(critic rank 1/2 pid=...)"
         return self._label or "WorkerHost"

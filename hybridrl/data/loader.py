@@ -213,7 +213,7 @@ def build_prompt_loaders(data_config: Any, tokenizer: Any) -> PromptLoaders:
     """Train and validation loaders from a :class:`~hybridrl.config.schema.DataConfig`.
 
     Training: ``train_batch_size`` prompts per step, ``shuffle`` with ``seed``, ``drop_last``. Validation: dataset
-    order, ``val_batch_size`` prompts per batch (``null``: the whole set in one batch), nothing dropped.
+    order, ``val_batch_size`` prompts per batch (``null``: ``train_batch_size``), nothing dropped.
     The pad id is the tokenizer's pad token, or its EOS token when it has none (padding is masked either way).
     """
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -224,6 +224,6 @@ def build_prompt_loaders(data_config: Any, tokenizer: Any) -> PromptLoaders:
                          shuffle=data_config.shuffle, seed=data_config.seed, drop_last=True)
     val = None
     if val_set is not None:
-        val = PromptLoader(val_set, data_config.val_batch_size or len(val_set), pad_token_id=pad_token_id,
+        val = PromptLoader(val_set, data_config.val_batch_size or data_config.train_batch_size, pad_token_id=pad_token_id,
                            shuffle=False, seed=data_config.seed, drop_last=False)
     return PromptLoaders(train, val)

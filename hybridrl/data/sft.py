@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from hybridrl.data.dataset import format_prompt, tokenize_prompts
-from hybridrl.protocol import Batch
+from hybridrl.protocol import Batch, Fields
+from hybridrl.rollout.base import assemble_rollout
 
 __all__ = ["SFTExample", "sft_examples_from_rows", "encode_sft_examples"]
 
@@ -32,38 +33,50 @@ class SFTExample:
 
 
 def sft_examples_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[SFTExample]:
-    """One :class:`SFTExample` per row: its prompt, and its ``reward_model.ground_truth`` as the response."""
-    return [SFTExample(row["prompt"], str(row["reward_model"]["ground_truth"])) for row in rows]
+    """One :class:`SFTExample` per row: its prompt, and as the response ``extra_info.answer`` when the row carries a
+    worked solution (GSM8K: it ends in ``#### N``, the format the reward pays for), else ``reward_model.ground_truth``
+    (synthetic tasks, whose ideal response is the bare answer)."""
+    examples = []
+    for row in rows:
+        extra = row.get("extra_info") or {}
+        answer = extra.get("answer") if isinstance(extra, Mapping) else None
+        examples.append(SFTExample(row["prompt"], str(answer if answer else row["reward_model"]["ground_truth"])))
+    return examples
 
 
-def encode_sft_examples(tokenizer: Any, examples: Sequence[SFTExample], *, apply_chat_template: bool = True) -> Batch:
-    """Token tensors for a next-token loss on the responses only.
+def encode_sft_examples(tokenizer: Any, examples: Sequence[SFTExample], max_response_length: int,
+                    apply_chat_template: bool = True, max_prompt_length: int = 1 << 30) -> Batch:
+    """SFT examples in the rollout layout, so the SFT loss runs through the same engine as RL.
 
     Returns:
-        a :class:`~hybridrl.protocol.Batch` with ``input_ids`` ``[B, T]`` (prompt + response + EOS, right-padded
-        with the pad token), ``attention_mask`` ``[B, T]`` and ``loss_mask`` ``[B, T]`` (1 on the response and EOS
-        tokens: the positions whose token the model must predict), all int64.
+        a :class:`~hybridrl.protocol.Batch` like a rollout's: ``prompts [B, P]`` (left-padded, exactly the ids a
+        rollout prompt gets), ``responses``/``response_mask [B, R]`` (the target's tokens then EOS, right-padded to
+        ``R = max_response_length``), ``input_ids``/``attention_mask [B, P + R]``.
     """
     if not examples:
         raise ValueError("no SFT examples to encode")
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos_token: SFT targets need one to end the response")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    sequences, response_starts = [], []
-    for example in examples:
-        prompt_ids = _prompt_ids(tokenizer, example.prompt, apply_chat_template)
-        response_ids = tokenizer(example.response, add_special_tokens=False)["input_ids"]
-        sequences.append([*prompt_ids, *response_ids, tokenizer.eos_token_id])
-        response_starts.append(len(prompt_ids))
-    length = max(len(sequence) for sequence in sequences)
-    input_ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    loss_mask = torch.zeros_like(input_ids)
-    for row, (sequence, start) in enumerate(zip(sequences, response_starts)):
-        input_ids[row, : len(sequence)] = torch.tensor(sequence)
-        attention_mask[row, : len(sequence)] = 1
-        loss_mask[row, start : len(sequence)] = 1
-    return Batch({"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask})
+    prompt_ids = [_prompt_ids(tokenizer, example.prompt, apply_chat_template) for example in examples]
+    for row, ids in enumerate(prompt_ids):
+        if len(ids) > max_prompt_length:
+            raise ValueError(f"SFT example {row}: prompt of {len(ids)} tokens exceeds data.max_prompt_length="
+                             f"{max_prompt_length}")
+    width = max(len(ids) for ids in prompt_ids)
+    prompts = torch.full((len(examples), width), tokenizer.pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros_like(prompts)
+    responses = torch.full((len(examples), max_response_length), tokenizer.pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros_like(responses)
+    for row, (ids, example) in enumerate(zip(prompt_ids, examples)):
+        prompts[row, width - len(ids):], prompt_mask[row, width - len(ids):] = torch.tensor(ids), 1
+        target = tokenizer(example.response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        if len(target) > max_response_length:
+            raise ValueError(f"SFT example {row}: target of {len(target)} tokens (with EOS) exceeds "
+                             f"data.max_response_length={max_response_length}")
+        responses[row, :len(target)], response_mask[row, :len(target)] = torch.tensor(target), 1
+    prompt_batch = Batch(tensors={Fields.INPUT_IDS: prompts, Fields.ATTENTION_MASK: prompt_mask})
+    return assemble_rollout(prompt_batch, 1, responses, response_mask, torch.zeros(responses.shape),
+                            tokenizer.pad_token_id, temperature=1.0)
 
 
 def _prompt_ids(tokenizer: Any, prompt: Any, apply_chat_template: bool) -> list[int]:

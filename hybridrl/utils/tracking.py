@@ -150,3 +150,19 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """The rows of ``<run_dir>/metrics.jsonl`` (one dict per logged step), for plots, summaries and tests."""
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def prepare_metrics_file(run_dir: str | Path, resumed_step: int) -> None:
+    """Keep ``metrics.jsonl`` consistent with the run: on a resume drop rows logged after the checkpoint's step
+    (they will be logged again); on a fresh start move an old file aside to ``metrics.jsonl.<n>``."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return
+    if resumed_step > 0:
+        kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= resumed_step]
+        path.write_text("".join(line + "\n" for line in kept))
+        return
+    index = 1
+    while path.with_name(f"metrics.jsonl.{index}").exists():
+        index += 1
+    path.rename(path.with_name(f"metrics.jsonl.{index}"))

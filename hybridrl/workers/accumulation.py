@@ -99,11 +99,16 @@ def global_normalizer(batch: Batch, loss_agg_mode: str, dp: DataParallelGroup) -
     return dp.sum(count).reshape(())
 
 
+# Metrics that are each micro-batch's *share* of the mini-batch loss (global normaliser): summed, not averaged.
+ADDITIVE_METRICS = frozenset({"pg_loss", "vf_loss", "loss"})
+
+
 def accumulate_gradients(model: nn.Module, mini_batch: Batch, loss_fn: MicroBatchLoss, *, loss_agg_mode: str,
                          micro_batching: MicroBatching, dp: DataParallelGroup) -> dict[str, float]:
     """Forward/backward every micro-batch of this rank's part of ``mini_batch``; gradients reduce on the last one.
 
-    Returns metrics averaged over micro-batches weighted by their valid response tokens, then over DP ranks.
+    Returns metrics over the whole mini-batch: loss shares (``ADDITIVE_METRICS``) summed over micro-batches and
+    ranks — the mini-batch loss itself — and every other metric averaged, weighted by valid response tokens.
     """
     normalizer = global_normalizer(mini_batch, loss_agg_mode, dp)
     micro_batches, _ = split_micro_batches(mini_batch, micro_batching, dp)
@@ -116,17 +121,19 @@ def accumulate_gradients(model: nn.Module, mini_batch: Batch, loss_fn: MicroBatc
         weight = float(micro_batch["response_mask"].sum())
         weight_sum += weight
         for name, value in metrics.items():
-            totals[name] = totals.get(name, 0.0) + float(value) * weight
-    return mean_over_ranks(totals, weight_sum, dp)
+            totals[name] = totals.get(name, 0.0) + float(value) * (1.0 if name in ADDITIVE_METRICS else weight)
+    return reduce_over_ranks(totals, weight_sum, dp)
 
 
-def mean_over_ranks(weighted_totals: dict[str, float], weight: float, dp: DataParallelGroup) -> dict[str, float]:
-    """Turn per-rank weighted sums into global weighted means (one small all-reduce)."""
-    names = sorted(weighted_totals)
-    packed = torch.tensor([weighted_totals[name] for name in names] + [weight], dtype=torch.float64)
+def reduce_over_ranks(totals: dict[str, float], weight: float, dp: DataParallelGroup) -> dict[str, float]:
+    """Per-rank totals → global values in one small all-reduce: additive metrics summed, the rest turned from
+    weighted sums into weighted means."""
+    names = sorted(totals)
+    packed = torch.tensor([totals[name] for name in names] + [weight], dtype=torch.float64)
     dp.sum(packed)
     denominator = max(float(packed[-1]), 1.0)
-    return {name: float(packed[i]) / denominator for i, name in enumerate(names)}
+    return {name: float(packed[i]) / (1.0 if name in ADDITIVE_METRICS else denominator)
+            for i, name in enumerate(names)}
 
 
 def train_mini_batch(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, mini_batch: Batch,

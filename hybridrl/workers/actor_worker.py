@@ -19,6 +19,7 @@ from hybridrl.protocol import Batch, Fields
 from hybridrl.hybrid_engine import WeightResharder, bucket_bytes_from_mb
 from hybridrl.rollout import EngineInputs, RolloutEngine, build_rollout_engine
 from hybridrl.rollout.base import SamplingParams
+from hybridrl.utils.seeding import derive_seed
 from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching
 from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
 from hybridrl.workers.checkpoint import export_hf, load_sharded, save_sharded
@@ -95,16 +96,17 @@ class ActorRolloutRefWorker(Worker):
                                              dtype=torch_dtype(config.model.dtype))
         return build_rollout_engine(config.rollout.name, EngineInputs(
             rollout=config.rollout, pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_ids=eos_token_ids(self.tokenizer), model=actor_model, model_path=config.model.path,
+            eos_token_ids=eos_token_ids(self.tokenizer, getattr(actor_model.generation_config, "eos_token_id", None)),
+            model=actor_model, model_path=config.model.path,
             tokenizer_path=config.model.tokenizer_path,
             max_model_len=config.data.max_prompt_length + config.data.max_response_length,
             dtype=config.model.dtype, seed=config.trainer.seed))
 
     @dp_split
     def generate_sequences(self, prompts: Batch, params: SamplingParams) -> Batch:
-        """Responses for this rank's prompts; ``params.seed`` is offset by the rank so ranks sample differently."""
+        """Responses for this rank's prompts; the seed is combined with the rank so ranks sample differently."""
         if params.seed is not None:
-            params = params.with_seed(params.seed + 1000 * self.rank)
+            params = params.with_seed(derive_seed(params.seed, "rank", self.rank))
         self._offload_optimizer()
         free_cache = self.config.rollout.free_cache_engine
         if free_cache:
@@ -123,7 +125,12 @@ class ActorRolloutRefWorker(Worker):
         if self.resharder is None:
             return {"weight_sync/seconds": 0.0, "weight_sync/bytes": 0.0}
         started = time.perf_counter()
+        free_cache = self.config.rollout.free_cache_engine
+        if free_cache:  # a sleeping engine (GPU) has dropped its weights' memory: wake it to load new ones
+            self.rollout.resume()
         self.rollout.update_weights(self.resharder.stream())
+        if free_cache:
+            self.rollout.release_memory()
         return {"weight_sync/seconds": time.perf_counter() - started,
                 "weight_sync/bytes": float(self.resharder.last_stats.received_bytes)}
 
@@ -177,12 +184,14 @@ class ActorRolloutRefWorker(Worker):
     @one_to_all(collect="first")
     def save_checkpoint(self, directory: str) -> str:
         """Actor model, optimizer, scheduler and RNG states under ``directory`` (every rank writes its shards)."""
+        self._reload_optimizer()  # an offloaded optimizer is saved from where the update will use it
         save_sharded(directory, self.actor.model, self.actor.optimizer, self.actor.scheduler)
         return directory
 
     @one_to_all(collect="first")
     def load_checkpoint(self, directory: str) -> str:
         """Restore what ``save_checkpoint`` wrote (the DP size may differ)."""
+        self._reload_optimizer()
         load_sharded(directory, self.actor.model, self.actor.optimizer, self.actor.scheduler)
         return directory
 
@@ -201,8 +210,12 @@ class ActorRolloutRefWorker(Worker):
         return float(total)
 
 
-def eos_token_ids(tokenizer) -> list[int]:
-    """EOS ids that end a response: the tokenizer's EOS (plus the generation config's, where the caller adds them)."""
-    if tokenizer.eos_token_id is None:
+def eos_token_ids(tokenizer, generation_eos: object = None) -> list[int]:
+    """EOS ids that end a response: the tokenizer's EOS plus the model's ``generation_config.eos_token_id`` (an int or
+    a list; chat models often stop on an end-of-turn token that is not the tokenizer's EOS)."""
+    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    extra = generation_eos if isinstance(generation_eos, (list, tuple)) else [generation_eos]
+    ids += [int(token) for token in extra if token is not None and int(token) not in ids]
+    if not ids:
         raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no eos_token; generation could never stop")
-    return [tokenizer.eos_token_id]
+    return ids

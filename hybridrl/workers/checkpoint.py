@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 from typing import Any, Optional
@@ -25,6 +26,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 
+logger = logging.getLogger(__name__)
+
+
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
@@ -36,9 +40,10 @@ def _barrier() -> None:
 
 def rng_state() -> dict[str, Any]:
     """This process's RNG states (torch CPU, CUDA if present, numpy, python), as tensors and plain values."""
-    _, numpy_keys, numpy_position, *_ = np.random.get_state()
+    _, numpy_keys, numpy_position, has_gauss, cached_gauss = np.random.get_state()
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(numpy_keys.astype(np.int64)),
-                             "numpy_pos": int(numpy_position), "python": repr(random.getstate())}
+                             "numpy_pos": int(numpy_position), "numpy_gauss": [int(has_gauss), float(cached_gauss)],
+                             "python": repr(random.getstate())}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -50,7 +55,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
     torch.set_rng_state(state["torch"])
     numpy_state = np.random.get_state()
-    np.random.set_state((numpy_state[0], state["numpy"].numpy().astype(np.uint32), int(state["numpy_pos"]), 0, 0.0))
+    has_gauss, cached_gauss = state.get("numpy_gauss", [0, 0.0])
+    np.random.set_state((numpy_state[0], state["numpy"].numpy().astype(np.uint32), int(state["numpy_pos"]),
+                         int(has_gauss), float(cached_gauss)))
     random.setstate(_tuple_tree(ast.literal_eval(state["python"])))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -70,8 +77,9 @@ def save_sharded(directory: str | Path, model: nn.Module, optimizer: Optional[to
     else:
         state = {"model": get_model_state_dict(model)}
     dcp.save(state, checkpoint_id=str(directory / "dcp"))
-    extras = {"rng": rng_state(), "scheduler": scheduler.state_dict() if scheduler is not None else None}
-    torch.save(extras, directory / f"extra_rank{_rank()}.pt")
+    torch.save({"rng": rng_state()}, directory / f"rng_rank{_rank()}.pt")
+    if scheduler is not None and _rank() == 0:  # identical on every rank: one copy, loadable at any DP size
+        torch.save(scheduler.state_dict(), directory / "scheduler.pt")
     _barrier()
 
 
@@ -89,13 +97,17 @@ def load_sharded(directory: str | Path, model: nn.Module, optimizer: Optional[to
     dcp.load(state, checkpoint_id=str(directory / "dcp"))
     set_state_dict(model, optimizer if optimizer is not None else (), model_state_dict=state["model"],
                    optim_state_dict=state.get("optimizer", {}))
-    extras_path = directory / f"extra_rank{_rank()}.pt"
-    if extras_path.is_file():
-        extras = torch.load(extras_path, weights_only=True)
-        if scheduler is not None and extras.get("scheduler") is not None:
-            scheduler.load_state_dict(extras["scheduler"])
-        if restore_rng:
-            set_rng_state(extras["rng"])
+    if scheduler is not None:
+        scheduler_path = directory / "scheduler.pt"
+        if not scheduler_path.is_file():
+            raise ValueError(f"{directory} has no scheduler.pt: it was saved without an LR scheduler")
+        scheduler.load_state_dict(torch.load(scheduler_path, weights_only=True))
+    rng_path = directory / f"rng_rank{_rank()}.pt"
+    if restore_rng and rng_path.is_file():
+        set_rng_state(torch.load(rng_path, weights_only=True)["rng"])
+    elif restore_rng:
+        logger.warning("rank %d: %s was saved by fewer ranks; this rank keeps a fresh RNG state (sampling and "
+                       "shuffling are re-seeded per step, so the run stays deterministic)", _rank(), directory)
     _barrier()
 
 

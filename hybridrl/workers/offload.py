@@ -1,7 +1,8 @@
 """Memory phases of the hybrid engine: move the actor's optimizer state off the device while the rollout runs.
 
 Generation needs room for the KV cache; Adam's two fp32 moments are 2× the parameter bytes and idle until the next
-update. ``actor.fsdp.optimizer_offload=true`` moves them to CPU after each update and back before the next one.
+update. ``actor.fsdp.optimizer_offload=true`` moves them to CPU before each generation and back before the next
+update (and before a checkpoint is written).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A distributed checkpoint saved with DP = 2 loads into DP = 1 (and back): same weights, same Adam state."""
+"""A distributed checkpoint saved with one DP size loads into another (2 → 1 and 1 → 2): same weights, Adam state and
+learning-rate schedule on every rank."""
 
 from __future__ import annotations
 
@@ -44,15 +45,19 @@ def load_and_compare(rank, world, model_dir, checkpoint, reference_path, out_pat
     model, optimizer, scheduler = sharded_actor(model_dir, world)
     load_sharded(checkpoint, model, optimizer, scheduler)
     weights, moments = full_state_dict(model), adam_moments(model, optimizer)
+    learning_rates = [None] * world
+    torch.distributed.all_gather_object(learning_rates, scheduler.get_last_lr())
+    assert all(lr == learning_rates[0] for lr in learning_rates)  # every rank restored the same schedule
     if rank == 0:
         torch.save({"weights": weights, "moments": moments, "lr": scheduler.get_last_lr()}, out_path)
 
 
-def test_dp2_checkpoint_loads_into_dp1(tmp_path):
+@pytest.mark.parametrize(("save_world", "load_world"), [(2, 1), (1, 2)])
+def test_checkpoint_loads_at_another_dp_size(tmp_path, save_world, load_world):
     model_dir = save_tiny_model(tmp_path / "model")
     checkpoint, reference, loaded = tmp_path / "ckpt", tmp_path / "reference.pt", tmp_path / "loaded.pt"
-    run_on_gloo(2, train_and_save, model_dir, checkpoint, reference)
-    run_on_gloo(1, load_and_compare, model_dir, checkpoint, reference, loaded)
+    run_on_gloo(save_world, train_and_save, model_dir, checkpoint, reference)
+    run_on_gloo(load_world, load_and_compare, model_dir, checkpoint, reference, loaded)
     expected, actual = torch.load(reference, weights_only=True), torch.load(loaded, weights_only=True)
     assert expected["weights"].keys() == actual["weights"].keys()
     for name, tensor in expected["weights"].items():

@@ -90,8 +90,17 @@ def test_dp_split_needs_a_batch_and_equal_lengths():
 
 def test_gather_refuses_to_unpad_when_rows_do_not_match_inputs():
     call = plan(EchoWorker.add_offset, 2, (make_batch(3),))
-    with pytest.raises(ValueError, match="one row per input row"):
+    with pytest.raises(ValueError, match="same whole number of rows per input row"):
         call.collect({0: make_batch(2), 1: make_batch(1)})
+
+
+def test_gather_unpads_methods_that_return_several_rows_per_input():
+    """Generation returns n responses per prompt, consecutively; padding prompts' responses must all go."""
+    batch = make_batch(3)
+    call = plan(EchoWorker.add_offset, 2, (batch,))
+    echoed = {rank: args[0].repeat_interleave(3) for rank, (args, _) in call.rank_args.items()}
+    gathered = call.collect(echoed)
+    assert gathered["ids"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
 def test_dp_leaders_gives_tp_peers_the_same_chunk_and_gathers_leaders_only():

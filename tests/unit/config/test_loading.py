@@ -126,3 +126,13 @@ def test_free_form_dict_fields_accept_new_keys_from_the_command_line():
                           "trainer.ray.worker_env.MY_FLAG=1"], check_paths=False)
     assert dict(config.data.synthetic_task_kwargs) == {"max_digits": 1, "operators": "+"}
     assert config.extra["note"] == "kept" and config.trainer.ray.worker_env["MY_FLAG"] == "1"
+
+
+def test_recipe_scripts_name_existing_configs():
+    import re
+
+    scripts = sorted((REPO / "recipes").glob("*.sh"))
+    assert scripts
+    for script in scripts:
+        for name in re.findall(r"--config-name\s+(\S+)", script.read_text()):
+            assert (CONF / f"{name}.yaml").is_file(), f"{script.name} names a missing config {name}"

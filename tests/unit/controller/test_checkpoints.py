@@ -44,3 +44,16 @@ def test_resume_modes(tmp_path):
     assert resume_checkpoint("disable", tmp_path, None) is None
     with pytest.raises(ValueError, match="not a hybridrl checkpoint"):
         resume_checkpoint("resume_path", tmp_path, str(tmp_path))
+
+
+def test_metrics_file_is_trimmed_on_resume_and_rotated_on_a_fresh_run(tmp_path):
+    import json
+
+    from hybridrl.utils.tracking import prepare_metrics_file, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": step, "x": step}) + "\n" for step in range(5)))
+    prepare_metrics_file(tmp_path, resumed_step=2)  # steps 3 and 4 were logged after the checkpoint
+    assert [row["step"] for row in read_metrics(tmp_path)] == [0, 1, 2]
+    prepare_metrics_file(tmp_path, resumed_step=0)
+    assert not path.exists() and (tmp_path / "metrics.jsonl.1").is_file()

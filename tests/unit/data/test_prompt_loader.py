@@ -172,7 +172,8 @@ def test_build_prompt_loaders_from_files(tmp_path, char_tokenizer):
     loaders = build_prompt_loaders(config, char_tokenizer)
     assert loaders.train.steps_per_epoch == 2 and len(next(iter(loaders.train))) == 4
     val_batches = list(loaders.val)
-    assert len(val_batches) == 1 and len(val_batches[0]) == 5  # val_batch_size=null: the whole set at once
+    # val_batch_size=null: batches of train_batch_size, the last one partial (nothing dropped)
+    assert [len(batch) for batch in val_batches] == [4, 1]
     assert list(val_batches[0][Fields.UID])[0] == "val-0-e0"
     assert build_prompt_loaders(DataConfig(train_files=[str(train)], train_batch_size=4), char_tokenizer).val is None
 

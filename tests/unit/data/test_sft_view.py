@@ -19,20 +19,25 @@ def test_sft_examples_pair_prompts_with_exact_answers():
 def test_encoding_matches_the_rl_prompt_and_masks_the_response(char_tokenizer):
     task = ArithmeticTask(seed=6, operators="+*")
     examples = task.sft_examples(8)
-    batch = encode_sft_examples(char_tokenizer, examples)
-    ids, attention, loss = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-    assert ids.shape == attention.shape == loss.shape and ids.dtype == torch.long
+    batch = encode_sft_examples(char_tokenizer, examples, max_response_length=8)
+    prompt_ids, prompt_mask = batch["prompts"], batch["attention_mask"][:, :batch["prompts"].shape[1]]
+    assert batch["responses"].shape == batch["response_mask"].shape == (8, 8)
+    assert torch.equal(batch["input_ids"][:, -8:], batch["responses"])
     prompts = PromptDataset.from_rows(task.train_rows(8), char_tokenizer)
     for row, (example, prompt) in enumerate(zip(examples, prompts)):
-        length = int(attention[row].sum())
-        prompt_length = len(prompt.input_ids)
-        assert ids[row, :prompt_length].tolist() == list(prompt.input_ids)  # the same tokens RL will see
-        target = ids[row][loss[row].bool()].tolist()
+        assert prompt_ids[row][prompt_mask[row].bool()].tolist() == list(prompt.input_ids)  # what RL will see
+        target = batch["responses"][row][batch["response_mask"][row].bool()].tolist()
         assert char_tokenizer.decode(target) == example.response + "<eos>"
-        assert loss[row, :prompt_length].sum() == 0 and loss[row, length:].sum() == 0
-        assert ids[row, length:].eq(char_tokenizer.pad_token_id).all()
+
+
+def test_encoding_refuses_targets_and_prompts_that_do_not_fit(char_tokenizer):
+    examples = ArithmeticTask(seed=6).sft_examples(2)
+    with pytest.raises(ValueError, match="max_response_length=1"):
+        encode_sft_examples(char_tokenizer, examples, max_response_length=1)
+    with pytest.raises(ValueError, match="max_prompt_length=2"):
+        encode_sft_examples(char_tokenizer, examples, max_response_length=8, max_prompt_length=2)
 
 
 def test_encoding_refuses_an_empty_list(char_tokenizer):
     with pytest.raises(ValueError, match="no SFT examples"):
-        encode_sft_examples(char_tokenizer, [])
+        encode_sft_examples(char_tokenizer, [], max_response_length=4)

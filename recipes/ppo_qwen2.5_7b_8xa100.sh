@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# PPO (critic + GAE) on GSM8K with Qwen2.5-7B-Instruct on one node of 8 × A100-80GB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+.venv/bin/python -m hybridrl.data.preprocess gsm8k --input "${GSM8K_DIR:-../shared/data/gsm8k}" --output data/gsm8k
+exec .venv/bin/hybridrl train --config-name ppo_qwen2.5_7b_8xa100 "$@"
