@@ -35,15 +35,18 @@ def shard_model(model: nn.Module, mesh: Optional[DeviceMesh], options: ShardingO
     """
     if mesh is None:
         return model
-    policy = MixedPrecisionPolicy(param_dtype=options.compute_dtype, reduce_dtype=options.reduce_dtype,
-                                  output_dtype=torch.float32, cast_forward_inputs=True)
-    kwargs = dict(mesh=mesh, mp_policy=policy, reshard_after_forward=options.reshard_after_forward)
+    # Inside the model activations stay in the compute dtype (a layer emitting fp32 would meet bf16 weights in the
+    # next root-level op, e.g. a tied lm_head); only the root's outputs (logits, values) come back in fp32.
+    layer_policy = MixedPrecisionPolicy(param_dtype=options.compute_dtype, reduce_dtype=options.reduce_dtype)
+    root_policy = MixedPrecisionPolicy(param_dtype=options.compute_dtype, reduce_dtype=options.reduce_dtype,
+                                       output_dtype=torch.float32)
+    kwargs: dict = dict(mesh=mesh, reshard_after_forward=options.reshard_after_forward)
     if options.param_offload:
         # pin_memory needs an accelerator; on CPU-only machines it must be off.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for layer in decoder_layers(model):
-        fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+        fully_shard(layer, mp_policy=layer_policy, **kwargs)
+    fully_shard(model, mp_policy=root_policy, **kwargs)
     return model
 
 
