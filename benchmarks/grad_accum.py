@@ -1,0 +1,236 @@
+"""What does the gradient-accumulation path cost per optimizer step, and how many collectives does it issue?
+
+On 2 gloo ranks (spawned, one thread each), a Llama of hidden 256 × 4 layers (FSDP2: one shard group per layer plus
+the root) takes one optimizer step over ``K × m`` sequences per rank with the actor's PPO loss, three ways:
+
+- ``accumulate``  — ``train_mini_batch``: split into K micro-batches of m, all-reduce the global token count,
+  backward each with gradient sync only on the last, all-reduce the metrics, clip, step (what the actor runs);
+- ``bare no-sync`` — the same K forward/backwards and sync pattern, written as a bare loop on pre-split micro-batches
+  with a precomputed normaliser and no metrics: the floor for this sync pattern;
+- ``bare sync-each`` — the bare loop with FSDP2's default, a gradient reduce-scatter after *every* backward: K
+  separate steps' worth of forward/backward (the baseline without accumulation logic).
+
+Every path ends with the same clip + AdamW step. ``ratio`` = accumulate ÷ baseline (target ≤ 1.05), from the medians
+from the best of ``--repeats`` (paths interleaved), and from process CPU time summed over the ranks. A step's wall time
+is the slower rank's (a barrier starts each step). On a shared machine wall time mostly measures the neighbours; CPU
+time (the work the path does, waits excluded) is the steadier overhead figure, while wall time also sees the
+collectives' latency.
+Collectives are counted in a separate untimed step by wrapping the ``torch.distributed`` functions (and the functional
+collectives DTensor uses) in the worker processes only; ``peak MiB`` is the live-tensor peak of that step on rank 0
+(``LiveTensorPeak``), which shows FSDP2's unsharded gradient buffers held during no-sync accumulation.
+
+Run from the repository root: ``PYTHONPATH=. python benchmarks/grad_accum.py [--micro 4 --ks 1,2,4,8 --repeats 5]``.
+Writes ``benchmarks/results/grad_accum.json``. No timing is asserted anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.multiprocessing as mp
+
+from hybridrl.config.schema import ModelConfig, OptimConfig
+from hybridrl.protocol import Batch
+from hybridrl.utils.distributed import find_free_port
+from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
+from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching, global_normalizer, train_mini_batch
+from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
+from hybridrl.workers.fsdp import ShardingOptions, set_gradient_sync, shard_model
+from hybridrl.workers.memory_sizing import LiveTensorPeak
+from hybridrl.workers.model_builder import build_model
+from hybridrl.workers.optim import build_optimizer, build_scheduler, clipped_step
+
+RESULTS = Path(__file__).resolve().parent / "results" / "grad_accum.json"
+WORLD = 2
+SPEC = TinyModelSpec(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=688)
+PROMPT, RESPONSE = 32, 96
+PATHS = ("accumulate", "bare no-sync", "bare sync-each")
+COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor",
+               "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all_single")
+FUNCTIONAL = ("all_reduce", "all_gather_tensor", "reduce_scatter_tensor")
+
+
+def hardware() -> dict:
+    model = "unknown"
+    with open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {"cpu": model, "logical_cpus": os.cpu_count(), "threads_per_rank": 1, "ranks": WORLD,
+            "backend": "gloo (CPU, loopback)", "load_average_1m_at_start": os.getloadavg()[0],
+            "python": platform.python_version(), "torch": torch.__version__}
+
+
+def make_rows(num_rows: int, seed: int) -> Batch:
+    """PPO-shaped rows: left-padded prompts of 16–32 tokens, right-padded responses of 32–96 tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(4, 80, (num_rows, PROMPT + RESPONSE), generator=generator)
+    attention_mask = torch.zeros_like(input_ids)
+    prompts = torch.randint(16, PROMPT + 1, (num_rows,), generator=generator)
+    responses = torch.randint(32, RESPONSE + 1, (num_rows,), generator=generator)
+    for row in range(num_rows):
+        attention_mask[row, PROMPT - prompts[row]:PROMPT + responses[row]] = 1
+    response_mask = attention_mask[:, PROMPT:].clone()
+    return Batch(tensors=dict(input_ids=input_ids * attention_mask, attention_mask=attention_mask,
+                              responses=(input_ids * attention_mask)[:, PROMPT:], response_mask=response_mask,
+                              advantages=torch.randn(num_rows, RESPONSE, generator=generator) * response_mask,
+                              old_log_probs=-4.4 * response_mask.float()))
+
+
+class CollectiveCounter:
+    """Wraps the collective functions of ``torch.distributed`` (and the functional ones) to count calls by name."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter = collections.Counter()
+        self.enabled = False
+        for module, names, prefix in ((dist, COLLECTIVES, ""), (funcol, FUNCTIONAL, "functional.")):
+            for name in names:
+                if hasattr(module, name):
+                    setattr(module, name, self._wrap(getattr(module, name), prefix + name))
+
+    def _wrap(self, function, name):
+        @functools.wraps(function)
+        def counted(*args, **kwargs):
+            if self.enabled:
+                self.counts[name] += 1
+            return function(*args, **kwargs)
+
+        return counted
+
+
+def run_path(path: str, engine: PolicyEngine, loss_fn, batch: Batch, micro: int, dp: DataParallelGroup,
+             prepared: tuple) -> None:
+    """One optimizer step over ``batch`` the way ``path`` does it (bare loops use the ``prepared`` normaliser and
+    micro-batches)."""
+    if path == "accumulate":
+        train_mini_batch(engine.model, engine.optimizer, engine.scheduler, batch, loss_fn, loss_agg_mode="token-mean",
+                         micro_batching=MicroBatching(micro_batch_size=micro), dp=dp, grad_clip=1.0)
+        return
+    normalizer, micro_batches = prepared
+    for index, micro_batch in enumerate(micro_batches):
+        set_gradient_sync(engine.model, path == "bare sync-each" or index == len(micro_batches) - 1)
+        loss, _ = loss_fn(micro_batch, normalizer)
+        (loss * dp.size).backward()
+    clipped_step(engine.model, engine.optimizer, engine.scheduler, 1.0)
+
+
+def timed_step(path, engine, loss_fn, batch, micro, dp, prepared) -> tuple[float, float]:
+    """``(wall seconds of the slower rank, CPU seconds summed over ranks)`` of one step."""
+    dist.barrier()
+    start, start_cpu = time.perf_counter(), time.process_time()
+    run_path(path, engine, loss_fn, batch, micro, dp, prepared)
+    wall = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    cpu = torch.tensor([time.process_time() - start_cpu], dtype=torch.float64)
+    dist.all_reduce(wall, op=dist.ReduceOp.MAX)  # the step ends when the slower rank ends
+    dist.all_reduce(cpu, op=dist.ReduceOp.SUM)
+    return float(wall), float(cpu)
+
+
+def rank_main(rank: int, model_dir: str, port: int, micro: int, ks: list[int], repeats: int, out_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    counter = CollectiveCounter()
+    model = build_model(ModelConfig(path=model_dir), "actor")
+    shard_model(model, init_device_mesh("cpu", (WORLD,)), ShardingOptions())
+    optim = OptimConfig(lr=1e-6)
+    optimizer = build_optimizer(model, optim)
+    dp = DataParallelGroup(rank=rank, size=WORLD)
+    engine = PolicyEngine(model, dp=dp, optimizer=optimizer, scheduler=build_scheduler(optimizer, optim, 10 ** 6))
+    loss_fn = engine.micro_batch_loss(PolicyLossSettings(loss_scale_factor=float(RESPONSE)), temperature=1.0)
+    results = []
+    for k in ks:
+        batch = make_rows(k * micro, seed=1000 * k + rank)
+        prepared = (global_normalizer(batch, "token-mean", dp), batch.split([micro] * k))
+        run_path("accumulate", engine, loss_fn, batch, micro, dp, prepared)  # warm-up
+        times, cpu_times = {path: [] for path in PATHS}, {path: [] for path in PATHS}
+        for repeat in range(repeats):
+            for offset in range(len(PATHS)):  # rotate the order so drift and neighbours hit every path alike
+                path = PATHS[(repeat + offset) % len(PATHS)]
+                wall, cpu = timed_step(path, engine, loss_fn, batch, micro, dp, prepared)
+                times[path].append(wall)
+                cpu_times[path].append(cpu)
+        row = {"K": k, "micro_batch_size": micro, "tokens_per_rank": int(batch["attention_mask"].sum()),
+               "seconds": {path: statistics.median(values) for path, values in times.items()},
+               "seconds_best": {path: min(values) for path, values in times.items()},
+               "cpu_seconds": {path: statistics.median(values) for path, values in cpu_times.items()},
+               "collectives": {}, "peak_mib_rank0": {}}
+        for path in PATHS:
+            dist.barrier()
+            counter.counts.clear()
+            counter.enabled = True
+            with LiveTensorPeak() as tracker:
+                run_path(path, engine, loss_fn, batch, micro, dp, prepared)
+            counter.enabled = False
+            row["collectives"][path] = dict(sorted(counter.counts.items()))
+            row["peak_mib_rank0"][path] = tracker.peak_bytes / 2 ** 20
+        results.append(row)
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'K':>2} {'m':>2} {'tok/rank':>8} | " + " | ".join(f"{path:>14}" for path in PATHS)
+          + " | ratio vs no-sync: wall, best, CPU | ratio vs sync-each: wall, best, CPU"
+            " | reduce-scatters acc/sync-each | all-gathers | all-reduces | peak MiB acc/sync-each")
+    for row in rows:
+        seconds = row["seconds"]
+        count = {path: row["collectives"][path] for path in PATHS}
+        reduce_scatters = [sum(v for n, v in count[p].items() if "reduce_scatter" in n) for p in PATHS]
+        all_gathers = sum(v for n, v in count["accumulate"].items() if "all_gather" in n)
+        all_reduces = sum(v for n, v in count["accumulate"].items() if "all_reduce" in n)
+        ratios = [", ".join(f"{row[f'{prefix}ratio_vs_bare_{baseline}']:.3f}" for prefix in ("", "best_", "cpu_"))
+                  for baseline in ("no_sync", "sync_each")]
+        print(f"{row['K']:>2} {row['micro_batch_size']:>2} {row['tokens_per_rank']:>8} | "
+              + " | ".join(f"{seconds[path] * 1e3:>11.1f} ms" for path in PATHS)
+              + f" | {ratios[0]:>33} | {ratios[1]:>35} | {reduce_scatters[0]:>7} / {reduce_scatters[2]:<19}"
+              + f" | {all_gathers:>11} | {all_reduces:>11} | {row['peak_mib_rank0']['accumulate']:>7.1f} / "
+              + f"{row['peak_mib_rank0']['bare sync-each']:.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--micro", type=int, default=4, help="sequences per micro-batch (m)")
+    parser.add_argument("--ks", default="1,2,4,8", help="micro-batches per optimizer step (K), comma-separated")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    ks = [int(k) for k in args.ks.split(",")]
+    machine = hardware()
+    with tempfile.TemporaryDirectory() as directory:
+        model_dir = str(save_tiny_model(Path(directory) / "model", SPEC))
+        out_path = str(Path(directory) / "rows.json")
+        mp.start_processes(rank_main, args=(model_dir, find_free_port(), args.micro, ks, args.repeats, out_path),
+                           nprocs=WORLD, join=True, start_method="spawn")
+        rows = json.loads(Path(out_path).read_text())
+    for row in rows:
+        for prefix, seconds in (("", row["seconds"]), ("best_", row["seconds_best"]), ("cpu_", row["cpu_seconds"])):
+            row[f"{prefix}ratio_vs_bare_no_sync"] = seconds["accumulate"] / seconds["bare no-sync"]
+            row[f"{prefix}ratio_vs_bare_sync_each"] = seconds["accumulate"] / seconds["bare sync-each"]
+    machine["load_average_1m_at_end"] = os.getloadavg()[0]
+    print(f"machine: {machine['cpu']}, {machine['logical_cpus']} logical CPUs, {WORLD} gloo ranks x 1 thread, "
+          f"torch {machine['torch']}; model: hidden {SPEC.hidden_size}, {SPEC.num_layers} layers (5 FSDP groups)")
+    print_table(rows)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"hardware": machine, "spec": SPEC.__dict__, "prompt": PROMPT,
+                                   "response": RESPONSE, "repeats": args.repeats, "rows": rows}, indent=2))
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
