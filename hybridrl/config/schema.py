@@ -108,6 +108,9 @@ class ActorConfig(FreezableConfig):
     """KL estimator of the loss term: ``k1``/``kl`` | ``abs`` | ``k2``/``mse`` | ``k3``/``low_var_kl``."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value; a non-finite norm skips the step."""
+    log_grad_noise_scale: bool = False
+    """Estimate the gradient noise scale B_simple (McCandlish et al. 2018) from the micro-batch gradients and log it
+    as ``actor/grad_noise/*`` (needs >= 2 micro-batches or ranks per step; one extra norm per micro-batch)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)

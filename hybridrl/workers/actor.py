@@ -23,6 +23,7 @@ from hybridrl.workers.accumulation import (
     split_micro_batches,
     train_mini_batch,
 )
+from hybridrl.workers.grad_noise import GradientNoiseScale, GradientSample, MicroBatchGradNorms, summarize
 from hybridrl.workers.sequences import response_log_probs
 
 
@@ -64,12 +65,16 @@ class PolicyEngine:
         dp: this rank's data-parallel group.
         packed: forward without pad tokens (``model.use_remove_padding``).
         grad_clip: maximum global gradient norm (``actor.grad_clip``).
+        grad_noise_scale: measure each micro-batch's gradient and log the noise scale (``actor.log_grad_noise_scale``).
     """
 
     def __init__(self, model: nn.Module, *, dp: DataParallelGroup, packed: bool = False,
-                 optimizer: Optional[torch.optim.Optimizer] = None, scheduler=None, grad_clip: float = 1.0) -> None:
+                 optimizer: Optional[torch.optim.Optimizer] = None, scheduler=None, grad_clip: float = 1.0,
+                 grad_noise_scale: bool = False) -> None:
         self.model = model
         self.grad_clip = grad_clip
+        self.grad_norms = MicroBatchGradNorms(model) if grad_noise_scale else None
+        self.noise_scale = GradientNoiseScale() if grad_noise_scale else None
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.dp = dp
@@ -158,14 +163,26 @@ class PolicyEngine:
             raise RuntimeError("this PolicyEngine has no optimizer (a reference policy cannot be updated)")
         self.model.train()
         loss_fn = self.micro_batch_loss(settings, sampling_temperature(data))
-        per_step = [
-            train_mini_batch(self.model, self.optimizer, self.scheduler, mini_batch, loss_fn,
-                             loss_agg_mode=settings.loss_agg_mode, micro_batching=micro_batching, dp=self.dp,
-                             grad_clip=self.grad_clip)
-            for mini_batch in iterate_mini_batches(data, local_mini_batch_size, epochs=epochs, shuffle=shuffle,
-                                                   seed=seed)
-        ]
+        if self.grad_norms is not None:
+            loss_fn = self.grad_norms.wrap(loss_fn, settings.loss_agg_mode, self.dp.size)
+        per_step = []
+        for mini_batch in iterate_mini_batches(data, local_mini_batch_size, epochs=epochs, shuffle=shuffle, seed=seed):
+            metrics = train_mini_batch(self.model, self.optimizer, self.scheduler, mini_batch, loss_fn,
+                                       loss_agg_mode=settings.loss_agg_mode, micro_batching=micro_batching, dp=self.dp,
+                                       grad_clip=self.grad_clip)
+            metrics.update(self._noise_scale_metrics(metrics))
+            per_step.append(metrics)
         return average_metrics(per_step)
+
+    def _noise_scale_metrics(self, step_metrics: dict[str, float]) -> dict[str, float]:
+        """Fold this optimizer step's micro-batch gradient norms into the noise-scale estimate (if enabled)."""
+        if self.grad_norms is None or self.noise_scale is None:
+            return {}
+        summary = summarize(self.grad_norms.finish(), self.dp)
+        if step_metrics["skipped_step"] or summary.count < 2:  # one micro-batch on one rank: no second batch size
+            return {}
+        big = GradientSample(self.grad_norms.global_batch_size, step_metrics["grad_norm"] ** 2)
+        return self.noise_scale.update(summary, big).metrics()
 
 
 def _restore(values: torch.Tensor, restore: Optional[torch.Tensor]) -> torch.Tensor:

@@ -74,7 +74,7 @@ class ActorRolloutRefWorker(Worker):
         scheduler = build_scheduler(optimizer, config.actor.optim, optimizer_steps)
         packed = config.model.use_remove_padding
         self.actor = PolicyEngine(actor_model, dp=dp, packed=packed, optimizer=optimizer, scheduler=scheduler,
-                                  grad_clip=config.actor.grad_clip)
+                                  grad_clip=config.actor.grad_clip, grad_noise_scale=config.actor.log_grad_noise_scale)
         self.reference = None
         if with_reference:
             reference_model = build_model(config.model, "reference", device_type=device_type).to(self.device)

@@ -69,7 +69,8 @@ def test_resume_rejects_a_checkpoint_of_another_model(model_dir, tmp_path):
     ["algorithm=remax", "rollout.n=1", "data.train_batch_size=4", "actor.ppo_mini_batch_size=2",
      "actor.ppo_micro_batch_size_per_gpu=1"],
     ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=20",
-     "algorithm.overlong_buffer.enable=true", "algorithm.overlong_buffer.len=2", "actor.clip_ratio_high=0.28"],
+     "algorithm.overlong_buffer.enable=true", "algorithm.overlong_buffer.len=2", "actor.clip_ratio_high=0.28",
+     "actor.log_grad_noise_scale=true", "actor.ppo_micro_batch_size_per_gpu=1"],
     ["algorithm=gae", "trainer.critic_warmup=1", "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=2"],
 ], ids=["remax", "dapo", "ppo_gae"])
 def test_algorithm_variants_run_end_to_end(model_dir, tmp_path, variant):
@@ -82,3 +83,4 @@ def test_algorithm_variants_run_end_to_end(model_dir, tmp_path, variant):
         assert "actor/pg_loss" in rows[1]
     if "algorithm.filter_groups.enable=true" in variant:
         assert all(row["dapo/num_gen_batches"] >= 1 for row in rows)
+        assert all("actor/grad_noise/b_simple" in row for row in rows)
