@@ -9,9 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
 
-import torch
 
 from hybridrl.config.loader import dump_config
 from hybridrl.config.schema import ActorConfig, DataConfig, RolloutConfig, TrainConfig, TrainerConfig

@@ -39,21 +39,22 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-import torch
-from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from hybridrl.algorithms.logits import DEFAULT_CHUNK_SIZE
-from hybridrl.workers.fsdp import set_gradient_sync
-from hybridrl.workers.sequences import response_log_probs
+# The measurement side lives next door; re-exported so callers need one import.
+from hybridrl.workers.memory_probe import (  # noqa: F401
+    LiveTensorPeak,
+    MeasureFn,
+    SavedTensorBytes,
+    make_probe,
+    probe_peak_bytes,
+    resident_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
 FP32 = 4
 # (micro_batch_size, seq_len) -> peak bytes of one forward+backward on this rank (math.inf: does not fit)
-MeasureFn = Callable[[int, int], float]
 
 
 # ------------------------------------------------------------------------------------------------ the model's shape
@@ -205,7 +206,7 @@ def activation_bytes(shape: DecoderShape, layout: ForwardLayout, *, compute_byte
     ``logits_bytes``: the dtype the loss sees the logits in (4 under FSDP2's ``output_dtype=float32``; a plain bf16
     model hands bf16 logits to the loss).
     """
-    c, h, n, v = compute_bytes, shape.hidden_size, layout.num_tokens, shape.vocab_size
+    c, h, n = compute_bytes, shape.hidden_size, layout.num_tokens
     mask = c * layout.num_rows * layout.row_length ** 2 if layout.masked else 0  # one float copy per layer
     full_layer = n * layer_bytes_per_token(shape, c, layout.masked) + mask
     per_layer = shape.num_layers * (n * c * h if checkpointing else full_layer)
@@ -304,150 +305,6 @@ def analytic_measure_fn(shape: DecoderShape, **options) -> MeasureFn:
         estimate_micro_batch_bytes(shape, micro_batch_size, seq_len, **options).total)
 
 
-# ------------------------------------------------------------------------------------------------------ measurement
-class SavedTensorBytes(torch.autograd.graph.saved_tensors_hooks):
-    """Bytes of the distinct storages autograd saves for backward inside the ``with`` block (parameters excluded;
-    a tensor saved by several ops, like the input shared by q/k/v, counts once, as it occupies memory once)."""
-
-    def __init__(self, model: Optional[nn.Module] = None) -> None:
-        self.bytes = 0
-        self._seen: set[int] = set()
-        if model is not None:
-            self._seen.update(p.untyped_storage().data_ptr() for p in model.parameters())
-        super().__init__(self._pack, lambda tensor: tensor)
-
-    def __enter__(self) -> "SavedTensorBytes":
-        super().__enter__()
-        return self
-
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in self._seen:
-            self._seen.add(storage.data_ptr())
-            self.bytes += storage.nbytes()
-        return tensor
-
-
-class LiveTensorPeak(TorchDispatchMode):
-    """The peak of live bytes of tensor storages created inside the ``with`` block, forward and backward.
-
-    Every aten op's outputs are inspected; a storage not among the op's inputs is a new allocation and is tracked with
-    a weak reference until it is freed. Storages that existed before the block (parameters, gradients accumulated in
-    place) are not counted. Costs a Python call per op: for probes on small models, not for training.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._tracked: dict[int, tuple[StorageWeakRef, int]] = {}
-        self.live_bytes = 0
-        self.peak_bytes = 0
-
-    def _release_freed(self) -> None:
-        for key in [key for key, (ref, _) in self._tracked.items() if ref.expired()]:
-            self.live_bytes -= self._tracked.pop(key)[1]
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-        self._release_freed()
-        for tensor in tree_leaves(out):
-            if not isinstance(tensor, torch.Tensor):
-                continue
-            storage = tensor.untyped_storage()
-            if storage._cdata in inputs or storage._cdata in self._tracked:
-                continue
-            self._tracked[storage._cdata] = (StorageWeakRef(storage), storage.nbytes())
-            self.live_bytes += storage.nbytes()
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-        return out
-
-
-def resident_bytes(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> int:
-    """Bytes of the tensors that stay resident between steps: parameters, buffers, gradients, optimizer state."""
-    storages: dict[int, int] = {}
-    tensors = [*model.parameters(), *model.buffers()]
-    tensors += [p.grad for p in model.parameters() if p.grad is not None]
-    if optimizer is not None:
-        tensors += [value for state in optimizer.state.values() for value in state.values()
-                    if isinstance(value, torch.Tensor)]
-    for tensor in tensors:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        storages[local.untyped_storage().data_ptr()] = local.untyped_storage().nbytes()
-    return sum(storages.values())
-
-
-def probe_peak_bytes(model: nn.Module, micro_batch_size: int, seq_len: int, *, packed: bool = False,
-                     accumulating: bool = True, optimizer: Optional[torch.optim.Optimizer] = None,
-                     dp=None) -> float:
-    """Peak bytes of a forward+backward of ``micro_batch_size`` random sequences of ``seq_len`` tokens on this rank.
-
-    The batch is the worst case of a padded RL batch: every row full length except one pad token (so sdpa gets a mask,
-    as with real padding), every token after a 2-token prompt scored with a token-mean NLL through the same
-    ``response_log_probs`` path as the actor. With ``accumulating`` two micro-batches run as in training — the first
-    without gradient sync (FSDP2 then holds unsharded gradients), the second with it — so the peak includes the
-    gradients already accumulated; otherwise one synced micro-batch. CUDA: ``max_memory_allocated`` (absolute,
-    states included; an out-of-memory error returns ``math.inf``). CPU: :func:`resident_bytes` +
-    :class:`LiveTensorPeak` over the whole probe.
-
-    Gradients are left ``None`` afterwards, so probe before training, not between micro-batches. Under FSDP2 every
-    rank must call it (forward and backward issue collectives); with ``dp`` the result is the maximum over ranks.
-    A CUDA OOM on one rank in the middle of a sharded forward leaves the others waiting in a collective: probe
-    ascending sizes (as :func:`choose_micro_batch_size` does) and pre-screen with the analytic model.
-    """
-    device = next(model.parameters()).device
-    generator = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(0, model.config.vocab_size, (micro_batch_size, seq_len), generator=generator)
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[0, 0] = 0
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    num_micro_batches = 2 if accumulating else 1
-
-    def forward_backward() -> None:
-        for index in range(num_micro_batches):
-            set_gradient_sync(model, index == num_micro_batches - 1)
-            log_probs, _ = response_log_probs(model, input_ids, attention_mask, seq_len - 2, packed=packed)
-            (-log_probs.sum() / log_probs.numel()).backward()
-            del log_probs
-
-    model.zero_grad(set_to_none=True)
-    if device.type == "cuda":
-        peak = _cuda_peak(forward_backward, device)
-    else:
-        resident = resident_bytes(model, optimizer)
-        with LiveTensorPeak() as tracker:
-            forward_backward()
-        peak = float(resident + tracker.peak_bytes)
-    model.zero_grad(set_to_none=True)
-    if dp is not None and dp.size > 1:
-        peak = _max_over_ranks(peak, dp, device)
-    return peak
-
-
-def _cuda_peak(forward_backward: Callable[[], None], device: torch.device) -> float:
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    try:
-        forward_backward()
-        torch.cuda.synchronize(device)
-    except torch.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        return math.inf
-    return float(torch.cuda.max_memory_allocated(device))
-
-
-def _max_over_ranks(value: float, dp, device: torch.device) -> float:
-    import torch.distributed as dist
-
-    tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=dp.group)
-    return float(tensor.item())
-
-
-def make_probe(model: nn.Module, **options) -> MeasureFn:
-    """A :data:`MeasureFn` that runs :func:`probe_peak_bytes` (same keyword options)."""
-    return lambda micro_batch_size, seq_len: probe_peak_bytes(model, micro_batch_size, seq_len, **options)
-
-
 # --------------------------------------------------------------------------------------------------------- decision
 @dataclass(frozen=True)
 class MicroBatchDecision:
@@ -532,3 +389,4 @@ def choose_micro_batch_size(budget_bytes: float, *, seq_len: int, local_mini_bat
                                   usable_bytes=usable, reason=reason, measured=measured)
     logger.info("micro-batch sizing: %s", reason)
     return decision
+
