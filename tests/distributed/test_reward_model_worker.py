@@ -32,7 +32,7 @@ def model_dirs(tmp_path_factory):
 def test_scores_match_unpadded_forward(ray_runtime, model_dirs):
     policy, reward = model_dirs
     config = load_config([f"model.path={policy}", "model.dtype=float32", "trainer.n_gpus_per_node=2",
-                          "reward_model.enable=true", f"reward_model.model_path={reward}",
+                          f"reward_model.model_path={reward}",
                           "reward_model.micro_batch_size_per_gpu=2"])
     group = WorkerGroup(RewardModelWorker, cpu_pool(ray_runtime, "rm_pool", 2), name="reward_model", args=(config,))
     try:
