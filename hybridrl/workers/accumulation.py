@@ -147,6 +147,41 @@ def train_mini_batch(model: nn.Module, optimizer: torch.optim.Optimizer, schedul
     return metrics
 
 
+@torch.no_grad()
+def forward_micro_batches(model: nn.Module, data: Batch, micro_batching: MicroBatching, dp: DataParallelGroup,
+                          forward: Callable[[Batch], dict[str, torch.Tensor]]) -> Batch:
+    """Run a no-grad ``forward(micro_batch) -> {name: [b, ...]}`` over ``data``'s micro-batches in eval mode and
+    return the outputs as one Batch in ``data``'s row order (token-budget micro-batches are reordered back)."""
+    was_training = model.training
+    model.eval()
+    try:
+        micro_batches, restore = split_micro_batches(data, micro_batching, dp)
+        outputs = [forward(micro_batch) for micro_batch in micro_batches]
+    finally:
+        model.train(was_training)
+    merged = {name: torch.cat([output[name] for output in outputs]) for name in outputs[0]}
+    return Batch(tensors={name: value if restore is None else value[restore] for name, value in merged.items()})
+
+
+def train_epochs(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, data: Batch, loss_fn: MicroBatchLoss,
+                 *, loss_agg_mode: str, micro_batching: MicroBatching, dp: DataParallelGroup, grad_clip: float,
+                 local_mini_batch_size: int, epochs: int, shuffle: bool, seed: int,
+                 after_step: Optional[Callable[[dict[str, float]], dict[str, float]]] = None) -> dict[str, float]:
+    """PPO-style epochs over this rank's data, one optimizer step per mini-batch; metrics averaged over steps.
+
+    ``after_step(step_metrics)`` may add metrics of its own after each optimizer step (e.g. the noise scale).
+    """
+    model.train()
+    per_step = []
+    for mini_batch in iterate_mini_batches(data, local_mini_batch_size, epochs=epochs, shuffle=shuffle, seed=seed):
+        metrics = train_mini_batch(model, optimizer, scheduler, mini_batch, loss_fn, loss_agg_mode=loss_agg_mode,
+                                   micro_batching=micro_batching, dp=dp, grad_clip=grad_clip)
+        if after_step is not None:
+            metrics.update(after_step(metrics))
+        per_step.append(metrics)
+    return average_metrics(per_step)
+
+
 def iterate_mini_batches(data: Batch, local_mini_batch_size: int, *, epochs: int, shuffle: bool,
                          seed: int) -> list[Batch]:
     """This rank's mini-batches for all PPO epochs, shuffled per epoch with a generator seeded by ``seed``."""

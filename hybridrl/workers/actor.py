@@ -18,9 +18,8 @@ from hybridrl.protocol import Batch, Fields
 from hybridrl.workers.accumulation import (
     DataParallelGroup,
     MicroBatching,
-    average_metrics,
-    iterate_mini_batches,
-    split_micro_batches,
+    forward_micro_batches,
+    train_epochs,
     train_mini_batch,
 )
 from hybridrl.workers.grad_noise import GradientNoiseScale, GradientSample, MicroBatchGradNorms, summarize
@@ -80,25 +79,17 @@ class PolicyEngine:
         self.dp = dp
         self.packed = packed
 
-    @torch.no_grad()
     def compute_log_prob(self, data: Batch, micro_batching: MicroBatching, *, with_entropy: bool = True) -> Batch:
         """Log-probs (and entropy) of ``data``'s responses: a Batch with ``old_log_probs [B, R]`` (+ ``entropy``)."""
-        was_training = self.model.training
-        self.model.eval()
-        micro_batches, restore = split_micro_batches(data, micro_batching, self.dp)
-        log_probs, entropies = [], []
         response_length = data[Fields.RESPONSES].shape[-1]
-        for micro_batch in micro_batches:
+
+        def forward(micro_batch: Batch) -> dict[str, torch.Tensor]:
             log_prob, entropy = response_log_probs(
                 self.model, micro_batch[Fields.INPUT_IDS], micro_batch[Fields.ATTENTION_MASK], response_length,
                 temperature=sampling_temperature(data), packed=self.packed, with_entropy=with_entropy)
-            log_probs.append(log_prob)
-            entropies.append(entropy)
-        self.model.train(was_training)
-        tensors = {Fields.OLD_LOG_PROBS: _restore(torch.cat(log_probs), restore)}
-        if with_entropy:
-            tensors[Fields.ENTROPY] = _restore(torch.cat(entropies), restore)
-        return Batch(tensors=tensors)
+            return {Fields.OLD_LOG_PROBS: log_prob, **({Fields.ENTROPY: entropy} if with_entropy else {})}
+
+        return forward_micro_batches(self.model, data, micro_batching, self.dp, forward)
 
     def micro_batch_loss(self, settings: PolicyLossSettings, temperature: float):
         """The loss function of one micro-batch under ``settings`` (see ``accumulation.MicroBatchLoss``)."""
@@ -161,18 +152,13 @@ class PolicyEngine:
         """
         if self.optimizer is None:
             raise RuntimeError("this PolicyEngine has no optimizer (a reference policy cannot be updated)")
-        self.model.train()
         loss_fn = self.micro_batch_loss(settings, sampling_temperature(data))
         if self.grad_norms is not None:
             loss_fn = self.grad_norms.wrap(loss_fn, settings.loss_agg_mode, self.dp.size)
-        per_step = []
-        for mini_batch in iterate_mini_batches(data, local_mini_batch_size, epochs=epochs, shuffle=shuffle, seed=seed):
-            metrics = train_mini_batch(self.model, self.optimizer, self.scheduler, mini_batch, loss_fn,
-                                       loss_agg_mode=settings.loss_agg_mode, micro_batching=micro_batching, dp=self.dp,
-                                       grad_clip=self.grad_clip)
-            metrics.update(self._noise_scale_metrics(metrics))
-            per_step.append(metrics)
-        return average_metrics(per_step)
+        return train_epochs(self.model, self.optimizer, self.scheduler, data, loss_fn,
+                            loss_agg_mode=settings.loss_agg_mode, micro_batching=micro_batching, dp=self.dp,
+                            grad_clip=self.grad_clip, local_mini_batch_size=local_mini_batch_size, epochs=epochs,
+                            shuffle=shuffle, seed=seed, after_step=self._noise_scale_metrics)
 
     def _noise_scale_metrics(self, step_metrics: dict[str, float]) -> dict[str, float]:
         """Fold this optimizer step's micro-batch gradient norms into the noise-scale estimate (if enabled)."""
@@ -183,7 +169,3 @@ class PolicyEngine:
             return {}
         big = GradientSample(self.grad_norms.global_batch_size, step_metrics["grad_norm"] ** 2)
         return self.noise_scale.update(summary, big).metrics()
-
-
-def _restore(values: torch.Tensor, restore: Optional[torch.Tensor]) -> torch.Tensor:
-    return values if restore is None else values[restore]

@@ -17,10 +17,8 @@ from hybridrl.protocol import Batch, Fields
 from hybridrl.workers.accumulation import (
     DataParallelGroup,
     MicroBatching,
-    average_metrics,
-    iterate_mini_batches,
-    split_micro_batches,
-    train_mini_batch,
+    forward_micro_batches,
+    train_epochs,
 )
 from hybridrl.workers.sequences import response_values
 
@@ -51,20 +49,12 @@ class ValueEngine:
         self.scheduler = scheduler
         self.grad_clip = grad_clip
 
-    @torch.no_grad()
     def compute_values(self, data: Batch, micro_batching: MicroBatching) -> Batch:
         """A Batch with ``values [B, R]``: the value of the state before each response token."""
-        was_training = self.model.training
-        self.model.eval()
-        micro_batches, restore = split_micro_batches(data, micro_batching, self.dp)
         response_length = data[Fields.RESPONSES].shape[-1]
-        values = torch.cat([
-            response_values(self.model, micro_batch[Fields.INPUT_IDS], micro_batch[Fields.ATTENTION_MASK],
-                            response_length, packed=self.packed)
-            for micro_batch in micro_batches
-        ])
-        self.model.train(was_training)
-        return Batch(tensors={Fields.VALUES: values if restore is None else values[restore]})
+        return forward_micro_batches(self.model, data, micro_batching, self.dp, lambda micro_batch: {
+            Fields.VALUES: response_values(self.model, micro_batch[Fields.INPUT_IDS],
+                                           micro_batch[Fields.ATTENTION_MASK], response_length, packed=self.packed)})
 
     def micro_batch_loss(self, settings: ValueLossSettings):
         """The clipped value loss of one micro-batch (see ``accumulation.MicroBatchLoss``)."""
@@ -86,13 +76,7 @@ class ValueEngine:
         """Value-loss epochs over this rank's data (``values`` = old values, ``returns`` = targets)."""
         if self.optimizer is None:
             raise RuntimeError("this ValueEngine has no optimizer")
-        self.model.train()
-        loss_fn = self.micro_batch_loss(settings)
-        per_step = [
-            train_mini_batch(self.model, self.optimizer, self.scheduler, mini_batch, loss_fn,
-                             loss_agg_mode=settings.loss_agg_mode, micro_batching=micro_batching, dp=self.dp,
-                             grad_clip=self.grad_clip)
-            for mini_batch in iterate_mini_batches(data, local_mini_batch_size, epochs=epochs, shuffle=shuffle,
-                                                   seed=seed)
-        ]
-        return average_metrics(per_step)
+        return train_epochs(self.model, self.optimizer, self.scheduler, data, self.micro_batch_loss(settings),
+                            loss_agg_mode=settings.loss_agg_mode, micro_batching=micro_batching, dp=self.dp,
+                            grad_clip=self.grad_clip, local_mini_batch_size=local_mini_batch_size, epochs=epochs,
+                            shuffle=shuffle, seed=seed)
