@@ -27,6 +27,7 @@ from hybridrl.controller.variants import (GROUP_FILTERS, concat_rollouts, first_
                                           prompt_rows, shape_rewards)
 from hybridrl.data.loader import build_prompt_loaders
 from hybridrl.protocol import Batch, Fields
+from hybridrl.rewards.registry import check_data_sources
 from hybridrl.rewards.scorer import build_reward_scorer
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.seeding import derive_seed
@@ -61,6 +62,9 @@ class RLTrainer:
         self.run_dir = Path(config.trainer.default_local_dir)
         self.tokenizer = load_tokenizer(config.model)
         self.loaders = build_prompt_loaders(config.data, self.tokenizer)
+        if config.custom_reward_function.path is None:  # every prompt's data_source needs a reward function, now
+            for loader in filter(None, self.loaders):
+                check_data_sources(sorted({prompt.data_source for prompt in loader.dataset}))
         self.total_steps = config.trainer.total_training_steps or \
             config.trainer.total_epochs * self.loaders.train.steps_per_epoch
         self.kl_controller = _kl_controller(config, self.total_steps)
@@ -181,8 +185,9 @@ class RLTrainer:
         prompts, group_of_row = prompt_rows(batch)
         params = SamplingParams(n=1, max_new_tokens=self.config.data.max_response_length, do_sample=False)
         greedy = self._actor().call(ActorRolloutRefWorker.generate_sequences, prompts, params)
-        scores, _, _ = self.scoring.score(greedy)
-        return scores[torch.as_tensor(group_of_row)]
+        greedy[Fields.TOKEN_LEVEL_SCORES], _ = self.scoring.token_level_scores(greedy)
+        shape_rewards(greedy, self.config)  # the baseline must be on the same scale as the rewards it is compared to
+        return greedy[Fields.TOKEN_LEVEL_SCORES].sum(-1)[torch.as_tensor(group_of_row)]
 
     def _old_log_probs_ref_and_values(self, batch: Batch) -> Batch:
         """Start the old-log-prob, reference and value forwards together, then merge their outputs."""
