@@ -166,21 +166,33 @@ class WorkerGroup(Generic[W]):
             self._stop(f"rank {rank} died during {method}()")
             raise WorkerDiedError(self.name, rank, method, location, "the group was stopped. " + failure.detail)
         detail = failure.detail
-        stuck = self._settle(peers)
+        stuck, died = self._settle(peers)
+        if died is not None:  # e.g. "connection reset by peer" in a collective: the peer's death is the cause
+            dead_rank, death = died
+            self._stop(f"rank {dead_rank} died during {method}()")
+            raise WorkerDiedError(self.name, dead_rank, method, self._location(dead_rank),
+                                  "the group was stopped. " + death.detail)
         if stuck:
             self._stop(f"rank {rank} raised in {method}() while ranks {stuck} kept running")
             detail += (f" (ranks {stuck} were still running {self.failure_grace_s:g} s later, e.g. waiting in a "
                        "collective; the group was stopped)")
         raise WorkerError(self.name, rank, method, location, detail, failure.remote_traceback) from failure.cause
 
-    def _settle(self, peers: dict[Any, int]) -> list[int]:
-        """Give the failed rank's peers ``failure_grace_s`` to finish; return the ranks still running after it."""
+    def _settle(self, peers: dict[Any, int]) -> tuple[list[int], Optional[tuple[int, RankFailure]]]:
+        """Give the failed rank's peers ``failure_grace_s`` to finish. Returns the ranks still running after it, and
+        the first peer that *died* meanwhile (rank, failure), if any — the likelier root cause of the failure."""
         pending = dict(peers)
+        died: Optional[tuple[int, RankFailure]] = None
         deadline = time.monotonic() + self.failure_grace_s
         while pending and time.monotonic() < deadline:
             for handle in wait_ready(list(pending), deadline - time.monotonic()):
-                pending.pop(handle)
-        return sorted(pending.values())
+                rank = pending.pop(handle)
+                try:
+                    outcome(handle)
+                except RankFailure as peer_failure:
+                    if peer_failure.died and died is None:
+                        died = (rank, peer_failure)
+        return sorted(pending.values()), died
 
     def _raise_timeout(self, method: str, ranks: list[int], timeout_s: float) -> NoReturn:
         self._stop(f"{method}() timed out")
