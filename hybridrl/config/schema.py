@@ -19,6 +19,20 @@ from hybridrl.config.ray import RayConfig
 
 
 @dataclass
+class LoraConfig(FreezableConfig):
+    rank: int = 0
+    """LoRA rank r of the actor's adapters (PEFT); 0 trains the full model. With LoRA the reference policy is the
+    base model with the adapters disabled (no second copy), and the rollout engine receives the merged weights."""
+    alpha: float = 16.0
+    """LoRA alpha: the adapter update is scaled by ``alpha / rank``."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input during training, in [0, 1)."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                               "up_proj", "down_proj"])
+    """Leaf names of the linear layers that get adapters (``["all-linear"]`` = every linear layer but the LM head)."""
+
+
+@dataclass
 class ModelConfig(FreezableConfig):
     path: str = ""
     """Required: a local Hugging Face model directory (config + safetensors). Nothing is ever downloaded at run time."""
@@ -36,6 +50,8 @@ class ModelConfig(FreezableConfig):
     """Allow model code shipped inside the model directory. Off by default: it executes that code."""
     use_torch_compile: bool = False
     """Compile each decoder layer with ``torch.compile`` (training roles); the first steps are slower while it compiles."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters on the actor (``lora.rank > 0`` turns them on; needs ``pip install 'hybridrl[lora]'``)."""
 
 
 @dataclass

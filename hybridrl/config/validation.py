@@ -129,6 +129,17 @@ def _check_ranges(config: TrainConfig, error: ConfigError) -> None:
              0 < rollout.gpu_memory_utilization <= 1, "must be in (0, 1]")
     _positive(error, [("algorithm.kl_ctrl.target_kl", algorithm.kl_ctrl.target_kl),
                       ("algorithm.kl_ctrl.horizon", algorithm.kl_ctrl.horizon)])
+    _check_lora(config, error)
+
+
+def _check_lora(config: TrainConfig, error: ConfigError) -> None:
+    lora = config.model.lora
+    _require(error, "model.lora.rank", lora.rank, lora.rank >= 0, "must be >= 0 (0 = no LoRA)")
+    if lora.rank > 0:
+        _require(error, "model.lora.alpha", lora.alpha, lora.alpha > 0, "must be > 0")
+        _require(error, "model.lora.dropout", lora.dropout, 0 <= lora.dropout < 1, "must be in [0, 1)")
+        _require(error, "model.lora.target_modules", list(lora.target_modules), len(lora.target_modules) > 0,
+                 "must name at least one module (e.g. q_proj), or be [all-linear]")
 
 
 def _check_choices(config: TrainConfig, error: ConfigError) -> None:
@@ -230,6 +241,8 @@ def _check_this_machine(config: TrainConfig, error: ConfigError) -> None:
     if config.model.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
         error.add("model.attn_implementation", "flash_attention_2",
                   "flash-attn is not installed (pip install 'hybridrl[gpu]' on a CUDA machine); sdpa is the portable choice")
+    if config.model.lora.rank > 0 and importlib.util.find_spec("peft") is None:
+        error.add("model.lora.rank", config.model.lora.rank, "LoRA needs PEFT: pip install 'hybridrl[lora]'")
     device = resolved_device(config)
     if config.trainer.device == "cuda" and device != "cuda" and config.trainer.ray.address == "local":
         error.add("trainer.device", "cuda", "no CUDA device is visible on this machine; use trainer.device=cpu or auto")

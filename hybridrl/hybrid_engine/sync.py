@@ -14,7 +14,7 @@ Every rank of the FSDP group must drain its stream (the buckets' communication i
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Protocol
 
 import torch
 import torch.distributed as dist
@@ -54,6 +54,15 @@ def local_shards(model: nn.Module, world_size: int) -> dict[str, torch.Tensor]:
     return shards
 
 
+class WeightSource(Protocol):
+    """What the engine receives instead of the model's own parameters (e.g. LoRA-merged weights under HF names):
+    ``metas()`` lists them in order; ``shards(local)`` turns ``local_shards(model)`` into this rank's rows of each."""
+
+    def metas(self) -> list[ParamMeta]: ...
+
+    def shards(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+
 def _group_rank_and_size(group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
     if not dist.is_initialized():
         return 0, 1
@@ -77,20 +86,24 @@ class WeightResharder:
             ``"auto"`` = ``"plan"``: both move the same bytes at ``t_g = 1``, and on gloo the plan path measured
             2× faster (``benchmarks/weight_sync.py``); ``"gather"`` stays for backends whose all-gather is the
             fastest primitive (NCCL) — measure before switching.
+        source: a ``WeightSource`` deriving the engine's weights from the model's shards (default: the parameters
+            as they are); ``hybridrl.workers.lora.MergedLoraWeights`` sends LoRA-merged weights.
     """
 
     def __init__(self, model: nn.Module, *, tp_size: int, bucket_bytes: int, dtype: Optional[torch.dtype] = None,
                  group: Optional[dist.ProcessGroup] = None, order: str = "dp_major", rule: Optional[RuleFn] = None,
-                 method: str = "auto", device: Optional[torch.device] = None) -> None:
+                 method: str = "auto", device: Optional[torch.device] = None,
+                 source: Optional[WeightSource] = None) -> None:
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if method == "gather" and tp_size != 1:
             raise ValueError(f"method='gather' delivers full tensors and needs tp_size=1, got tp_size={tp_size}")
-        self.model, self.group, self.device = model, group, device
+        self.model, self.group, self.device, self.source = model, group, device, source
         self.rank, world_size = _group_rank_and_size(group)
         self.method = "plan" if method == "auto" else method
         rule = rule or rules_for_config(model.config)
-        self.plan: ReshardPlan = build_plan(param_metas(model), GenerationLayout(world_size, tp_size, order),
+        metas = source.metas() if source is not None else param_metas(model)
+        self.plan: ReshardPlan = build_plan(metas, GenerationLayout(world_size, tp_size, order),
                                             rule, dtype)
         footprint = gather_footprint(self.plan) if self.method == "gather" else p2p_footprint(self.plan)
         self.buckets = pack_buckets(self.plan, bucket_bytes, footprint)
@@ -101,6 +114,8 @@ class WeightResharder:
         """``(hf_name, tensor)`` in parameter order: this rank's TP slice (``t_g > 1``) or the full tensor."""
         self.last_stats = TransferStats()
         shards = local_shards(self.model, self.plan.world_size)
+        if self.source is not None:
+            shards = self.source.shards(shards)
         executor = stream_gathered if self.method == "gather" else stream_plan
         return executor(self.plan, self.buckets, shards, self.rank, group=self.group, device=self.device,
                         stats=self.last_stats)

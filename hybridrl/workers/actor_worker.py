@@ -24,6 +24,7 @@ from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching
 from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
 from hybridrl.workers.checkpoint import export_hf, load_sharded, save_sharded
 from hybridrl.workers.fsdp import ShardingOptions, shard_model
+from hybridrl.workers.lora import MergedLoraWeights, adapted_layers, adapters_disabled, lora_enabled, merged_state_dict
 from hybridrl.workers.offload import move_optimizer_state
 from hybridrl.workers.model_builder import build_model, load_tokenizer, torch_dtype
 from hybridrl.workers.optim import build_optimizer, build_scheduler
@@ -57,7 +58,8 @@ class ActorRolloutRefWorker(Worker):
     Args:
         config: the validated trainer config.
         total_training_steps: training steps of the run (sizes the learning-rate schedule).
-        with_reference: build a frozen reference policy (needed for a KL loss or KL in the reward).
+        with_reference: build a frozen reference policy (needed for a KL loss or KL in the reward). With LoRA
+            (``model.lora.rank > 0``) no second model is built: the reference is the actor with adapters disabled.
     """
 
     def __init__(self, config: TrainConfig, total_training_steps: int, with_reference: bool) -> None:
@@ -76,7 +78,9 @@ class ActorRolloutRefWorker(Worker):
         self.actor = PolicyEngine(actor_model, dp=dp, packed=packed, optimizer=optimizer, scheduler=scheduler,
                                   grad_clip=config.actor.grad_clip, grad_noise_scale=config.actor.log_grad_noise_scale)
         self.reference = None
-        if with_reference:
+        self.lora = lora_enabled(config.model.lora)
+        self.with_reference = with_reference
+        if with_reference and not self.lora:
             reference_model = build_model(config.model, "reference", device_type=device_type).to(self.device)
             shard_model(reference_model, self.dp_mesh, sharding_options(config, config.ref.param_offload))
             self.reference = PolicyEngine(reference_model, dp=dp, packed=packed)
@@ -93,7 +97,8 @@ class ActorRolloutRefWorker(Worker):
                                  "supported yet (each rank runs its own engine); use 1")
             self.resharder = WeightResharder(actor_model, tp_size=1, group=dp.group,
                                              bucket_bytes=bucket_bytes_from_mb(config.rollout.weight_sync_bucket_mb),
-                                             dtype=torch_dtype(config.model.dtype))
+                                             dtype=torch_dtype(config.model.dtype),
+                                             source=MergedLoraWeights(actor_model) if self.lora else None)
         return build_rollout_engine(config.rollout.name, EngineInputs(
             rollout=config.rollout, pad_token_id=self.tokenizer.pad_token_id,
             eos_token_ids=eos_token_ids(self.tokenizer, getattr(actor_model.generation_config, "eos_token_id", None)),
@@ -151,13 +156,19 @@ class ActorRolloutRefWorker(Worker):
 
     @dp_split
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        """``ref_log_probs`` of the responses under the frozen reference policy."""
-        if self.reference is None:
+        """``ref_log_probs`` of the responses under the frozen reference policy (with LoRA: the actor's base model,
+        adapters disabled)."""
+        if not self.with_reference:
             raise RuntimeError("this worker was started without a reference policy (with_reference=False)")
         micro_batch_size = (self.config.ref.log_prob_micro_batch_size_per_gpu
                             or self.config.actor.log_prob_micro_batch_size_per_gpu)
-        result = self.reference.compute_log_prob(batch, log_prob_micro_batching(self.config, micro_batch_size),
-                                                 with_entropy=False)
+        micro_batching = log_prob_micro_batching(self.config, micro_batch_size)
+        if self.lora:
+            with adapters_disabled(self.actor.model):
+                result = self.actor.compute_log_prob(batch, micro_batching, with_entropy=False)
+        else:
+            assert self.reference is not None
+            result = self.reference.compute_log_prob(batch, micro_batching, with_entropy=False)
         return Batch(tensors={Fields.REF_LOG_PROBS: result[Fields.OLD_LOG_PROBS]})
 
     @dp_split(pad=False)
@@ -183,22 +194,31 @@ class ActorRolloutRefWorker(Worker):
 
     @one_to_all(collect="first")
     def save_checkpoint(self, directory: str) -> str:
-        """Actor model, optimizer, scheduler and RNG states under ``directory`` (every rank writes its shards)."""
+        """Actor model, optimizer, scheduler and RNG states under ``directory`` (every rank writes its shards); with
+        LoRA only the adapters and their optimizer state (the frozen base is ``model.path``)."""
         self._reload_optimizer()  # an offloaded optimizer is saved from where the update will use it
-        save_sharded(directory, self.actor.model, self.actor.optimizer, self.actor.scheduler)
+        save_sharded(directory, self.actor.model, self.actor.optimizer, self.actor.scheduler,
+                     trainable_only=self.lora)
         return directory
 
     @one_to_all(collect="first")
     def load_checkpoint(self, directory: str) -> str:
         """Restore what ``save_checkpoint`` wrote (the DP size may differ)."""
         self._reload_optimizer()
-        load_sharded(directory, self.actor.model, self.actor.optimizer, self.actor.scheduler)
+        load_sharded(directory, self.actor.model, self.actor.optimizer, self.actor.scheduler,
+                     trainable_only=self.lora)
         return directory
 
     @one_to_all(collect="first")
     def export_hf(self, directory: str) -> str:
-        """The current policy as a Hugging Face directory (safetensors + tokenizer) that transformers and vLLM load."""
-        return str(export_hf(self.actor.model, self.tokenizer, directory))
+        """The current policy as a Hugging Face directory (safetensors + tokenizer) that transformers and vLLM load;
+        with LoRA, the adapters merged into the base weights."""
+        model = self.actor.model
+        if not self.lora:
+            return str(export_hf(model, self.tokenizer, directory))
+        layers = adapted_layers(model)
+        return str(export_hf(model, self.tokenizer, directory, merge=lambda state: merged_state_dict(state, layers),
+                             writer=model.get_base_model()))
 
     @one_to_all(collect="first")
     def parameter_checksum(self) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -67,15 +67,28 @@ def _tuple_tree(value: Any) -> Any:
     return tuple(_tuple_tree(item) for item in value) if isinstance(value, (list, tuple)) else value
 
 
-def save_sharded(directory: str | Path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
-                 scheduler: Any = None) -> None:
-    """Write ``model`` (+ optimizer, scheduler) shards and this rank's RNG state under ``directory`` (all ranks)."""
-    directory = Path(directory)
+def _state_options(trainable_only: bool) -> StateDictOptions:
+    """``trainable_only`` (LoRA: adapters only) leaves frozen parameters out; they load from ``model.path`` instead,
+    and loading is then not strict about them (DCP still refuses a checkpoint missing a requested key)."""
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+
+def _sharded_state(model: nn.Module, optimizer: Optional[torch.optim.Optimizer],
+                   options: StateDictOptions) -> dict[str, Any]:
     if optimizer is not None:
-        model_state, optimizer_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
-    else:
-        state = {"model": get_model_state_dict(model)}
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
+        return {"model": model_state, "optimizer": optimizer_state}
+    return {"model": get_model_state_dict(model, options=options)}
+
+
+def save_sharded(directory: str | Path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                 scheduler: Any = None, *, trainable_only: bool = False) -> None:
+    """Write ``model`` (+ optimizer, scheduler) shards and this rank's RNG state under ``directory`` (all ranks).
+
+    ``trainable_only`` saves only parameters with ``requires_grad`` (LoRA adapters; the frozen base is ``model.path``).
+    """
+    directory = Path(directory)
+    state = _sharded_state(model, optimizer, _state_options(trainable_only))
     dcp.save(state, checkpoint_id=str(directory / "dcp"))
     torch.save({"rng": rng_state()}, directory / f"rng_rank{_rank()}.pt")
     if scheduler is not None and _rank() == 0:  # identical on every rank: one copy, loadable at any DP size
@@ -84,19 +97,17 @@ def save_sharded(directory: str | Path, model: nn.Module, optimizer: Optional[to
 
 
 def load_sharded(directory: str | Path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
-                 scheduler: Any = None, *, restore_rng: bool = True) -> None:
-    """Load what :func:`save_sharded` wrote, into an already sharded ``model`` (any DP size)."""
+                 scheduler: Any = None, *, restore_rng: bool = True, trainable_only: bool = False) -> None:
+    """Load what :func:`save_sharded` wrote, into an already sharded ``model`` (any DP size); ``trainable_only`` as
+    it was saved."""
     directory = Path(directory)
     if not (directory / "dcp" / ".metadata").is_file():
         raise ValueError(f"{directory} is not a hybridrl checkpoint (no dcp/.metadata)")
-    if optimizer is not None:
-        model_state, optimizer_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
-    else:
-        state = {"model": get_model_state_dict(model)}
+    options = _state_options(trainable_only)
+    state = _sharded_state(model, optimizer, options)
     dcp.load(state, checkpoint_id=str(directory / "dcp"))
     set_state_dict(model, optimizer if optimizer is not None else (), model_state_dict=state["model"],
-                   optim_state_dict=state.get("optimizer", {}))
+                   optim_state_dict=state.get("optimizer", {}), options=options)
     if scheduler is not None:
         scheduler_path = directory / "scheduler.pt"
         if not scheduler_path.is_file():
@@ -117,16 +128,20 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=options)
 
 
-def export_hf(model: nn.Module, tokenizer, directory: str | Path) -> Path:
+def export_hf(model: nn.Module, tokenizer, directory: str | Path,
+              merge: Optional[Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]] = None,
+              writer: Optional[nn.Module] = None) -> Path:
     """Write a Hugging Face directory (config, safetensors, tokenizer) of ``model``'s current weights (all ranks call).
 
-    Returns the directory. Only rank 0 writes; the others wait at a barrier.
+    ``merge`` turns the full state dict into the one to write and ``writer`` is the module whose ``save_pretrained``
+    writes it (LoRA: adapters merged into the base weights, written by the PEFT model's base). Returns the directory. Only rank 0 writes; the others wait at a barrier.
     """
     directory = Path(directory)
     state = full_state_dict(model)
     if _rank() == 0:
         directory.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(directory, state_dict=state, safe_serialization=True)
+        state = merge(state) if merge is not None else state
+        (writer or model).save_pretrained(directory, state_dict=state, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(directory)
     _barrier()

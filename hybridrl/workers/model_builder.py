@@ -50,7 +50,8 @@ def build_model(model_config: ModelConfig, role: ModelRole, *, path: str | None 
                 device_type: str = "cpu") -> nn.Module:
     """Load the model for ``role`` from ``path`` (default ``model_config.path``) in fp32, on CPU, in train mode.
 
-    The caller moves it to its device and wraps it with FSDP2 (``hybridrl.workers.fsdp``).
+    The caller moves it to its device and wraps it with FSDP2 (``hybridrl.workers.fsdp``). With
+    ``model.lora.rank > 0`` the actor comes back wrapped in PEFT LoRA adapters (``hybridrl.workers.lora``).
     """
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
@@ -72,6 +73,10 @@ def build_model(model_config: ModelConfig, role: ModelRole, *, path: str | None 
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     disable_dropout(model)
+    if role == "actor" and model_config.lora.rank > 0:
+        from hybridrl.workers.lora import apply_lora  # PEFT is an optional extra
+
+        model = apply_lora(model, model_config.lora)
     if model_config.use_torch_compile and role in ("actor", "critic"):
         for layer in decoder_layers(model):  # per block, before FSDP wraps it (FSDP2 + compile compose per layer)
             layer.compile()

@@ -46,6 +46,9 @@ BAD_CONFIGS = [
     (["reward_model.enable=true"], "reward_model.model_path", "is required"),
     (["trainer.ray.object_store_memory_mb=10"], "trainer.ray.object_store_memory_mb", "at least"),
     (["trainer.device=cpu", "model.dtype=float16"], "model.dtype", "not supported on CPU"),
+    (["model.lora.rank=-1"], "model.lora.rank", ">= 0"),
+    (["model.lora.rank=4", "model.lora.dropout=1.0"], "model.lora.dropout", "[0, 1)"),
+    (["model.lora.rank=4", "model.lora.target_modules=[]"], "model.lora.target_modules", "at least one"),
     # type and key errors come from the schema merge
     (["data.train_batch_size=lots"], "data.train_batch_size", ""),
     (["actor.ppo_mini_batch_sizee=4"], "actor.ppo_mini_batch_sizee", "did you mean 'actor.ppo_mini_batch_size'"),
