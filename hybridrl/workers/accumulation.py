@@ -10,6 +10,7 @@ check against a plain PyTorch reference.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -138,10 +139,17 @@ def reduce_over_ranks(totals: dict[str, float], weight: float, dp: DataParallelG
 
 def train_mini_batch(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, mini_batch: Batch,
                      loss_fn: MicroBatchLoss, *, loss_agg_mode: str, micro_batching: MicroBatching,
-                     dp: DataParallelGroup, grad_clip: float) -> dict[str, float]:
-    """One optimizer step over ``mini_batch``: accumulate, clip, step (or skip on a non-finite gradient norm)."""
+                     dp: DataParallelGroup, grad_clip: float,
+                     before_step: Optional[Callable[[], dict[str, float]]] = None) -> dict[str, float]:
+    """One optimizer step over ``mini_batch``: accumulate, clip, step (or skip on a non-finite gradient norm).
+
+    ``before_step()`` runs between accumulation and clipping: it may add gradient terms of its own (a PPO-ptx SFT
+    pass, an EWC penalty) and returns their metrics.
+    """
     metrics = accumulate_gradients(model, mini_batch, loss_fn, loss_agg_mode=loss_agg_mode,
                                    micro_batching=micro_batching, dp=dp)
+    if before_step is not None:
+        metrics.update(before_step())
     result = clipped_step(model, optimizer, scheduler, grad_clip)
     metrics.update(grad_norm=result.grad_norm, lr=result.lr, skipped_step=float(not result.applied))
     return metrics
@@ -166,16 +174,21 @@ def forward_micro_batches(model: nn.Module, data: Batch, micro_batching: MicroBa
 def train_epochs(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, data: Batch, loss_fn: MicroBatchLoss,
                  *, loss_agg_mode: str, micro_batching: MicroBatching, dp: DataParallelGroup, grad_clip: float,
                  local_mini_batch_size: int, epochs: int, shuffle: bool, seed: int,
-                 after_step: Optional[Callable[[dict[str, float]], dict[str, float]]] = None) -> dict[str, float]:
+                 after_step: Optional[Callable[[dict[str, float]], dict[str, float]]] = None,
+                 before_step: Optional[Callable[[int], dict[str, float]]] = None) -> dict[str, float]:
     """PPO-style epochs over this rank's data, one optimizer step per mini-batch; metrics averaged over steps.
 
-    ``after_step(step_metrics)`` may add metrics of its own after each optimizer step (e.g. the noise scale).
+    ``after_step(step_metrics)`` may add metrics of its own after each optimizer step (e.g. the noise scale);
+    ``before_step(index)`` (index of the mini-batch within its epoch) may add gradient terms before the step.
     """
     model.train()
     per_step = []
-    for mini_batch in iterate_mini_batches(data, local_mini_batch_size, epochs=epochs, shuffle=shuffle, seed=seed):
+    mini_batches = iterate_mini_batches(data, local_mini_batch_size, epochs=epochs, shuffle=shuffle, seed=seed)
+    per_epoch = len(mini_batches) // max(epochs, 1)
+    for index, mini_batch in enumerate(mini_batches):
+        extra = None if before_step is None else functools.partial(before_step, index % per_epoch)
         metrics = train_mini_batch(model, optimizer, scheduler, mini_batch, loss_fn, loss_agg_mode=loss_agg_mode,
-                                   micro_batching=micro_batching, dp=dp, grad_clip=grad_clip)
+                                   micro_batching=micro_batching, dp=dp, grad_clip=grad_clip, before_step=extra)
         if after_step is not None:
             metrics.update(after_step(metrics))
         per_step.append(metrics)

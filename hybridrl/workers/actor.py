@@ -22,6 +22,7 @@ from hybridrl.workers.accumulation import (
     train_epochs,
     train_mini_batch,
 )
+from hybridrl.workers.anti_forgetting import EWCRegularizer, PtxMixer, combine_hooks
 from hybridrl.workers.grad_noise import GradientNoiseScale, GradientSample, MicroBatchGradNorms, summarize
 from hybridrl.workers.sequences import response_log_probs
 
@@ -78,6 +79,14 @@ class PolicyEngine:
         self.scheduler = scheduler
         self.dp = dp
         self.packed = packed
+        self.ewc: Optional[EWCRegularizer] = None
+
+    def enable_ewc(self, coef: float, batches: list[Batch], micro_batching: MicroBatching) -> None:
+        """Anchor EWC at the current weights, with the Fisher estimated from ``batches`` (this rank's part of each;
+        prompt + response rows, e.g. the first step's rollouts). Every later ``update_policy`` adds the penalty."""
+        self.model.train()
+        self.ewc = EWCRegularizer(self.model, coef, self.dp)
+        self.ewc.estimate_fisher(self.model, batches, self.sft_loss(), micro_batching)
 
     def compute_log_prob(self, data: Batch, micro_batching: MicroBatching, *, with_entropy: bool = True) -> Batch:
         """Log-probs (and entropy) of ``data``'s responses: a Batch with ``old_log_probs [B, R]`` (+ ``entropy``)."""
@@ -144,21 +153,30 @@ class PolicyEngine:
                                 grad_clip=self.grad_clip)
 
     def update_policy(self, data: Batch, settings: PolicyLossSettings, micro_batching: MicroBatching, *,
-                      local_mini_batch_size: int, epochs: int = 1, shuffle: bool = False, seed: int = 0) -> dict:
+                      local_mini_batch_size: int, epochs: int = 1, shuffle: bool = False, seed: int = 0,
+                      ptx: Optional[Batch] = None, ptx_coef: float = 0.0) -> dict:
         """PPO epochs over this rank's part of the step's data; one optimizer step per mini-batch.
 
         ``data`` needs ``input_ids``, ``attention_mask``, ``responses``, ``response_mask``, ``old_log_probs``,
-        ``advantages`` (and ``ref_log_probs`` with a KL loss). Returns metrics averaged over optimizer steps.
+        ``advantages`` (and ``ref_log_probs`` with a KL loss). ``ptx``: this rank's SFT rows for the step, mixed into
+        every optimizer step with weight ``ptx_coef`` (``anti_forgetting.PtxMixer``). Returns metrics averaged over
+        optimizer steps.
         """
         if self.optimizer is None:
             raise RuntimeError("this PolicyEngine has no optimizer (a reference policy cannot be updated)")
         loss_fn = self.micro_batch_loss(settings, sampling_temperature(data))
         if self.grad_norms is not None:
             loss_fn = self.grad_norms.wrap(loss_fn, settings.loss_agg_mode, self.dp.size)
+        mixer = None
+        if ptx is not None and ptx_coef > 0:
+            mixer = PtxMixer(self.model, ptx, len(data) // local_mini_batch_size, self.sft_loss(), ptx_coef,
+                             micro_batching, self.dp)
+        ewc = self.ewc
         return train_epochs(self.model, self.optimizer, self.scheduler, data, loss_fn,
                             loss_agg_mode=settings.loss_agg_mode, micro_batching=micro_batching, dp=self.dp,
                             grad_clip=self.grad_clip, local_mini_batch_size=local_mini_batch_size, epochs=epochs,
-                            shuffle=shuffle, seed=seed, after_step=self._noise_scale_metrics)
+                            shuffle=shuffle, seed=seed, after_step=self._noise_scale_metrics,
+                            before_step=combine_hooks(mixer, None if ewc is None else lambda _: ewc.add_gradient()))
 
     def _noise_scale_metrics(self, step_metrics: dict[str, float]) -> dict[str, float]:
         """Fold this optimizer step's micro-batch gradient norms into the noise-scale estimate (if enabled)."""
