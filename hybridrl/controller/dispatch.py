@@ -21,7 +21,8 @@ Modes (``world`` = ranks in the group, ``tp`` = the group's rollout tensor-paral
   chunked, rank ``r`` gets chunk ``r``; other arguments are broadcast. ``Batch`` results are concatenated and the
   padding removed (so a method must return one row per input row); other results come back as a per-rank list.
   ``dp_split(pad=False)`` refuses a batch that does not divide evenly (for updates, where a repeated row would count
-  twice in the gradient).
+  twice in the gradient); its ``Batch`` arguments may differ in length (each is chunked on its own, e.g. an RL batch
+  and a smaller SFT batch).
 - ``DP_LEADERS``: like ``DP_SPLIT`` over the ``dp`` dimension of the ``[dp, tp]`` rollout layout: the TP peers of
   replica ``d`` (ranks ``d*tp .. d*tp+tp-1``) all receive chunk ``d``, and only ``tp_rank == 0`` results are gathered.
 - ``RANK_ZERO``: only rank 0 runs; its result is returned.
@@ -234,7 +235,7 @@ def _split_args(method: DispatchedMethod[Any, Any, Any, Any], dp_size: int, args
         raise TypeError(f"{method.qualname} is declared {method.spec.mode.value}, but the call passed no Batch "
                         "to split")
     sizes = {len(batch) for _, batch in slots}
-    if len(sizes) != 1:
+    if len(sizes) != 1 and method.spec.pad:  # unpadded splits may differ: each Batch is cut evenly on its own
         raise ValueError(f"{method.qualname}: the Batch arguments have different lengths {sorted(sizes)}")
     chunks: dict[int | str, list[Any]] = {}
     pad_count = 0
@@ -252,7 +253,7 @@ def _split_args(method: DispatchedMethod[Any, Any, Any, Any], dp_size: int, args
         rank_args = tuple(chunks[i][d] if i in chunks else a for i, a in enumerate(base_args))
         rank_kwargs = {k: chunks[k][d] if k in chunks else v for k, v in base_kwargs.items()}
         per_dp.append((rank_args, rank_kwargs))
-    return per_dp, (sizes.pop() + pad_count) // dp_size, pad_count
+    return per_dp, (len(slots[0][1]) + pad_count) // dp_size, pad_count
 
 
 def _collect_split(results: dict[int, Any], method: DispatchedMethod[Any, Any, Any, Any], leaders: list[int],

@@ -88,6 +88,26 @@ def test_dp_split_needs_a_batch_and_equal_lengths():
     assert all(len(kwargs["right"]) == 2 for _, kwargs in call.rank_args.values())
 
 
+def test_unpadded_split_cuts_batches_of_different_lengths_each_evenly():
+    """An update with an RL batch and a smaller SFT batch (PPO-ptx): each is chunked on its own, none padded."""
+
+    class Update(Worker):
+        from hybridrl.controller import dp_split
+
+        @dp_split(pad=False)
+        def update(self, rl: Batch, sft: Batch | None = None) -> int:
+            return len(rl)
+
+    rl, sft = make_batch(8), make_batch(4)
+    call = plan(Update.update, 2, (rl,), {"sft": sft})
+    for rank, (args, kwargs) in call.rank_args.items():
+        assert torch.equal(args[0]["x"], rl["x"][4 * rank:4 * rank + 4])
+        assert torch.equal(kwargs["sft"]["x"], sft["x"][2 * rank:2 * rank + 2])
+    assert call.collect({0: 4, 1: 4}) == [4, 4]
+    with pytest.raises(ValueError, match="divisible by the data-parallel size 2"):
+        plan(Update.update, 2, (rl,), {"sft": make_batch(3)})
+
+
 def test_gather_refuses_to_unpad_when_rows_do_not_match_inputs():
     call = plan(EchoWorker.add_offset, 2, (make_batch(3),))
     with pytest.raises(ValueError, match="same whole number of rows per input row"):
