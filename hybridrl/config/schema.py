@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from hybridrl.config.anti_forgetting_schema import EWCConfig, PtxConfig, ReplayConfig
 from hybridrl.config.frozen import FreezableConfig
 from hybridrl.config.ray import RayConfig
 
@@ -131,6 +132,10 @@ class ActorConfig(FreezableConfig):
     """Optimizer and learning-rate schedule."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 sharding and offload settings."""
+    ptx: PtxConfig = field(default_factory=PtxConfig)
+    """PPO-ptx: an SFT loss term mixed into every update (anti-forgetting; off while ``ptx.coef`` is 0)."""
+    ewc: EWCConfig = field(default_factory=EWCConfig)
+    """EWC: a pull towards the starting weights, weighted by a diagonal Fisher (off while ``ewc.coef`` is 0)."""
 
 
 @dataclass
@@ -324,6 +329,8 @@ class DataConfig(FreezableConfig):
     """Seed of the data order."""
     apply_chat_template: bool = True
     """Format chat-message prompts with the tokenizer's chat template."""
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    """Prioritized replay of earlier prompts mixed into each step's batch (continual training)."""
 
 
 @dataclass

@@ -130,6 +130,7 @@ def _check_ranges(config: TrainConfig, error: ConfigError) -> None:
     _positive(error, [("algorithm.kl_ctrl.target_kl", algorithm.kl_ctrl.target_kl),
                       ("algorithm.kl_ctrl.horizon", algorithm.kl_ctrl.horizon)])
     _check_lora(config, error)
+    _check_anti_forgetting(config, error)
 
 
 def _check_lora(config: TrainConfig, error: ConfigError) -> None:
@@ -140,6 +141,33 @@ def _check_lora(config: TrainConfig, error: ConfigError) -> None:
         _require(error, "model.lora.dropout", lora.dropout, 0 <= lora.dropout < 1, "must be in [0, 1)")
         _require(error, "model.lora.target_modules", list(lora.target_modules), len(lora.target_modules) > 0,
                  "must name at least one module (e.g. q_proj), or be [all-linear]")
+
+
+def _check_anti_forgetting(config: TrainConfig, error: ConfigError) -> None:
+    """``actor.ptx``, ``actor.ewc``, ``data.replay``: ranges, and the sizes that must split evenly over ranks."""
+    ptx, ewc, replay, data = config.actor.ptx, config.actor.ewc, config.data.replay, config.data
+    world, mini = world_size(config), config.actor.ppo_mini_batch_size
+    for key, value in (("actor.ptx.coef", ptx.coef), ("actor.ewc.coef", ewc.coef),
+                       ("data.replay.alpha", replay.alpha)):
+        _require(error, key, value, value >= 0, "must be >= 0")
+    _positive(error, [("actor.ewc.fisher_batches", ewc.fisher_batches), ("data.replay.capacity", replay.capacity)])
+    if ptx.coef > 0:
+        steps_per_epoch = data.train_batch_size // mini if mini > 0 else 1
+        _require(error, "actor.ptx.batch_size", ptx.batch_size,
+                 ptx.batch_size > 0 and ptx.batch_size % (world * steps_per_epoch) == 0,
+                 f"must be a positive multiple of devices ({world}) × optimizer steps per epoch ({steps_per_epoch}): "
+                 "every rank gets one equal SFT chunk per optimizer step")
+        _require(error, "actor.ptx.train_files", [], bool(ptx.train_files) or data.synthetic_task is not None,
+                 "give SFT files, or set data.synthetic_task to use its SFT view, when actor.ptx.coef > 0")
+    rows_per_rank = data.train_batch_size * config.rollout.n // max(world, 1)
+    if ewc.coef > 0 and ewc.fisher_batches > 0:
+        _require(error, "actor.ewc.fisher_batches", ewc.fisher_batches, rows_per_rank % ewc.fisher_batches == 0,
+                 f"must divide the {rows_per_rank} rollout rows per rank of a step (data.train_batch_size × "
+                 "rollout.n ÷ devices)")
+    if replay.enable:
+        _require(error, "data.replay.fraction", replay.fraction,
+                 0 < replay.fraction < 1 and round(replay.fraction * data.train_batch_size) >= 1,
+                 f"must be in (0, 1) and replay at least one of data.train_batch_size={data.train_batch_size} prompts")
 
 
 def _check_choices(config: TrainConfig, error: ConfigError) -> None:
@@ -271,6 +299,8 @@ def _check_paths(config: TrainConfig, error: ConfigError) -> None:
     for key in ("train_files", "val_files"):
         for path in getattr(config.data, key):
             _check_data_file(error, f"data.{key}", path)
+    for path in config.actor.ptx.train_files:
+        _check_data_file(error, "actor.ptx.train_files", path)
     reward_path = config.custom_reward_function.path
     if reward_path is not None:
         _require(error, "custom_reward_function.path", reward_path,

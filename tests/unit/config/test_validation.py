@@ -49,6 +49,17 @@ BAD_CONFIGS = [
     (["model.lora.rank=-1"], "model.lora.rank", ">= 0"),
     (["model.lora.rank=4", "model.lora.dropout=1.0"], "model.lora.dropout", "[0, 1)"),
     (["model.lora.rank=4", "model.lora.target_modules=[]"], "model.lora.target_modules", "at least one"),
+    (["actor.ptx.coef=-0.1"], "actor.ptx.coef", ">= 0"),
+    (["actor.ptx.coef=0.5", "actor.ptx.batch_size=6"], "actor.ptx.batch_size", "devices (2) × optimizer steps per epoch (2)"),
+    (["actor.ptx.coef=0.5", "actor.ptx.batch_size=4", "data.synthetic_task=null"], "actor.ptx.train_files",
+     "set data.synthetic_task"),
+    (["actor.ewc.coef=-1"], "actor.ewc.coef", ">= 0"),
+    (["actor.ewc.fisher_batches=0"], "actor.ewc.fisher_batches", "positive"),
+    (["actor.ewc.coef=1", "actor.ewc.fisher_batches=5"], "actor.ewc.fisher_batches", "must divide the 32 rollout rows"),
+    (["data.replay.capacity=0"], "data.replay.capacity", "positive"),
+    (["data.replay.alpha=-1"], "data.replay.alpha", ">= 0"),
+    (["data.replay.enable=true", "data.replay.fraction=1.0"], "data.replay.fraction", "(0, 1)"),
+    (["data.replay.enable=true", "data.replay.fraction=0.01"], "data.replay.fraction", "at least one"),
     # type and key errors come from the schema merge
     (["data.train_batch_size=lots"], "data.train_batch_size", ""),
     (["actor.ppo_mini_batch_sizee=4"], "actor.ppo_mini_batch_sizee", "did you mean 'actor.ppo_mini_batch_size'"),
@@ -77,6 +88,7 @@ def test_all_problems_reported_at_once():
         (["model.path=/definitely/not/here"], "model.path", "does not exist"),
         (["data.synthetic_task=null", "data.train_files=[/nope/train.parquet]"], "data.train_files", "does not exist"),
         (["custom_reward_function.path=/nope/reward.py"], "custom_reward_function.path", "existing .py file"),
+        (["actor.ptx.train_files=[/nope/sft.jsonl]"], "actor.ptx.train_files", "does not exist"),
     ],
 )
 def test_missing_files_are_named(overrides, key, phrase):
