@@ -16,9 +16,8 @@ from hybridrl.config.schema import ActorConfig, DataConfig, RolloutConfig, Train
 from hybridrl.config.sft_schema import SFTConfig
 from hybridrl.config.validation import resolved_device
 from hybridrl.controller import PoolSpec, ResourcePool, WorkerGroup, start_ray
-from hybridrl.data.io import read_rows
-from hybridrl.data.sft import SFTExample, encode_sft_examples, sft_examples_from_rows
-from hybridrl.data.synthetic import build_synthetic_task
+from hybridrl.data.sft import encode_sft_examples
+from hybridrl.data.sft_source import build_sft_source
 from hybridrl.protocol import Batch
 from hybridrl.utils.tracking import Tracker
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
@@ -58,23 +57,16 @@ class SFTTrainer:
         self.run_dir = Path(config.trainer.default_local_dir)
         self.export_dir = Path(config.trainer.export_dir) if config.trainer.export_dir else self.run_dir / "hf"
         self.tokenizer = load_tokenizer(config.model)
-        self.examples = self._examples()
-
-    def _examples(self) -> list[SFTExample]:
-        data, steps = self.config.data, self.config.trainer.total_training_steps
-        if data.synthetic_task is not None:
-            task = build_synthetic_task(data.synthetic_task, seed=data.seed, **dict(data.synthetic_task_kwargs))
-            return task.sft_examples(steps * data.train_batch_size)
-        rows = [row for path in data.train_files for row in read_rows(path).rows]
-        return sft_examples_from_rows(rows)
+        data = config.data
+        self.source = build_sft_source(data.train_files if data.synthetic_task is None else [], data.synthetic_task,
+                                       data.synthetic_task_kwargs, seed=data.seed)
 
     def batch(self, step: int) -> Batch:
         """The ``step``-th batch of ``train_batch_size`` examples (cycling over the examples)."""
-        size = self.config.data.train_batch_size
-        picked = [self.examples[(step * size + offset) % len(self.examples)] for offset in range(size)]
         data = self.config.data
+        picked = self.source.take(step, data.train_batch_size)
         return encode_sft_examples(self.tokenizer, picked, data.max_response_length, data.apply_chat_template,
-                               max_prompt_length=data.max_prompt_length)
+                                   max_prompt_length=data.max_prompt_length)
 
     def fit(self) -> SFTResult:
         config, trainer = self.config, self.config.trainer
