@@ -21,6 +21,7 @@ from hybridrl.config import critic_enabled, dump_config, resolved_device, valida
 from hybridrl.config.schema import TrainConfig
 from hybridrl.controller import PoolSpec, ResourcePool, WorkerGroup, gather, start_ray
 from hybridrl.controller.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
+from hybridrl.controller.continual import PromptReplay, PtxBatches
 from hybridrl.controller.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
 from hybridrl.controller.validation import Scoring, validate
 from hybridrl.controller.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups, num_groups,
@@ -70,6 +71,8 @@ class RLTrainer:
         self.kl_controller = _kl_controller(config, self.total_steps)
         self.checkpoints = CheckpointManager(self.run_dir, config.trainer.max_ckpt_to_keep)
         self.with_reference = config.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+        self.ptx = PtxBatches(config, self.tokenizer) if config.actor.ptx.coef > 0 else None
+        self.replay = PromptReplay.from_config(config, self.loaders.train.pad_token_id)
         self.global_step = 0
         self.pool: Optional[ResourcePool] = None
         self.actor: Optional[WorkerGroup[ActorRolloutRefWorker]] = None
@@ -118,6 +121,9 @@ class RLTrainer:
         """One PPO/GRPO step on a batch of prompts; returns the step's metrics."""
         config, timer = self.config, PhaseTimer()
         actor = self._actor()
+        replay_metrics: dict[str, float] = {}
+        if self.replay is not None:  # a share of the prompts comes back from earlier steps
+            prompts, replay_metrics = self.replay.mix(prompts, self.global_step)
         batch, reward_metrics = self._rollout(prompts, timer)
         # Balance tokens across DP ranks before any forward (only reorders rows; groups are found by uid).
         batch = balance_batch(batch, world_size(config)) if config.trainer.balance_batch else batch
@@ -131,10 +137,12 @@ class RLTrainer:
                 metrics.update(_prefixed("critic", self.critic.call(CriticWorker.update_critic, batch)[0]))
         if self.global_step >= config.trainer.critic_warmup:
             with timer.phase("update_actor"):
-                metrics.update(_prefixed("actor", actor.call(ActorRolloutRefWorker.update_actor, batch)[0]))
+                ptx = self.ptx.batch(self.global_step) if self.ptx is not None else None
+                metrics.update(_prefixed("actor", actor.call(ActorRolloutRefWorker.update_actor, batch, ptx=ptx)[0]))
             with timer.phase("weight_sync"):
                 metrics.update(actor.call(ActorRolloutRefWorker.sync_rollout_weights))
         metrics.update(reward_metrics)
+        metrics.update(replay_metrics)
         metrics.update(batch_metrics(batch))
         metrics.update(timer.metrics())
         metrics["perf/throughput_tokens_per_s"] = float(batch[Fields.ATTENTION_MASK].sum()) / max(
@@ -155,6 +163,8 @@ class RLTrainer:
             scores, metrics = self.scoring.token_level_scores(batch)
             batch[Fields.TOKEN_LEVEL_SCORES] = scores
             metrics.update(shape_rewards(batch, self.config))
+        if self.replay is not None:
+            self.replay.observe(batch)
         return batch.with_meta(global_step=self.global_step), metrics
 
     def _rollout(self, prompts: Batch, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
@@ -244,6 +254,8 @@ class RLTrainer:
         gather(*futures)
         state = {"global_step": self.global_step, "loader": self.loaders.train.state_dict(),
                  "kl_controller": self.kl_controller.state_dict(), "model_path": self.config.model.path}
+        if self.replay is not None:
+            state["replay"] = self.replay.state_dict()
         return self.checkpoints.commit(self.global_step, state)
 
     def _resume(self) -> None:
@@ -263,6 +275,8 @@ class RLTrainer:
             self.critic.call(CriticWorker.load_checkpoint, str(checkpoint / "critic"))
         self.loaders.train.load_state_dict(state["loader"])
         self.kl_controller.load_state_dict(state["kl_controller"])
+        if self.replay is not None and "replay" in state:
+            self.replay.load_state_dict(state["replay"])
         self.global_step = int(state["global_step"])
         logger.info("resumed from %s at step %d", checkpoint, self.global_step)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -22,6 +24,7 @@ from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.seeding import derive_seed
 from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching
 from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
+from hybridrl.workers.anti_forgetting import EWC_DIR, EWCRegularizer
 from hybridrl.workers.checkpoint import export_hf, load_sharded, save_sharded
 from hybridrl.workers.fsdp import ShardingOptions, shard_model
 from hybridrl.workers.lora import MergedLoraWeights, adapted_layers, adapters_disabled, lora_enabled, merged_state_dict
@@ -172,8 +175,12 @@ class ActorRolloutRefWorker(Worker):
         return Batch(tensors={Fields.REF_LOG_PROBS: result[Fields.OLD_LOG_PROBS]})
 
     @dp_split(pad=False)
-    def update_actor(self, batch: Batch) -> dict[str, float]:
-        """PPO epochs over this rank's share of the step's data; returns metrics averaged over optimizer steps."""
+    def update_actor(self, batch: Batch, ptx: Optional[Batch] = None) -> dict[str, float]:
+        """PPO epochs over this rank's share of the step's data; returns metrics averaged over optimizer steps.
+
+        ``ptx``: the step's SFT rows (``actor.ptx``), this rank's share mixed into every optimizer step. With
+        ``actor.ewc.coef > 0`` the first call anchors EWC at the current weights, its Fisher estimated on ``batch``.
+        """
         actor = self.config.actor
         if actor.use_dynamic_bsz:
             micro_batching = MicroBatching(max_tokens=actor.ppo_max_token_len_per_gpu)
@@ -181,10 +188,14 @@ class ActorRolloutRefWorker(Worker):
             micro_batching = MicroBatching(micro_batch_size=actor.ppo_micro_batch_size_per_gpu)
         step = int(batch.meta.get("global_step", 0))
         self._reload_optimizer()
+        if actor.ewc.coef > 0 and self.actor.ewc is None:
+            parts = actor.ewc.fisher_batches
+            self.actor.enable_ewc(actor.ewc.coef, batch.split([len(batch) // parts] * parts), micro_batching)
         return self.actor.update_policy(batch, self.loss_settings, micro_batching,
                                         local_mini_batch_size=self.plan.local_mini_batch_sequences,
                                         epochs=actor.ppo_epochs, shuffle=actor.shuffle,
-                                        seed=self.config.trainer.seed * 100_003 + step)
+                                        seed=self.config.trainer.seed * 100_003 + step, ptx=ptx,
+                                        ptx_coef=actor.ptx.coef)
 
     @dp_split(pad=False)
     def update_sft(self, batch: Batch) -> dict[str, float]:
@@ -195,10 +206,13 @@ class ActorRolloutRefWorker(Worker):
     @one_to_all(collect="first")
     def save_checkpoint(self, directory: str) -> str:
         """Actor model, optimizer, scheduler and RNG states under ``directory`` (every rank writes its shards); with
-        LoRA only the adapters and their optimizer state (the frozen base is ``model.path``)."""
+        LoRA only the adapters and their optimizer state (the frozen base is ``model.path``); EWC's anchor and Fisher
+        once estimated (``ewc/``)."""
         self._reload_optimizer()  # an offloaded optimizer is saved from where the update will use it
         save_sharded(directory, self.actor.model, self.actor.optimizer, self.actor.scheduler,
                      trainable_only=self.lora)
+        if self.actor.ewc is not None:
+            self.actor.ewc.save(Path(directory) / EWC_DIR)
         return directory
 
     @one_to_all(collect="first")
@@ -207,6 +221,9 @@ class ActorRolloutRefWorker(Worker):
         self._reload_optimizer()
         load_sharded(directory, self.actor.model, self.actor.optimizer, self.actor.scheduler,
                      trainable_only=self.lora)
+        if self.config.actor.ewc.coef > 0 and (Path(directory) / EWC_DIR).is_dir():  # else: anchored at next update
+            self.actor.ewc = EWCRegularizer.load(Path(directory) / EWC_DIR, self.actor.model,
+                                                 self.config.actor.ewc.coef, self.actor.dp)
         return directory
 
     @one_to_all(collect="first")

@@ -17,13 +17,19 @@ clipping. ``F`` and ``θ*`` are kept as local FSDP shards (two extra copies of t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from hybridrl.protocol import Batch
 from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching, MicroBatchLoss, accumulate_gradients
+
+EWC_DIR = "ewc"
+"""Where an actor checkpoint keeps EWC's anchor and Fisher (a DCP directory)."""
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -71,9 +77,32 @@ class EWCRegularizer:
 
     def __init__(self, model: nn.Module, coef: float, dp: DataParallelGroup) -> None:
         self.coef, self.dp = coef, dp
-        self.params = [param for param in model.parameters() if param.requires_grad]
+        named = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
+        self.names = [name for name, _ in named]
+        self.params = [param for _, param in named]
         self.anchor = [_local(param).detach().clone() for param in self.params]
         self.fisher: Optional[list[torch.Tensor]] = None
+
+    def _sharded_state(self) -> dict[str, torch.Tensor]:
+        """``θ*`` and ``F`` laid out like their parameters (DTensors over the local shards, no copy), so DCP saves
+        and reshards them like the model; keyed ``anchor/<param>`` and ``fisher/<param>``."""
+        assert self.fisher is not None, "estimate_fisher first"
+        state = {}
+        for name, param, anchor, fisher in zip(self.names, self.params, self.anchor, self.fisher):
+            state[f"anchor/{name}"], state[f"fisher/{name}"] = _like(param, anchor), _like(param, fisher)
+        return state
+
+    def save(self, directory: Path) -> None:
+        """Write ``θ*`` and ``F`` with DCP (every rank its shards)."""
+        dcp.save(self._sharded_state(), checkpoint_id=str(directory))
+
+    @classmethod
+    def load(cls, directory: Path, model: nn.Module, coef: float, dp: DataParallelGroup) -> "EWCRegularizer":
+        """The regulariser ``save`` wrote, for ``model`` sharded over ``dp`` (any DP size)."""
+        ewc = cls(model, coef, dp)
+        ewc.fisher = [torch.zeros_like(anchor) for anchor in ewc.anchor]
+        dcp.load(ewc._sharded_state(), checkpoint_id=str(directory))  # fills anchor and fisher in place
+        return ewc
 
     def estimate_fisher(self, model: nn.Module, batches: list[Batch], nll_loss: MicroBatchLoss,
                         micro_batching: MicroBatching) -> None:
@@ -104,6 +133,14 @@ class EWCRegularizer:
                 param.grad = torch.zeros_like(param)
             _local(param.grad).add_(term)
         return {"ewc/penalty": self.penalty()}
+
+
+def _like(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``local`` (this rank's shard) as a tensor with ``param``'s global layout: a DTensor view if ``param`` is one."""
+    if isinstance(param, DTensor):
+        return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False, shape=param.shape,
+                                  stride=param.stride())
+    return local
 
 
 def combine_hooks(*hooks: Optional[Callable[[int], dict[str, float]]]) -> Optional[Callable[[int], dict]]:

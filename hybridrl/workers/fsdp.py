@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from hybridrl.workers.model_builder import decoder_layers
 
@@ -47,6 +47,8 @@ def shard_model(model: nn.Module, mesh: Optional[DeviceMesh], options: ShardingO
     for layer in decoder_layers(model):
         fully_shard(layer, mp_policy=layer_policy, **kwargs)
     fully_shard(model, mp_policy=root_policy, **kwargs)
+    if hasattr(model, "get_base_model"):  # PEFT's generate() calls the HF model below the FSDP root: gather there too
+        register_fsdp_forward_method(model, "generate")
     return model
 
 
