@@ -12,7 +12,8 @@ micro-batching and DP splits give the same gradient as one big batch (one extra 
 ``F`` a diagonal Fisher estimate: the mean over ``K`` batches of the squared gradient of the batch's token-mean
 negative log-likelihood (responses sampled from the policy itself, so this is the model's Fisher, batch-averaged).
 Its gradient ``λ F (θ − θ*)`` is added to each rank's gradient shard (elementwise, so no communication) before
-clipping. ``F`` and ``θ*`` are kept as local FSDP shards (two extra copies of the trainable parameters).
+clipping. ``F`` and ``θ*`` are kept as local FSDP shards (two extra copies of the trainable parameters) and saved
+with the actor checkpoint as DCP (``ewc/``, loadable at another DP size), so a resumed run keeps its anchor.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class EWCRegularizer:
         assert self.fisher is not None, "estimate_fisher first"
         state = {}
         for name, param, anchor, fisher in zip(self.names, self.params, self.anchor, self.fisher):
-            state[f"anchor/{name}"], state[f"fisher/{name}"] = _like(param, anchor), _like(param, fisher)
+            state[f"anchor/{name}"], state[f"fisher/{name}"] = like_param(param, anchor), like_param(param, fisher)
         return state
 
     def save(self, directory: Path) -> None:
@@ -135,7 +136,7 @@ class EWCRegularizer:
         return {"ewc/penalty": self.penalty()}
 
 
-def _like(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+def like_param(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     """``local`` (this rank's shard) as a tensor with ``param``'s global layout: a DTensor view if ``param`` is one."""
     if isinstance(param, DTensor):
         return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False, shape=param.shape,

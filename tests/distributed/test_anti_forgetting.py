@@ -132,3 +132,46 @@ def test_ptx_and_ewc_update_equals_reference(tmp_path):
     for ablated in (reference_params(model_dir, rl, ptx, ewc_coef=0.0), reference_params(model_dir, rl, ptx, ptx_coef=0.0)):
         gap = max(float((out["params"][name] - param).abs().max()) for name, param in ablated.items())
         assert gap > 1e-4
+
+
+def ewc_rank(rank, world, model_dir, rl, checkpoint, out_path, save):
+    """Save EWC (anchor at the start weights, Fisher from ``rl``) on ``world`` ranks, or load it after moving the
+    weights; rank 0 writes the gathered anchor and Fisher."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hybridrl.workers.anti_forgetting import EWCRegularizer, like_param
+    from hybridrl.workers.fsdp import ShardingOptions, shard_model
+    from hybridrl.workers.model_builder import build_model
+
+    model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor")
+    shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions())
+    dp = DataParallelGroup(rank=rank, size=world)
+    if save:
+        engine = PolicyEngine(model, dp=dp)
+        engine.enable_ewc(EWC_COEF, [Batch(tensors=rank_rows(rl, rank, world))], MicroBatching(micro_batch_size=2))
+        ewc = engine.ewc
+        ewc.save(checkpoint)
+    else:
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(1.0)  # the loaded anchor must be the saved one, not the current weights
+        ewc = EWCRegularizer.load(checkpoint, model, EWC_COEF, dp)
+    full = {f"{kind}/{name}": like_param(param, tensor).full_tensor()
+            for name, param, anchor, fisher in zip(ewc.names, ewc.params, ewc.anchor, ewc.fisher)
+            for kind, tensor in (("anchor", anchor), ("fisher", fisher))}
+    if rank == 0:
+        torch.save(full, out_path)
+
+
+def test_ewc_state_saved_on_two_ranks_loads_on_one(tmp_path):
+    model_dir = save_tiny_model(tmp_path / "model")
+    rl = make_rows(ROWS, 0)
+    run_on_gloo(2, ewc_rank, model_dir, rl, tmp_path / "ewc", tmp_path / "saved.pt", True)
+    run_on_gloo(1, ewc_rank, model_dir, rl, tmp_path / "ewc", tmp_path / "loaded.pt", False)
+    saved, loaded = torch.load(tmp_path / "saved.pt"), torch.load(tmp_path / "loaded.pt")
+    start = dict(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).named_parameters())
+    assert saved.keys() == loaded.keys() and len(saved) == 2 * len(start)
+    for key in saved:
+        assert torch.equal(saved[key], loaded[key]), key
+    assert all(torch.equal(saved[f"anchor/{name}"], param.detach()) for name, param in start.items())
+    assert sum(float(saved[key].sum()) for key in saved if key.startswith("fisher/")) > 0
