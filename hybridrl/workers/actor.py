@@ -66,23 +66,27 @@ class PolicyEngine:
         packed: forward without pad tokens (``model.use_remove_padding``).
         grad_clip: maximum global gradient norm (``actor.grad_clip``).
         grad_noise_scale: measure each micro-batch's gradient and log the noise scale (``actor.log_grad_noise_scale``).
-        accumulation: adaptive accumulation steps (``actor.adaptive_accumulation``; implies ``grad_noise_scale``),
-            built on this ``optimizer`` and ``scheduler``.
     """
 
     def __init__(self, model: nn.Module, *, dp: DataParallelGroup, packed: bool = False,
                  optimizer: Optional[torch.optim.Optimizer] = None, scheduler=None, grad_clip: float = 1.0,
-                 grad_noise_scale: bool = False, accumulation: Optional[AccumulationControl] = None) -> None:
+                 grad_noise_scale: bool = False) -> None:
         self.model = model
         self.grad_clip = grad_clip
-        self.accumulation = accumulation
-        grad_noise_scale = grad_noise_scale or accumulation is not None
+        self.accumulation: Optional[AccumulationControl] = None
         self.grad_norms = MicroBatchGradNorms(model) if grad_noise_scale else None
         self.noise_scale = GradientNoiseScale() if grad_noise_scale else None
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.dp = dp
         self.packed = packed
+
+    def use_adaptive_accumulation(self, control: AccumulationControl) -> None:
+        """Let ``control`` (built on this engine's optimizer and scheduler) choose ``update_policy``'s accumulation
+        steps; turns the noise-scale measurement on, which it feeds on."""
+        if self.grad_norms is None:
+            self.grad_norms, self.noise_scale = MicroBatchGradNorms(self.model), GradientNoiseScale()
+        self.accumulation = control
 
     def compute_log_prob(self, data: Batch, micro_batching: MicroBatching, *, with_entropy: bool = True) -> Batch:
         """Log-probs (and entropy) of ``data``'s responses: a Batch with ``old_log_probs [B, R]`` (+ ``entropy``)."""

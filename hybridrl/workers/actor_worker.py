@@ -78,10 +78,8 @@ class ActorRolloutRefWorker(Worker):
         optimizer_steps = total_training_steps * self.plan.num_mini_batches * config.actor.ppo_epochs
         scheduler = build_scheduler(optimizer, config.actor.optim, optimizer_steps)
         packed = config.model.use_remove_padding
-        adaptive = config.actor.adaptive_accumulation
         self.actor = PolicyEngine(actor_model, dp=dp, packed=packed, optimizer=optimizer, scheduler=scheduler,
-                                  grad_clip=config.actor.grad_clip,
-                                  grad_noise_scale=config.actor.log_grad_noise_scale or adaptive.enable)
+                                  grad_clip=config.actor.grad_clip, grad_noise_scale=config.actor.log_grad_noise_scale)
         self.reference = None
         if with_reference:
             reference_model = build_model(config.model, "reference", device_type=device_type).to(self.device)
@@ -92,11 +90,12 @@ class ActorRolloutRefWorker(Worker):
         # Sized last, so that on a GPU the budget sees what the reference and the rollout engine already hold.
         self.plan, self.micro_batch_sizing = resolve_plan(config, "actor", actor_model, self.plan, dp=dp,
                                                           device=self.device, optimizer=optimizer)
+        adaptive = config.actor.adaptive_accumulation
         if adaptive.enable:
-            self.actor.accumulation = AccumulationControl.from_config(
+            self.actor.use_adaptive_accumulation(AccumulationControl.from_config(
                 adaptive, optimizer, scheduler, micro_batch_size=self.plan.micro_batch_size_per_gpu,
                 reference_steps=self.plan.grad_accum_steps, world_size=dp.size,
-                local_step_sequences=self.plan.local_mini_batch_sequences * self.plan.num_mini_batches)
+                local_step_sequences=self.plan.local_mini_batch_sequences * self.plan.num_mini_batches))
 
     def _build_rollout(self, actor_model, dp: DataParallelGroup) -> RolloutEngine:
         """The generation engine: ``hf`` shares ``actor_model``; ``vllm`` holds its own copy, fed by a resharder."""
