@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from hybridrl.config.schema import TrainConfig
-from hybridrl.config.sizes import role_plan
+from hybridrl.config.sizes import BatchPlan, role_plan
 from hybridrl.controller import Worker, dp_split, one_to_all
 from hybridrl.protocol import Batch
 from hybridrl.workers.accumulation import MicroBatching
@@ -64,6 +64,11 @@ class CriticWorker(Worker):
                                          local_mini_batch_size=self.plan.local_mini_batch_sequences,
                                          epochs=self.config.critic.ppo_epochs, shuffle=True,
                                          seed=self.config.trainer.seed * 100_019 + step)
+
+    @one_to_all(collect="first")
+    def batch_plan(self) -> tuple[BatchPlan, str]:
+        """The critic's batch plan as run (an ``auto`` micro-batch resolved) and the sizing line (empty unless auto)."""
+        return self.plan, self.micro_batch_sizing.line() if self.micro_batch_sizing else ""
 
     @one_to_all(collect="first")
     def save_checkpoint(self, directory: str) -> str:
