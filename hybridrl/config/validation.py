@@ -217,10 +217,11 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
         error.add("rollout.tensor_model_parallel_size", tp,
                   f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node)")
     if config.trainer.device == "cpu":
-        _check_cpu_dtype(config, error)
+        _check_cpu_limits(config, error)
 
 
-def _check_cpu_dtype(config: TrainConfig, error: ConfigError) -> None:
+def _check_cpu_limits(config: TrainConfig, error: ConfigError) -> None:
+    """What a CPU run cannot do: float16 training, or ``auto`` micro-batches without a configured budget."""
     if config.model.dtype == "float16":
         error.add("model.dtype", "float16", "float16 training is not supported on CPU; use bfloat16 or float32")
     for role in ["actor"] + (["critic"] if critic_enabled(config) else []):
@@ -277,7 +278,7 @@ def _check_this_machine(config: TrainConfig, error: ConfigError) -> None:
     if config.trainer.device == "cuda" and device != "cuda" and config.trainer.ray.address == "local":
         error.add("trainer.device", "cuda", "no CUDA device is visible on this machine; use trainer.device=cpu or auto")
     if config.trainer.device == "auto" and device == "cpu":
-        _check_cpu_dtype(config, error)
+        _check_cpu_limits(config, error)
 
 
 def resolved_device(config: TrainConfig) -> str:
@@ -333,13 +334,18 @@ def _check_batch_plans(config: TrainConfig, error: ConfigError) -> None:
         except ConfigError as plan_error:
             error.extend(plan_error)
             continue
-        adaptive = config.actor.adaptive_accumulation
-        steps = plan.grad_accum_steps
-        if role == "actor" and adaptive.enable and steps is not None \
-                and not adaptive.min_steps <= steps <= adaptive.max_steps:
-            error.add("actor.adaptive_accumulation.max_steps" if steps > adaptive.max_steps
-                      else "actor.adaptive_accumulation.min_steps",
-                      adaptive.max_steps if steps > adaptive.max_steps else adaptive.min_steps,
+        if role == "actor" and config.actor.adaptive_accumulation.enable and plan.grad_accum_steps is not None:
+            _check_adaptive_bounds(config, plan.grad_accum_steps, error)
+
+
+def _check_adaptive_bounds(config: TrainConfig, steps: int, error: ConfigError) -> None:
+    """The configured accumulation steps (where the learning rate was tuned) must lie within the adaptive bounds;
+    an ``auto`` micro-batch is checked when the worker has sized it."""
+    adaptive = config.actor.adaptive_accumulation
+    for name, bound, outside in (("min_steps", adaptive.min_steps, steps < adaptive.min_steps),
+                                 ("max_steps", adaptive.max_steps, steps > adaptive.max_steps)):
+        if outside:
+            error.add(f"actor.adaptive_accumulation.{name}", bound,
                       f"must bound the configured {steps} accumulation steps (the learning rate is tuned there)")
 
 

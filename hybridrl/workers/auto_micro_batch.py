@@ -30,6 +30,7 @@ from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import BatchPlan
 from hybridrl.workers.accumulation import DataParallelGroup
 from hybridrl.workers.memory_probe import MeasureFn, max_over_ranks, make_probe
+from hybridrl.workers.model_builder import torch_dtype
 from hybridrl.workers.memory_sizing import (
     FP32,
     DecoderShape,
@@ -42,8 +43,6 @@ from hybridrl.workers.memory_sizing import (
 )
 
 logger = logging.getLogger(__name__)
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,8 @@ def sizing_options(config: TrainConfig, role: str, world_size: int) -> dict:
     """Keyword options of the analytic model for ``role`` under ``config`` (dtypes, checkpointing, packing)."""
     model = config.model
     reduce_dtype = getattr(config, role).fsdp.reduce_dtype
-    precision = Precision(compute_bytes=DTYPE_BYTES[model.dtype], grad_bytes=DTYPE_BYTES[reduce_dtype])
+    precision = Precision(compute_bytes=torch_dtype(model.dtype).itemsize,
+                          grad_bytes=torch_dtype(reduce_dtype).itemsize)
     # FSDP2's root returns fp32 outputs (hybridrl.workers.fsdp), so the loss sees fp32 logits.
     return dict(world_size=world_size, precision=precision, checkpointing=model.enable_gradient_checkpointing,
                 packed=model.use_remove_padding, attention=model.attn_implementation, accumulating=True,

@@ -4,7 +4,7 @@
   optimizer step, Adam moments included), the next size up does not fit the usable part, and training with it gives
   the same update as the explicit micro-batch — and as the plain single-batch reference of the invariance tests.
 - **adaptive**: with the accumulation steps raised (2 → 4) or lowered (2 → 1) by the control, one update equals the
-  reference optimizer steps over mini-batches of ``micro × K × world`` sequences, at the learning rate × ``√(K/2)``.
+  reference optimizer steps over mini-batches of ``micro × K × world`` sequences, at the learning rate × √(K/2).
 """
 
 from __future__ import annotations

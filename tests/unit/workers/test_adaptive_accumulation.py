@@ -67,7 +67,7 @@ def test_steps_follow_a_constructed_noise_scale_sequence():
     # Bias-corrected EMA of S (|G|² stays exactly 1, so B_simple is that EMA):
     #   S:        40   40   40   400    400    10     10     10
     #   B_simple: 40   40   40   232    318.7  161.9  85.35  47.53
-    # mini-batch (20 tokens per step): 40 → within ×2 keep; 232 > 80 → 11.6 steps wanted → 8 (nearest in log, max);
+    # mini-batch (20 tokens per step): 40 → within ×2 keep; 232 > 80 → 11.6 steps wanted → 8 (nearest in log);
     # at 8 steps (160 tokens) 318.7, 161.9, 85.35 are within [80, 320]: keep; 47.53 < 80 → 2.38 steps → 2.
     expected_steps = [2, 2, 2, 8, 8, 8, 8, 2]
     seen_steps, seen_b_simple = [], []

@@ -68,7 +68,8 @@ def test_picks_the_largest_fitting_micro_batch_and_logs_one_line(model, caplog):
     assert sized.per_sequence_bytes + sized.state_bytes == pytest.approx(by_hand(model, 1))
     lines = [record.getMessage() for record in caplog.records]
     assert len(lines) == 1 and lines[0] == sized.line()
-    for part in (f"budget {format_bytes(budget_mb * 2**20)} (configured)", "per sequence of 512 tokens", "micro_batch_size=4, grad_accum_steps=4", "analytic model"):
+    for part in (f"budget {format_bytes(budget_mb * 2**20)} (configured)", "per sequence of 512 tokens",
+                 "micro_batch_size=4, grad_accum_steps=4", "analytic model"):
         assert part in lines[0], part
 
 
