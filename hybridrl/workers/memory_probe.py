@@ -136,7 +136,7 @@ def probe_peak_bytes(model: nn.Module, micro_batch_size: int, seq_len: int, *, p
         peak = float(resident + tracker.peak_bytes)
     model.zero_grad(set_to_none=True)
     if dp is not None and dp.size > 1:
-        peak = _max_over_ranks(peak, dp, device)
+        peak = max_over_ranks(peak, dp, device)
     return peak
 
 
@@ -152,7 +152,8 @@ def _cuda_peak(forward_backward: Callable[[], None], device: torch.device) -> fl
     return float(torch.cuda.max_memory_allocated(device))
 
 
-def _max_over_ranks(value: float, dp, device: torch.device) -> float:
+def max_over_ranks(value: float, dp, device: torch.device) -> float:
+    """The maximum of ``value`` over ``dp``'s ranks (one all-reduce on ``device``)."""
     import torch.distributed as dist
 
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
