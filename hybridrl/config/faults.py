@@ -34,10 +34,14 @@ class FaultInjectionConfig(FreezableConfig):
     checkpoint_write_error_at_step: Optional[int] = None
     """(Testing) Simulate a full disk: the checkpoint of this step fails with ``OSError(ENOSPC)`` raised where the
     controller writes its trainer state into the half-written checkpoint (after the workers' shards)."""
+    nonfinite_advantages_from_step: Optional[int] = None
+    """(Testing) From this step on, the controller replaces the advantages by NaN, so every optimizer step of the actor
+    sees non-finite gradients (and skips them) — for ``trainer.max_consecutive_nonfinite_steps``."""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid ``trainer.fault_injection.<field>``."""
-        for name in ("kill_worker_at_step", "kill_controller_at_step", "checkpoint_write_error_at_step"):
+        for name in ("kill_worker_at_step", "kill_controller_at_step", "checkpoint_write_error_at_step",
+                     "nonfinite_advantages_from_step"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"trainer.fault_injection.{name}={value!r}: must be null or a step >= 1")

@@ -17,7 +17,10 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+import torch
+
 from hybridrl.config.faults import FaultInjectionConfig
+from hybridrl.protocol import Batch, Fields
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +104,12 @@ class FaultInjector:
                            config.kill_worker_rank, pid, step)
             self.worker_killed_at = time.monotonic()
             os.kill(pid, signal.SIGKILL)
+
+    def corrupt_advantages(self, step: int, batch: Batch) -> None:
+        """Replace ``batch``'s advantages ``[B, R]`` by NaN from ``nonfinite_advantages_from_step`` on."""
+        start = self.config.nonfinite_advantages_from_step
+        if start is not None and step >= start:
+            batch[Fields.ADVANTAGES] = torch.full_like(batch[Fields.ADVANTAGES], float("nan"))
 
     def before_checkpoint_commit(self, step: int, partial_dir: Path) -> None:
         """Hook between the workers' shard writes and the controller's commit of checkpoint ``step``."""

@@ -127,12 +127,12 @@ class RLTrainer:
         while self.global_step < self.total_steps:
             metrics = self.train_step(next(iter(self.loaders.train)))
             self.global_step += 1
-            guard.observe(self.global_step, metrics, self.restart_point)
             if self._due(trainer.test_freq) or self.global_step == self.total_steps:
                 result.last_validation = self.validate() if self.loaders.val is not None else None
                 metrics.update(result.last_validation or {})
             tracker.log(metrics, step=self.global_step)
             result.history.append(metrics)
+            guard.observe(self.global_step, metrics, self.restart_point)
             if self._due(trainer.save_freq) or (self.global_step == self.total_steps and trainer.save_at_end):
                 self.save_checkpoint()
 
@@ -148,6 +148,7 @@ class RLTrainer:
         with timer.phase("advantages"):
             baselines = self._remax_baselines(batch) if config.algorithm.adv_estimator == "remax" else None
             metrics = self._rewards_and_advantages(batch, baselines)
+            self.faults.corrupt_advantages(self.global_step + 1, batch)
         if self.critic is not None:
             with timer.phase("update_critic"):
                 metrics.update(_prefixed("critic", self.critic.call(CriticWorker.update_critic, batch)[0]))
