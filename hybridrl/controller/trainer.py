@@ -265,8 +265,8 @@ class RLTrainer:
         A failed write (a full disk, a worker's error) removes the partial directory and raises
         ``CheckpointWriteError`` naming the cause; the previous checkpoint and ``latest`` are untouched."""
         step = self.global_step
-        directory = self.checkpoints.partial_dir(step)
         try:
+            directory = self.checkpoints.partial_dir(step)
             futures = [self._actor().call_async(ActorRolloutRefWorker.save_checkpoint, str(directory / "actor"))]
             if self.critic is not None:
                 futures.append(self.critic.call_async(CriticWorker.save_checkpoint, str(directory / "critic")))
