@@ -17,14 +17,21 @@ from hybridrl.config import ConfigError
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 Handler = Callable[[argparse.Namespace], int]
+Arguments = Callable[[argparse.ArgumentParser], None]
 COMMANDS: dict[str, tuple[str, str, Handler]] = {}
+# Commands that take their own positional arguments instead of a config and Hydra overrides.
+ARGUMENTS: dict[str, Arguments] = {}
 
 
-def command(name: str, help_text: str, config_name: str = "ppo_trainer") -> Callable[[Handler], Handler]:
-    """Register a sub-command handler ``(args) -> exit status`` whose default config is ``config_name``."""
+def command(name: str, help_text: str, config_name: str = "ppo_trainer",
+            arguments: Optional[Arguments] = None) -> Callable[[Handler], Handler]:
+    """Register a sub-command handler ``(args) -> exit status`` whose default config is ``config_name`` (or which
+    declares its own ``arguments`` on its parser)."""
 
     def register(handler: Handler) -> Handler:
         COMMANDS[name] = (help_text, config_name, handler)
+        if arguments is not None:
+            ARGUMENTS[name] = arguments
         return handler
 
     return register
@@ -77,11 +84,34 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="a run directory (its latest checkpoint) or a checkpoints/global_step_<k> dir")
+    parser.add_argument("output_dir", help="new directory for the Hugging Face model (safetensors + tokenizer)")
+
+
+@command("export", "write a checkpoint's policy as a Hugging Face directory: hybridrl export RUN_DIR OUT_DIR",
+         arguments=_export_arguments)
+def export(args: argparse.Namespace) -> int:
+    from hybridrl.controller.export import ExportError, export_checkpoint, resolve_checkpoint
+
+    try:
+        checkpoint = resolve_checkpoint(args.source)
+        output = export_checkpoint(checkpoint, args.output_dir)
+    except ExportError as error:
+        print(f"hybridrl export: {error}", file=sys.stderr)
+        return 2
+    print(f"hybridrl export: {checkpoint} → {output} (load with transformers.AutoModelForCausalLM or vllm.LLM)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridrl", description=__doc__.splitlines()[0])
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, config_name, _) in COMMANDS.items():
         sub = subcommands.add_parser(name, help=help_text)
+        if name in ARGUMENTS:
+            ARGUMENTS[name](sub)
+            continue
         sub.add_argument("--config-name", default=config_name, help="YAML file in conf/ (without .yaml)")
         sub.add_argument("--no-check-paths", action="store_true", help="skip file-existence checks")
         sub.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. rollout.n=8 algorithm=gae")

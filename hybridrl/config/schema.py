@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from hybridrl.config.frozen import FreezableConfig
+from hybridrl.config.faults import FaultInjectionConfig
 from hybridrl.config.ray import RayConfig
 
 
@@ -389,6 +390,18 @@ class TrainerConfig(FreezableConfig):
     """Steps that update only the critic before the actor starts learning."""
     ray: RayConfig = field(default_factory=RayConfig)
     """Ray start-up and worker-group settings."""
+    export_at_end: bool = False
+    """After the last step, write the policy as a Hugging Face directory ``<run dir>/hf`` (safetensors + tokenizer)
+    that transformers and vLLM load. ``hybridrl export <run dir> <out dir>`` does the same from any checkpoint."""
+    max_restarts: int = 0
+    """When a worker process dies or hangs (crash, OOM kill, lost node), stop all worker groups, start them again and
+    resume from the run's last checkpoint, at most this many times in a run (0: fail at once, naming role and rank).
+    An exception raised by worker code is not retried: it would happen again."""
+    max_consecutive_nonfinite_steps: int = 5
+    """Stop the run with a diagnosis after this many steps in a row whose gradients were not finite (each such
+    optimizer step is skipped, weights unchanged). 0 never stops."""
+    fault_injection: FaultInjectionConfig = field(default_factory=FaultInjectionConfig)
+    """FOR TESTS ONLY: make a worker or the controller fail at a chosen step (see ``hybridrl.config.faults``)."""
 
 
 @dataclass

@@ -101,6 +101,8 @@ def _check_sizes(config: TrainConfig, error: ConfigError) -> None:
     for key, value in (("trainer.save_freq", trainer.save_freq), ("trainer.test_freq", trainer.test_freq)):
         _require(error, key, value, value == -1 or value > 0, "must be -1 (off) or a positive number of steps")
     _require(error, "trainer.critic_warmup", trainer.critic_warmup, trainer.critic_warmup >= 0, "must be >= 0")
+    for key in ("max_restarts", "max_consecutive_nonfinite_steps"):
+        _require(error, f"trainer.{key}", getattr(trainer, key), getattr(trainer, key) >= 0, "must be >= 0")
 
 
 def _check_ranges(config: TrainConfig, error: ConfigError) -> None:
@@ -162,6 +164,10 @@ def _check_choices(config: TrainConfig, error: ConfigError) -> None:
         config.trainer.ray.validate()
     except ValueError as ray_error:
         error.add("trainer.ray", PREFORMATTED, str(ray_error))
+    try:
+        config.trainer.fault_injection.validate()
+    except ValueError as fault_error:
+        error.add("trainer.fault_injection", PREFORMATTED, str(fault_error))
 
 
 def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
