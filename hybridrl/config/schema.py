@@ -36,6 +36,9 @@ class ModelConfig(FreezableConfig):
     """Allow model code shipped inside the model directory. Off by default: it executes that code."""
     use_torch_compile: bool = False
     """Compile each decoder layer with ``torch.compile`` (training roles); the first steps are slower while it compiles."""
+    fp8_compute: bool = False
+    """Run the decoder's linear layers in float8 (torchao float8 training) in the training roles: Hopper GPUs
+    (compute capability >= 9.0) only, refused elsewhere. Master weights stay fp32."""
 
 
 @dataclass
@@ -56,6 +59,9 @@ class OptimConfig(FreezableConfig):
     """After warm-up: ``constant`` | ``cosine``."""
     min_lr_ratio: float = 0.0
     """Cosine schedule floor, as a fraction of ``lr``."""
+    state_precision: str = "fp32"
+    """AdamW moments: ``fp32`` (8 bytes per parameter) | ``8bit`` (block-quantised, ~2 bytes; torchao, or
+    bitsandbytes on CUDA; ``pip install 'hybridrl[lowbit]'``). Master weights and gradients stay fp32."""
 
 
 @dataclass

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from hybridrl.config.errors import PREFORMATTED, ConfigError
+from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS, check_precision_on_device
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sft_schema import SFTConfig
 from hybridrl.config.sizes import role_plan, world_size
@@ -154,6 +155,7 @@ def _check_choices(config: TrainConfig, error: ConfigError) -> None:
         _choice(error, f"{role}.optim.lr_scheduler", role_config.optim.lr_scheduler, LR_SCHEDULERS)
         _choice(error, f"{role}.fsdp.reduce_dtype", role_config.fsdp.reduce_dtype, REDUCE_DTYPES)
         _choice(error, f"{role}.strategy", getattr(role_config, "strategy", "fsdp2"), ("fsdp2",))
+        _choice(error, f"{role}.optim.state_precision", role_config.optim.state_precision, OPTIMIZER_STATE_PRECISIONS)
     try:
         config.trainer.ray.validate()
     except ValueError as ray_error:
@@ -219,6 +221,8 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
 def _check_cpu_dtype(config: TrainConfig, error: ConfigError) -> None:
     if config.model.dtype == "float16":
         error.add("model.dtype", "float16", "float16 training is not supported on CPU; use bfloat16 or float32")
+    if config.model.fp8_compute:
+        error.add("model.fp8_compute", True, "fp8 compute needs a Hopper GPU (compute capability >= 9.0), not a CPU")
 
 
 def _check_this_machine(config: TrainConfig, error: ConfigError) -> None:
@@ -235,6 +239,22 @@ def _check_this_machine(config: TrainConfig, error: ConfigError) -> None:
         error.add("trainer.device", "cuda", "no CUDA device is visible on this machine; use trainer.device=cpu or auto")
     if config.trainer.device == "auto" and device == "cpu":
         _check_cpu_dtype(config, error)
+    _check_precision_here(config, device, error)
+
+
+def _check_precision_here(config: TrainConfig, device: str, error: ConfigError) -> None:
+    """8-bit optimizer backends and fp8 compute (Hopper) on this machine's device."""
+    capability = None
+    if device == "cuda" and config.model.fp8_compute:
+        import torch
+
+        capability = torch.cuda.get_device_capability(0) if torch.cuda.is_available() else None
+    optim_keys = {f"{role}.optim.state_precision": getattr(config, role).optim.state_precision
+                  for role in ("actor", "critic") if role == "actor" or critic_enabled(config)}
+    # fp8 on a CPU is reported by _check_cpu_dtype; a GPU that is not visible here (a remote cluster) is checked
+    # when the model is built.
+    check_precision_on_device(optim_keys, config.model.fp8_compute and capability is not None, device, capability,
+                              error)
 
 
 def resolved_device(config: TrainConfig) -> str:
