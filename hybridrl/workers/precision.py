@@ -57,14 +57,20 @@ def learning_rate(optimizer: torch.optim.Optimizer) -> float:
     return float(optimizer.param_groups[0]["lr"])
 
 
-def tensor_bytes(tensor: torch.Tensor) -> int:
-    """Bytes a tensor occupies, including tensor subclasses that wrap other tensors (torchao's 8-bit optimizer state:
-    uint8 codes + fp32 scales + a 256-entry code book), which report the dtype they stand for, not what they store."""
+def plain_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors that hold ``tensor``'s data on this rank: a DTensor's local shard; a wrapper subclass's inner
+    tensors (torchao's 8-bit optimizer state: uint8 codes, fp32 block scales, its code book) — such a subclass
+    reports the dtype it stands for, not what it stores."""
     local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    if hasattr(local, "__tensor_flatten__"):
-        names, _ = local.__tensor_flatten__()
-        return sum(tensor_bytes(getattr(local, name)) for name in names)
-    return local.numel() * local.element_size()
+    if not hasattr(local, "__tensor_flatten__"):
+        return [local]
+    names, _ = local.__tensor_flatten__()
+    return [plain for name in names for plain in plain_tensors(getattr(local, name))]
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    """Bytes a tensor occupies on this rank, wrapper subclasses (torchao's 8-bit state) included."""
+    return sum(plain.numel() * plain.element_size() for plain in plain_tensors(tensor))
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
