@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hybridrl.config.frozen import FreezableConfig
+from hybridrl.config.monitoring import MonitoringConfig
 from hybridrl.config.ray import RayConfig
 
 
@@ -358,6 +359,8 @@ class TrainerConfig(FreezableConfig):
     """Steps that update only the critic before the actor starts learning."""
     ray: RayConfig = field(default_factory=RayConfig)
     """Ray start-up and worker-group settings."""
+    monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
+    """Prometheus endpoint and cost estimate."""
 
 
 @dataclass

@@ -23,7 +23,7 @@ ROLLOUT_ENGINES = ("hf", "vllm")
 TRUNCATION_MODES = ("error", "left", "right")
 DEVICES = ("auto", "cuda", "cpu")
 RESUME_MODES = ("auto", "disable", "resume_path")
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow", "prometheus")
 LR_SCHEDULERS = ("constant", "cosine")
 REDUCE_DTYPES = ("float32", "bfloat16")
 DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -156,6 +156,7 @@ def _check_choices(config: TrainConfig, error: ConfigError) -> None:
         _choice(error, f"{role}.fsdp.reduce_dtype", role_config.fsdp.reduce_dtype, REDUCE_DTYPES)
         _choice(error, f"{role}.strategy", getattr(role_config, "strategy", "fsdp2"), ("fsdp2",))
         _choice(error, f"{role}.optim.state_precision", role_config.optim.state_precision, OPTIMIZER_STATE_PRECISIONS)
+    error.extend(config.trainer.monitoring.problems())
     try:
         config.trainer.ray.validate()
     except ValueError as ray_error:

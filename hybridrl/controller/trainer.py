@@ -89,7 +89,9 @@ class RLTrainer:
                 self._resume()
                 prepare_metrics_file(self.run_dir, self.global_step)
                 tracker = Tracker(trainer.logger, self.run_dir, total_steps=self.total_steps,
-                                  project=trainer.project_name, experiment=trainer.experiment_name)
+                                  project=trainer.project_name, experiment=trainer.experiment_name,
+                                  monitoring=trainer.monitoring, num_devices=world_size(self.config),
+                                  start_step=self.global_step)
                 self._train_loop(tracker, result)
             finally:
                 if tracker is not None:
