@@ -109,3 +109,15 @@ def test_fp8_compute_refused_when_building_a_cpu_model():
     with pytest.raises(ConfigError, match="model.fp8_compute"):
         apply_fp8_compute(model, torch.device("cpu"))
     assert not any(type(module).__name__ == "Float8Linear" for module in model.modules())  # nothing converted
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["actor.optim.state_precision=4bit"], "actor.optim.state_precision"),
+    (["model.fp8_compute=true", "trainer.device=cpu"], "model.fp8_compute"),
+])
+def test_config_refuses_unsupported_precision(overrides, key):
+    from hybridrl.config import load_config
+
+    with pytest.raises(ConfigError) as raised:
+        load_config(overrides, check_paths=False)
+    assert raised.value.keys == [key]
