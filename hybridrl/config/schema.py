@@ -16,6 +16,7 @@ from typing import Any, Optional, Union
 
 from hybridrl.config.frozen import FreezableConfig
 from hybridrl.config.faults import FaultInjectionConfig
+from hybridrl.config.monitoring import MonitoringConfig
 from hybridrl.config.ray import RayConfig
 
 
@@ -37,6 +38,9 @@ class ModelConfig(FreezableConfig):
     """Allow model code shipped inside the model directory. Off by default: it executes that code."""
     use_torch_compile: bool = False
     """Compile each decoder layer with ``torch.compile`` (training roles); the first steps are slower while it compiles."""
+    fp8_compute: bool = False
+    """Run the decoder's linear layers in float8 (torchao float8 training) in the training roles: Hopper GPUs
+    (compute capability >= 9.0) only, refused elsewhere. Master weights stay fp32."""
 
 
 @dataclass
@@ -57,6 +61,9 @@ class OptimConfig(FreezableConfig):
     """After warm-up: ``constant`` | ``cosine``."""
     min_lr_ratio: float = 0.0
     """Cosine schedule floor, as a fraction of ``lr``."""
+    state_precision: str = "fp32"
+    """AdamW moments: ``fp32`` (8 bytes per parameter) | ``8bit`` (block-quantised, ~2 bytes; torchao, or
+    bitsandbytes on CUDA; ``pip install 'hybridrl[lowbit]'``). Master weights and gradients stay fp32."""
 
 
 @dataclass
@@ -402,6 +409,8 @@ class TrainerConfig(FreezableConfig):
     optimizer step is skipped, weights unchanged). 0 never stops."""
     fault_injection: FaultInjectionConfig = field(default_factory=FaultInjectionConfig)
     """FOR TESTS ONLY: make a worker or the controller fail at a chosen step (see ``hybridrl.config.faults``)."""
+    monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
+    """Prometheus endpoint and cost estimate."""
 
 
 @dataclass

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from hybridrl.config.errors import PREFORMATTED, ConfigError
+from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS, check_precision_on_device
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sft_schema import SFTConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH, role_plan, world_size
@@ -22,7 +23,7 @@ ROLLOUT_ENGINES = ("hf", "vllm")
 TRUNCATION_MODES = ("error", "left", "right")
 DEVICES = ("auto", "cuda", "cpu")
 RESUME_MODES = ("auto", "disable", "resume_path")
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow", "prometheus")
 LR_SCHEDULERS = ("constant", "cosine")
 REDUCE_DTYPES = ("float32", "bfloat16")
 DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -160,6 +161,8 @@ def _check_choices(config: TrainConfig, error: ConfigError) -> None:
         _choice(error, f"{role}.optim.lr_scheduler", role_config.optim.lr_scheduler, LR_SCHEDULERS)
         _choice(error, f"{role}.fsdp.reduce_dtype", role_config.fsdp.reduce_dtype, REDUCE_DTYPES)
         _choice(error, f"{role}.strategy", getattr(role_config, "strategy", "fsdp2"), ("fsdp2",))
+        _choice(error, f"{role}.optim.state_precision", role_config.optim.state_precision, OPTIMIZER_STATE_PRECISIONS)
+    error.extend(config.trainer.monitoring.problems())
     try:
         config.trainer.ray.validate()
     except ValueError as ray_error:
@@ -227,9 +230,11 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
 
 
 def _check_cpu_limits(config: TrainConfig, error: ConfigError) -> None:
-    """What a CPU run cannot do: float16 training, or ``auto`` micro-batches without a configured budget."""
+    """What a CPU run cannot do: float16 training, fp8 compute, or ``auto`` micro-batches without a budget."""
     if config.model.dtype == "float16":
         error.add("model.dtype", "float16", "float16 training is not supported on CPU; use bfloat16 or float32")
+    if config.model.fp8_compute:
+        error.add("model.fp8_compute", True, "fp8 compute needs a Hopper GPU (compute capability >= 9.0), not a CPU")
     for role in ["actor"] + (["critic"] if critic_enabled(config) else []):
         role_config = getattr(config, role)
         if role_config.ppo_micro_batch_size_per_gpu == AUTO_MICRO_BATCH and not role_config.use_dynamic_bsz \
@@ -285,6 +290,22 @@ def _check_this_machine(config: TrainConfig, error: ConfigError) -> None:
         error.add("trainer.device", "cuda", "no CUDA device is visible on this machine; use trainer.device=cpu or auto")
     if config.trainer.device == "auto" and device == "cpu":
         _check_cpu_limits(config, error)
+    _check_precision_here(config, device, error)
+
+
+def _check_precision_here(config: TrainConfig, device: str, error: ConfigError) -> None:
+    """8-bit optimizer backends and fp8 compute (Hopper) on this machine's device."""
+    capability = None
+    if device == "cuda" and config.model.fp8_compute:
+        import torch
+
+        capability = torch.cuda.get_device_capability(0) if torch.cuda.is_available() else None
+    optim_keys = {f"{role}.optim.state_precision": getattr(config, role).optim.state_precision
+                  for role in ("actor", "critic") if role == "actor" or critic_enabled(config)}
+    # fp8 on a CPU is reported by _check_cpu_limits; a GPU that is not visible here (a remote cluster) is checked
+    # when the model is built.
+    check_precision_on_device(optim_keys, config.model.fp8_compute and capability is not None, device, capability,
+                              error)
 
 
 def resolved_device(config: TrainConfig) -> str:

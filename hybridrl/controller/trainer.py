@@ -109,7 +109,9 @@ class RLTrainer:
             del result.history[self.global_step - self.first_step:]  # steps after the checkpoint run again
             prepare_metrics_file(self.run_dir, self.global_step)
             tracker = Tracker(trainer.logger, self.run_dir, total_steps=self.total_steps,
-                              project=trainer.project_name, experiment=trainer.experiment_name)
+                              project=trainer.project_name, experiment=trainer.experiment_name,
+                              monitoring=trainer.monitoring, num_devices=world_size(self.config),
+                              start_step=self.global_step)
             self._train_loop(tracker, result)
             if trainer.export_at_end:
                 result.export_dir = Path(self._actor().call(ActorRolloutRefWorker.export_hf, str(self.run_dir / "hf")))

@@ -28,6 +28,7 @@ from hybridrl.workers.checkpoint import export_hf, load_sharded, save_sharded
 from hybridrl.workers.fsdp import ShardingOptions, shard_model
 from hybridrl.workers.offload import move_optimizer_state
 from hybridrl.workers.model_builder import build_model, load_tokenizer, torch_dtype
+from hybridrl.utils.memory import memory_metrics
 from hybridrl.workers.optim import build_optimizer, build_scheduler
 
 logger = logging.getLogger(__name__)
@@ -185,10 +186,11 @@ class ActorRolloutRefWorker(Worker):
             micro_batching = MicroBatching(micro_batch_size=self.plan.micro_batch_size_per_gpu)
         step = int(batch.meta.get("global_step", 0))
         self._reload_optimizer()
-        return self.actor.update_policy(batch, self.loss_settings, micro_batching,
-                                        local_mini_batch_size=self.plan.local_mini_batch_sequences,
-                                        epochs=actor.ppo_epochs, shuffle=actor.shuffle,
-                                        seed=self.config.trainer.seed * 100_003 + step)
+        metrics = self.actor.update_policy(batch, self.loss_settings, micro_batching,
+                                           local_mini_batch_size=self.plan.local_mini_batch_sequences,
+                                           epochs=actor.ppo_epochs, shuffle=actor.shuffle,
+                                           seed=self.config.trainer.seed * 100_003 + step)
+        return {**metrics, **memory_metrics(self.device)}
 
     @dp_split(pad=False)
     def update_sft(self, batch: Batch) -> dict[str, float]:

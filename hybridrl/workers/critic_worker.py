@@ -19,6 +19,7 @@ from hybridrl.workers.checkpoint import load_sharded, save_sharded
 from hybridrl.workers.critic import ValueEngine, ValueLossSettings
 from hybridrl.workers.fsdp import ShardingOptions, shard_model
 from hybridrl.workers.model_builder import build_model, torch_dtype
+from hybridrl.utils.memory import memory_metrics
 from hybridrl.workers.optim import build_optimizer, build_scheduler
 
 
@@ -60,10 +61,11 @@ class CriticWorker(Worker):
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Value-loss epochs over this rank's share (``values`` = old values, ``returns`` = targets)."""
         step = int(batch.meta.get("global_step", 0))
-        return self.engine.update_critic(batch, self.settings, self._micro_batching(),
-                                         local_mini_batch_size=self.plan.local_mini_batch_sequences,
-                                         epochs=self.config.critic.ppo_epochs, shuffle=True,
-                                         seed=self.config.trainer.seed * 100_019 + step)
+        metrics = self.engine.update_critic(batch, self.settings, self._micro_batching(),
+                                            local_mini_batch_size=self.plan.local_mini_batch_sequences,
+                                            epochs=self.config.critic.ppo_epochs, shuffle=True,
+                                            seed=self.config.trainer.seed * 100_019 + step)
+        return {**metrics, **memory_metrics(self.device)}
 
     @one_to_all(collect="first")
     def batch_plan(self) -> tuple[BatchPlan, str]:

@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from hybridrl.workers.fsdp import set_gradient_sync
+from hybridrl.workers.precision import plain_tensors
 from hybridrl.workers.sequences import response_log_probs
 
 MeasureFn = Callable[[int, int], float]
@@ -88,9 +89,10 @@ def resident_bytes(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] 
         tensors += [value for state in optimizer.state.values() for value in state.values()
                     if isinstance(value, torch.Tensor)]
     for tensor in tensors:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        storages[local.untyped_storage().data_ptr()] = local.untyped_storage().nbytes()
+        for local in plain_tensors(tensor):
+            storages[local.untyped_storage().data_ptr()] = local.untyped_storage().nbytes()
     return sum(storages.values())
+
 
 
 def probe_peak_bytes(model: nn.Module, micro_batch_size: int, seq_len: int, *, packed: bool = False,
