@@ -7,6 +7,7 @@ User mistakes print one clear message and exit with status 2 — never a traceba
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import Callable, Optional, Sequence
@@ -141,8 +142,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _CurrentStderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at each record, so lines pass through the live progress display's
+    redirection instead of tearing it."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+def configure_logging() -> None:
+    """hybridrl's own INFO lines (start-up decisions, restarts, sizing) on stderr; other libraries at WARNING."""
+    root = logging.getLogger()
+    if not any(isinstance(handler, _CurrentStderrHandler) for handler in root.handlers):
+        handler = _CurrentStderrHandler()
+        handler.setFormatter(logging.Formatter("[%(name)s] %(levelname)s %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.getLogger("hybridrl").setLevel(logging.INFO)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    configure_logging()
     _, _, handler = COMMANDS[args.command]
     try:
         return handler(args)

@@ -19,6 +19,7 @@ import torch
 from hybridrl.algorithms import build_kl_controller
 from hybridrl.config import critic_enabled, dump_config, resolved_device, validate_config, world_size
 from hybridrl.config.schema import TrainConfig
+from hybridrl.config.sizes import AUTO_MICRO_BATCH
 from hybridrl.controller import PoolSpec, ResourcePool, WorkerError, WorkerGroup, gather, start_ray
 from hybridrl.controller.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
 from hybridrl.controller.faults import FaultInjector, NonFiniteGuard
@@ -253,6 +254,13 @@ class RLTrainer:
             self.critic = WorkerGroup(CriticWorker, pool, name="critic", bundle_share=share,
                                       args=(config, self.total_steps))
         logger.info("workers started in %.1f s", time.perf_counter() - started)
+        self._log_micro_batch_sizing()
+
+    def _log_micro_batch_sizing(self) -> None:
+        """The workers' decision for ``ppo_micro_batch_size_per_gpu: auto`` (made at their start-up), one line each."""
+        for role, group in (("actor", self.actor), ("critic", self.critic)):
+            if group is not None and getattr(self.config, role).ppo_micro_batch_size_per_gpu == AUTO_MICRO_BATCH:
+                logger.info("%s", group.call(group.worker_cls.batch_plan)[1])
 
     def _stop_workers(self) -> None:
         for group in (self.actor, self.critic):
