@@ -53,7 +53,8 @@ def _largest_micro_batch(config: TrainConfig, shapes: Shapes, device_bytes: int,
     local = role_plan(config, role).local_mini_batch_sequences
     try:
         return choose_micro_batch_size(device_bytes, seq_len=seq_len, local_mini_batch_size=local,
-                                       measure_fn=measure, headroom=headroom, world_size=world_size(config))
+                                       measure_fn=measure, headroom=headroom, world_size=world_size(config),
+                                       log=False)  # the report prints the decision
     except ValueError:
         return None
 

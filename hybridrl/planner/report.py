@@ -9,6 +9,7 @@ from hybridrl.config.precision import DTYPE_BYTES, standard_modes
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import world_size
 from hybridrl.planner.hardware import GpuSpec
+from hybridrl.planner.known_models import model_shape
 from hybridrl.planner.memory_plan import MemoryPlan, Shapes, kv_bytes_per_token, plan_memory
 from hybridrl.planner.recommend import Recommendation, recommend
 from hybridrl.planner.time_plan import StepTime, roofline_step_time, run_cost
@@ -44,16 +45,13 @@ class JobPlan:
 
 
 def shapes_of(config: TrainConfig) -> Shapes:
-    """Model shapes from the ``config.json`` files of the job's models (no weights are read)."""
-    from transformers import AutoConfig
-
-    def shape(path: Optional[str]) -> Optional[DecoderShape]:
-        if not path:
-            return None
-        return DecoderShape.from_hf_config(AutoConfig.from_pretrained(path, trust_remote_code=config.model.trust_remote_code))
-
-    return Shapes(policy=shape(config.model.path), critic=shape(config.critic.model_path),
-                  reward_model=shape(config.reward_model.model_path if config.reward_model.enable else None))
+    """Model shapes from the local ``config.json`` of each of the job's models (no weights are read, nothing is
+    downloaded), or a known model's published shape (:mod:`hybridrl.planner.known_models`)."""
+    remote = config.model.trust_remote_code
+    return Shapes(policy=model_shape(config.model.path, "model.path", remote),
+                  critic=model_shape(config.critic.model_path, "critic.model_path", remote),
+                  reward_model=model_shape(config.reward_model.model_path if config.reward_model.enable else None,
+                                           "reward_model.model_path", remote))
 
 
 def plan_job(config: TrainConfig, gpu: GpuSpec, *, shapes: Optional[Shapes] = None, headroom: float = 0.15,

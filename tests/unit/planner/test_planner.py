@@ -163,3 +163,22 @@ def test_plan_command(tmp_path, capsys):
     assert "fp8 compute: not on A10G" in out
     assert main(common + ["data.max_response_length=65536", "data.max_prompt_length=65536", "--gpu", "a10g"]) == 1
     assert "does not fit" in capsys.readouterr().out
+
+
+def test_known_model_names_plan_without_weights_and_match_their_published_configs(tmp_path):
+    from transformers import Qwen2Config
+
+    from hybridrl.planner.known_models import KNOWN_SHAPES, model_shape
+
+    Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True).save_pretrained(tmp_path)
+    assert model_shape(str(tmp_path), "model.path") == KNOWN_SHAPES["qwen2.5-0.5b"]   # table == the real config
+    assert model_shape("models/Qwen2.5-7B-Instruct", "model.path") == QWEN_7B
+    assert model_shape(None, "critic.model_path") is None
+
+
+def test_plan_command_refuses_an_unknown_missing_model_without_downloading(capsys):
+    assert main(["plan", "--no-check-paths", "model.path=/nowhere/my-private-model"]) == 2
+    err = capsys.readouterr().err
+    assert "model.path" in err and "/nowhere/my-private-model" in err and "config.json" in err
+    assert "Traceback" not in err
