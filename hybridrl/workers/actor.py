@@ -23,6 +23,7 @@ from hybridrl.workers.accumulation import (
     train_mini_batch,
 )
 from hybridrl.workers.anti_forgetting import EWCRegularizer, PtxMixer, combine_hooks
+from hybridrl.workers.adaptive_accumulation import AccumulationControl
 from hybridrl.workers.grad_noise import GradientNoiseScale, GradientSample, MicroBatchGradNorms, summarize
 from hybridrl.workers.sequences import response_log_probs
 
@@ -73,6 +74,7 @@ class PolicyEngine:
                  grad_noise_scale: bool = False) -> None:
         self.model = model
         self.grad_clip = grad_clip
+        self.accumulation: Optional[AccumulationControl] = None
         self.grad_norms = MicroBatchGradNorms(model) if grad_noise_scale else None
         self.noise_scale = GradientNoiseScale() if grad_noise_scale else None
         self.optimizer = optimizer
@@ -87,6 +89,13 @@ class PolicyEngine:
         self.model.train()
         self.ewc = EWCRegularizer(self.model, coef, self.dp)
         self.ewc.estimate_fisher(self.model, batches, self.sft_loss(), micro_batching)
+
+    def use_adaptive_accumulation(self, control: AccumulationControl) -> None:
+        """Let ``control`` (built on this engine's optimizer and scheduler) choose ``update_policy``'s accumulation
+        steps; turns the noise-scale measurement on, which it feeds on."""
+        if self.grad_norms is None:
+            self.grad_norms, self.noise_scale = MicroBatchGradNorms(self.model), GradientNoiseScale()
+        self.accumulation = control
 
     def compute_log_prob(self, data: Batch, micro_batching: MicroBatching, *, with_entropy: bool = True) -> Batch:
         """Log-probs (and entropy) of ``data``'s responses: a Batch with ``old_log_probs [B, R]`` (+ ``entropy``)."""
@@ -160,23 +169,33 @@ class PolicyEngine:
         ``data`` needs ``input_ids``, ``attention_mask``, ``responses``, ``response_mask``, ``old_log_probs``,
         ``advantages`` (and ``ref_log_probs`` with a KL loss). ``ptx``: this rank's SFT rows for the step, mixed into
         every optimizer step with weight ``ptx_coef`` (``anti_forgetting.PtxMixer``). Returns metrics averaged over
-        optimizer steps.
+        optimizer steps. With adaptive accumulation the control's ``micro × K`` replaces ``local_mini_batch_size``,
+        its scaled schedule steps the learning rate, and ``K`` is reconsidered after the update.
         """
         if self.optimizer is None:
             raise RuntimeError("this PolicyEngine has no optimizer (a reference policy cannot be updated)")
         loss_fn = self.micro_batch_loss(settings, sampling_temperature(data))
         if self.grad_norms is not None:
             loss_fn = self.grad_norms.wrap(loss_fn, settings.loss_agg_mode, self.dp.size)
+        control, scheduler = self.accumulation, self.scheduler
+        if control is not None:
+            local_mini_batch_size, scheduler = control.local_mini_batch_size, control.schedule
+            control.schedule.apply()
         mixer = None
         if ptx is not None and ptx_coef > 0:
             mixer = PtxMixer(self.model, ptx, len(data) // local_mini_batch_size, self.sft_loss(), ptx_coef,
                              micro_batching, self.dp)
         ewc = self.ewc
-        return train_epochs(self.model, self.optimizer, self.scheduler, data, loss_fn,
-                            loss_agg_mode=settings.loss_agg_mode, micro_batching=micro_batching, dp=self.dp,
-                            grad_clip=self.grad_clip, local_mini_batch_size=local_mini_batch_size, epochs=epochs,
-                            shuffle=shuffle, seed=seed, after_step=self._noise_scale_metrics,
-                            before_step=combine_hooks(mixer, None if ewc is None else lambda _: ewc.add_gradient()))
+        metrics = train_epochs(self.model, self.optimizer, scheduler, data, loss_fn,
+                               loss_agg_mode=settings.loss_agg_mode, micro_batching=micro_batching, dp=self.dp,
+                               grad_clip=self.grad_clip, local_mini_batch_size=local_mini_batch_size, epochs=epochs,
+                               shuffle=shuffle, seed=seed, after_step=self._noise_scale_metrics,
+                               before_step=combine_hooks(mixer, None if ewc is None else lambda _: ewc.add_gradient()))
+        if control is not None:
+            metrics.update(control.metrics())
+            if self.grad_norms.global_batch_size is not None:
+                control.update(self.grad_norms.global_batch_size, self.noise_scale.latest)
+        return metrics
 
     def _noise_scale_metrics(self, step_metrics: dict[str, float]) -> dict[str, float]:
         """Fold this optimizer step's micro-batch gradient norms into the noise-scale estimate (if enabled)."""

@@ -141,7 +141,12 @@ def export_hf(model: nn.Module, tokenizer, directory: str | Path,
     if _rank() == 0:
         directory.mkdir(parents=True, exist_ok=True)
         state = merge(state) if merge is not None else state
-        (writer or model).save_pretrained(directory, state_dict=state, safe_serialization=True)
+        writer = writer or model
+        use_cache, writer.config.use_cache = writer.config.use_cache, True  # training turns the KV cache off
+        try:
+            writer.save_pretrained(directory, state_dict=state, safe_serialization=True)
+        finally:
+            writer.config.use_cache = use_cache
         if tokenizer is not None:
             tokenizer.save_pretrained(directory)
     _barrier()

@@ -53,6 +53,8 @@ BAD_CONFIGS = [
     (["actor.ptx.coef=0.5", "actor.ptx.batch_size=6"], "actor.ptx.batch_size", "devices (2) × optimizer steps per epoch (2)"),
     (["actor.ptx.coef=0.5", "actor.ptx.batch_size=4", "data.synthetic_task=null"], "actor.ptx.train_files",
      "set data.synthetic_task"),
+    (["actor.ptx.coef=0.5", "actor.ptx.batch_size=4", "actor.adaptive_accumulation.enable=true"], "actor.ptx.coef",
+     "adaptive_accumulation"),
     (["actor.ewc.coef=-1"], "actor.ewc.coef", ">= 0"),
     (["actor.ewc.fisher_batches=0"], "actor.ewc.fisher_batches", "positive"),
     (["actor.ewc.coef=1", "actor.ewc.fisher_batches=5"], "actor.ewc.fisher_batches", "must divide the 32 rollout rows"),
