@@ -279,7 +279,7 @@ def gather(*futures: GroupFuture[Any], timeout_s: Optional[float] = None) -> tup
                 future._results[rank] = outcome(handle)
             except RankFailure as failure:
                 peers = {h: r for h, (f, r) in pending.items() if f is future}
-                _fail(future, lambda: future.group._raise_failure(future.method, rank, failure, peers))
+                _fail(future, lambda failure=failure: future.group._raise_failure(future.method, rank, failure, peers))
     return tuple(future._settled() for future in futures)
 
 
