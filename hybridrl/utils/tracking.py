@@ -17,7 +17,7 @@ from typing import Any, Optional, Protocol, Sequence
 CONSOLE_KEYS = (
     ("critic/score/mean", "score"), ("val/accuracy", "val acc"), ("actor/pg_loss", "pg loss"),
     ("actor/kl_loss", "kl"), ("actor/entropy", "entropy"), ("actor/grad_norm", "|g|"),
-    ("response_length/mean", "len"), ("timing/step", "s/step"), ("sft/sft_loss", "sft loss"),
+    ("response_length/mean", "len"), ("timing/step", "s/step"), ("sft/sft_loss", "sft loss"), ("rm/loss", "rm loss"),
 )
 
 

@@ -18,3 +18,9 @@ def test_bad_override_exits_2_with_message(capsys):
     err = capsys.readouterr().err
     assert "rollout.n=0: must be a positive number" in err
     assert "Traceback" not in err
+
+
+def test_rm_command_refuses_a_config_without_pairs(capsys):
+    assert main(["rm", "--no-check-paths", "data.train_batch_size=16"]) == 2
+    err = capsys.readouterr().err
+    assert "hybridrl rm:" in err and "data.train_files" in err and "Traceback" not in err
