@@ -151,6 +151,7 @@ class RMTrainer:
 
     def _loop(self, group: WorkerGroup, tracker: Tracker, result: RMResult, start: int) -> None:
         trainer = self.config.trainer
+        result.global_step = start
         if start == 0 and trainer.val_before_train:
             self._log_validation(group, tracker, result, 0)
         for step in range(start + 1, trainer.total_training_steps + 1):
