@@ -180,9 +180,11 @@ def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
     if config.actor.policy_loss == "gspo" and max(config.actor.clip_ratio_low, config.actor.clip_ratio_high) >= 0.01:
         error.add("actor.clip_ratio_high", config.actor.clip_ratio_high,
                   "GSPO clips a sequence-level ratio: use clip ranges of order 1e-4 (the paper: 3e-4 / 4e-4)")
-    if config.reward_model.enable:
-        error.add("reward_model.enable", True, "reward-model scoring inside the RL loop is not wired yet (the worker "
-                                               "exists: hybridrl.workers.reward_model_worker); use rule rewards")
+    for name in config.reward_fusion.normalize:
+        _choice(error, "reward_fusion.normalize", name, ("rule", "rm"))
+    for key in ("length_penalty_coef", "diversity_penalty_coef"):
+        value = getattr(config.reward_fusion, key)
+        _require(error, f"reward_fusion.{key}", value, value >= 0, "must be >= 0 (it is subtracted as a penalty)")
     if config.critic.fsdp.optimizer_offload:
         error.add("critic.fsdp.optimizer_offload", True, "only the actor offloads its optimizer (during generation)")
     if config.rollout.tensor_model_parallel_size > 1:

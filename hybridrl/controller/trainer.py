@@ -18,9 +18,10 @@ import torch
 
 from hybridrl.algorithms import build_kl_controller
 from hybridrl.config import critic_enabled, dump_config, resolved_device, validate_config, world_size
-from hybridrl.config.schema import TrainConfig
+from hybridrl.config.schema import ModelConfig, TrainConfig
 from hybridrl.controller import PoolSpec, ResourcePool, WorkerGroup, gather, start_ray
 from hybridrl.controller.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
+from hybridrl.controller.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
 from hybridrl.controller.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
 from hybridrl.controller.validation import Scoring, validate
 from hybridrl.controller.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups, num_groups,
@@ -35,6 +36,7 @@ from hybridrl.utils.timing import PhaseTimer
 from hybridrl.utils.tracking import Tracker, prepare_metrics_file
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
 from hybridrl.workers.critic_worker import CriticWorker
+from hybridrl.workers.reward_model_worker import RewardModelWorker
 from hybridrl.workers.model_builder import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -74,6 +76,7 @@ class RLTrainer:
         self.pool: Optional[ResourcePool] = None
         self.actor: Optional[WorkerGroup[ActorRolloutRefWorker]] = None
         self.critic: Optional[WorkerGroup[CriticWorker]] = None
+        self.reward_model: Optional[WorkerGroup[RewardModelWorker]] = None
 
     # ------------------------------------------------------------------ the run
     def fit(self) -> TrainResult:
@@ -220,16 +223,29 @@ class RLTrainer:
         self.pool = pool = ResourcePool.create(PoolSpec("global", nnodes=config.trainer.nnodes,
                                                         devices_per_node=config.trainer.n_gpus_per_node,
                                                         device=device), runtime)
-        share = 0.5 if critic_enabled(config) else 1.0
+        share = 1.0 / (1 + critic_enabled(config) + config.reward_model.enable)
         self.actor = WorkerGroup(ActorRolloutRefWorker, pool, name="actor_rollout_ref", bundle_share=share,
                                  args=(config, self.total_steps, self.with_reference))
         if critic_enabled(config):
             self.critic = WorkerGroup(CriticWorker, pool, name="critic", bundle_share=share,
                                       args=(config, self.total_steps))
+        if config.reward_model.enable:
+            self.reward_model = WorkerGroup(RewardModelWorker, pool, name="reward_model", bundle_share=share,
+                                            args=(config,))
+        if fusion_enabled(config):
+            self.scoring = FusedScoring(self.scoring, config, self.reward_model, self._rm_tokenizer())
         logger.info("workers started in %.1f s", time.perf_counter() - started)
 
+    def _rm_tokenizer(self):
+        """The reward model's tokenizer when its vocabulary differs from the policy's (re-tokenise), else None."""
+        if not self.config.reward_model.enable:
+            return None
+        tokenizer = load_tokenizer(ModelConfig(path=self.config.reward_model.model_path,
+                                               trust_remote_code=self.config.model.trust_remote_code))
+        return None if same_vocabulary(tokenizer, self.tokenizer) else tokenizer
+
     def _stop_workers(self) -> None:
-        for group in (self.actor, self.critic):
+        for group in (self.actor, self.critic, self.reward_model):
             if group is not None:
                 group.shutdown()
         if self.pool is not None:

@@ -15,7 +15,7 @@ from hybridrl.controller import Worker, dp_split
 from hybridrl.protocol import Batch, Fields
 from hybridrl.workers.actor_worker import sharding_options
 from hybridrl.workers.fsdp import shard_model
-from hybridrl.workers.model_builder import build_model, load_tokenizer
+from hybridrl.workers.model_builder import build_model
 from hybridrl.workers.sequences import position_ids_from_mask
 
 RM_SCORES = "rm_scores"
@@ -56,7 +56,10 @@ def sequence_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
 
 
 class RewardModelWorker(Worker):
-    """One rank of the reward model (``reward_model.model_path``), sharded like the actor, no optimizer."""
+    """One rank of the reward model (``reward_model.model_path``), sharded like the actor, no optimizer.
+
+    It scores the token ids it is given: the controller passes the policy's ids when the vocabularies agree and
+    re-tokenised sequences otherwise (``hybridrl.controller.reward_fusion``)."""
 
     def __init__(self, config: TrainConfig) -> None:
         reward = config.reward_model
@@ -68,17 +71,6 @@ class RewardModelWorker(Worker):
         self.model.requires_grad_(False)
         self.model.eval()
         shard_model(self.model, self.dp_mesh, sharding_options(config, param_offload=False))
-        self._check_tokenizer(config, reward.model_path)
-
-    @staticmethod
-    def _check_tokenizer(config: TrainConfig, reward_path: str) -> None:
-        """The policy's token ids are fed to the reward model as they are, so the vocabularies must agree."""
-        policy = load_tokenizer(config.model)
-        reward = load_tokenizer(config.model.__class__(path=reward_path))
-        if policy.get_vocab() != reward.get_vocab():
-            raise ValueError(f"reward_model.model_path={reward_path!r} uses a different tokenizer from the policy; "
-                             "re-tokenising for the reward model is not supported yet — use a reward model trained "
-                             "with the policy's tokenizer")
 
     @dp_split
     @torch.no_grad()
