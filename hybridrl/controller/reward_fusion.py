@@ -54,6 +54,15 @@ class FusedScoring:
         self.rm_tokenizer = rm_tokenizer  # None: same vocabulary as the policy, score its token ids
         self.normalizers = {name: RunningMeanStd() for name in config.reward_fusion.normalize}
 
+    def state_dict(self) -> dict[str, dict[str, float]]:
+        """The running normalisation statistics (saved with a checkpoint so a resumed run normalises alike)."""
+        return {name: normalizer.state_dict() for name, normalizer in self.normalizers.items()}
+
+    def load_state_dict(self, state: dict[str, dict[str, float]]) -> None:
+        for name, normalizer in self.normalizers.items():
+            if name in state:
+                normalizer.load_state_dict(state[name])
+
     def score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], list[str]]:
         """The rule score (validation's accuracy), unchanged."""
         return self.scoring.score(batch)

@@ -260,6 +260,8 @@ class RLTrainer:
         gather(*futures)
         state = {"global_step": self.global_step, "loader": self.loaders.train.state_dict(),
                  "kl_controller": self.kl_controller.state_dict(), "model_path": self.config.model.path}
+        if isinstance(self.scoring, FusedScoring):
+            state["reward_fusion"] = self.scoring.state_dict()
         return self.checkpoints.commit(self.global_step, state)
 
     def _resume(self) -> None:
@@ -279,6 +281,8 @@ class RLTrainer:
             self.critic.call(CriticWorker.load_checkpoint, str(checkpoint / "critic"))
         self.loaders.train.load_state_dict(state["loader"])
         self.kl_controller.load_state_dict(state["kl_controller"])
+        if isinstance(self.scoring, FusedScoring):
+            self.scoring.load_state_dict(state.get("reward_fusion", {}))
         self.global_step = int(state["global_step"])
         logger.info("resumed from %s at step %d", checkpoint, self.global_step)
 

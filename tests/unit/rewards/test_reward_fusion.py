@@ -67,3 +67,14 @@ def test_diversity_penalty_is_the_mean_similarity_to_group_mates():
     assert penalties[0] == pytest.approx(-2.0 * (1.0 + 0.0) / 2)  # one identical mate, one disjoint
     assert penalties[3] == 0.0  # alone in its group
     assert text_similarity("abcd", "abce") == pytest.approx(2 / 4)
+
+
+def test_fused_scoring_state_round_trips_the_normalisers():
+    from hybridrl.config import load_config
+    from hybridrl.controller.reward_fusion import FusedScoring
+
+    config = load_config(["reward_fusion.enable=true", "reward_fusion.normalize=[rule]"], check_paths=False)
+    first, second = FusedScoring(None, config), FusedScoring(None, config)
+    first.normalizers["rule"].update(torch.tensor([0.0, 1.0, 1.0]))
+    second.load_state_dict(first.state_dict())
+    assert second.normalizers["rule"].state_dict() == first.normalizers["rule"].state_dict()
