@@ -7,6 +7,7 @@ User mistakes print one clear message and exit with status 2 — never a traceba
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import Callable, Optional, Sequence
@@ -17,14 +18,21 @@ from hybridrl.config import ConfigError
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 Handler = Callable[[argparse.Namespace], int]
-COMMANDS: dict[str, tuple[str, str, Handler]] = {}
+Arguments = Callable[[argparse.ArgumentParser], None]
+COMMANDS: dict[str, tuple[str, Optional[str], Handler]] = {}
+# A command's own extra arguments (beyond --config-name, --no-check-paths and the overrides, when it takes a config).
+ARGUMENTS: dict[str, Arguments] = {}
 
 
-def command(name: str, help_text: str, config_name: str = "ppo_trainer") -> Callable[[Handler], Handler]:
-    """Register a sub-command handler ``(args) -> exit status`` whose default config is ``config_name``."""
+def command(name: str, help_text: str, config_name: Optional[str] = "ppo_trainer",
+            arguments: Optional[Arguments] = None) -> Callable[[Handler], Handler]:
+    """Register a sub-command handler ``(args) -> exit status`` whose default config is ``config_name``
+    (``None``: the command takes no config and no overrides) and which may declare its own ``arguments``."""
 
     def register(handler: Handler) -> Handler:
         COMMANDS[name] = (help_text, config_name, handler)
+        if arguments is not None:
+            ARGUMENTS[name] = arguments
         return handler
 
     return register
@@ -40,6 +48,29 @@ def show_config(args: argparse.Namespace) -> int:
     print("# ---- derived (never written back into the config) ----")
     print(batch_plan_report(config, include_critic=critic_enabled(config)))
     return 0
+
+
+def plan_options(parser: argparse.ArgumentParser) -> None:
+    from hybridrl.planner.hardware import GPUS
+
+    parser.add_argument("--gpu", default="a100-80", choices=sorted(GPUS), help="device type to plan for")
+    parser.add_argument("--price-per-gpu-hour", type=float, default=None, help="for the cost estimate (any currency)")
+    parser.add_argument("--efficiency", type=float, default=0.4, help="fraction of peak the job reaches (MFU)")
+    parser.add_argument("--headroom", type=float, default=0.15, help="fraction of device memory kept free")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default trainer.total_training_steps)")
+
+
+@command("plan", "per-device memory, micro-batch, offload advice, time and cost of a job on a GPU type",
+         arguments=plan_options)
+def plan(args: argparse.Namespace) -> int:
+    from hybridrl.config import load_config
+    from hybridrl.planner import format_plan, gpu_spec, plan_job
+
+    config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths)
+    job = plan_job(config, gpu_spec(args.gpu), headroom=args.headroom, efficiency=args.efficiency,
+                   price_per_gpu_hour=args.price_per_gpu_hour, total_steps=args.steps)
+    print(format_plan(job))
+    return 0 if job.recommendation.fits else 1
 
 
 @command("train", "run the RL trainer (PPO, GRPO, ...): hybridrl train model.path=... algorithm=grpo")
@@ -93,19 +124,67 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="a run directory (its latest checkpoint) or a checkpoints/global_step_<k> dir")
+    parser.add_argument("output_dir", help="new directory for the Hugging Face model (safetensors + tokenizer)")
+
+
+@command("export", "write a checkpoint's policy as a Hugging Face directory: hybridrl export RUN_DIR OUT_DIR",
+         None, arguments=_export_arguments)
+def export(args: argparse.Namespace) -> int:
+    from hybridrl.controller.export import ExportError, export_checkpoint, resolve_checkpoint
+
+    try:
+        checkpoint = resolve_checkpoint(args.source)
+        output = export_checkpoint(checkpoint, args.output_dir)
+    except ExportError as error:
+        print(f"hybridrl export: {error}", file=sys.stderr)
+        return 2
+    print(f"hybridrl export: {checkpoint} → {output} (load with transformers.AutoModelForCausalLM or vllm.LLM)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridrl", description=__doc__.splitlines()[0])
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, config_name, _) in COMMANDS.items():
         sub = subcommands.add_parser(name, help=help_text)
-        sub.add_argument("--config-name", default=config_name, help="YAML file in conf/ (without .yaml)")
-        sub.add_argument("--no-check-paths", action="store_true", help="skip file-existence checks")
-        sub.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. rollout.n=8 algorithm=gae")
+        if config_name is not None:
+            sub.add_argument("--config-name", default=config_name, help="YAML file in conf/ (without .yaml)")
+            sub.add_argument("--no-check-paths", action="store_true", help="skip file-existence checks")
+            sub.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. rollout.n=8 algorithm=gae")
+        if name in ARGUMENTS:
+            ARGUMENTS[name](sub)
     return parser
+
+
+class _CurrentStderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at each record, so lines pass through the live progress display's
+    redirection instead of tearing it."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+def configure_logging() -> None:
+    """hybridrl's own INFO lines (start-up decisions, restarts, sizing) on stderr; other libraries at WARNING."""
+    root = logging.getLogger()
+    if not any(isinstance(handler, _CurrentStderrHandler) for handler in root.handlers):
+        handler = _CurrentStderrHandler()
+        handler.setFormatter(logging.Formatter("[%(name)s] %(levelname)s %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.getLogger("hybridrl").setLevel(logging.INFO)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    configure_logging()
     _, _, handler = COMMANDS[args.command]
     try:
         return handler(args)

@@ -12,7 +12,12 @@ def batch_plan_report(config: TrainConfig, include_critic: bool) -> str:
     sequences_per_step = config.data.train_batch_size * config.rollout.n
     for role in ["actor"] + (["critic"] if include_critic else []):
         plan = role_plan(config, role)
-        if plan.grad_accum_steps is None:
+        if plan.auto_micro_batch:
+            sizing = getattr(config, role).micro_batch_sizing
+            budget = "the free device memory" if sizing.memory_budget_mb is None else f"{sizing.memory_budget_mb} MiB"
+            per_rank = (f"micro-batch sized from memory at start-up (auto: largest fitting {budget} with "
+                        f"{sizing.headroom:.0%} headroom) × the accumulation steps that follow")
+        elif plan.grad_accum_steps is None:
             per_rank = f"token budget {getattr(config, role).ppo_max_token_len_per_gpu} tokens per micro-batch"
         else:
             per_rank = f"{plan.micro_batch_size_per_gpu} per micro-batch × {plan.grad_accum_steps} accumulation steps"

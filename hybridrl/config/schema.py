@@ -12,9 +12,11 @@ Batch-size vocabulary (DESIGN.md §3): *algorithm* sizes are global and counted 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from hybridrl.config.frozen import FreezableConfig
+from hybridrl.config.faults import FaultInjectionConfig
+from hybridrl.config.monitoring import MonitoringConfig
 from hybridrl.config.ray import RayConfig
 
 
@@ -36,6 +38,9 @@ class ModelConfig(FreezableConfig):
     """Allow model code shipped inside the model directory. Off by default: it executes that code."""
     use_torch_compile: bool = False
     """Compile each decoder layer with ``torch.compile`` (training roles); the first steps are slower while it compiles."""
+    fp8_compute: bool = False
+    """Run the decoder's linear layers in float8 (torchao float8 training) in the training roles: Hopper GPUs
+    (compute capability >= 9.0) only, refused elsewhere. Master weights stay fp32."""
 
 
 @dataclass
@@ -56,6 +61,9 @@ class OptimConfig(FreezableConfig):
     """After warm-up: ``constant`` | ``cosine``."""
     min_lr_ratio: float = 0.0
     """Cosine schedule floor, as a fraction of ``lr``."""
+    state_precision: str = "fp32"
+    """AdamW moments: ``fp32`` (8 bytes per parameter) | ``8bit`` (block-quantised, ~2 bytes; torchao, or
+    bitsandbytes on CUDA; ``pip install 'hybridrl[lowbit]'``). Master weights and gradients stay fp32."""
 
 
 @dataclass
@@ -71,13 +79,44 @@ class FSDPConfig(FreezableConfig):
 
 
 @dataclass
+class MicroBatchSizingConfig(FreezableConfig):
+    memory_budget_mb: Optional[int] = None
+    """Memory (MiB) one rank may use for this role's training when ``ppo_micro_batch_size_per_gpu: auto``.
+    ``null`` = on CUDA, what the process can allocate at start-up (free + its own reserved memory, the least over
+    ranks), compared with a measured forward/backward; required on CPU, where it is compared with the analytic model
+    of this role's model states and activations (``hybridrl.workers.memory_sizing``)."""
+    headroom: float = 0.15
+    """Fraction of the budget kept free (allocator caching, fragmentation, kernel workspaces); 0.10–0.20 is usual."""
+
+
+@dataclass
+class AdaptiveAccumulationConfig(FreezableConfig):
+    enable: bool = False
+    """Move the actor's gradient-accumulation steps between updates so the mini-batch follows the measured gradient
+    noise scale B_simple (turns the noise-scale measurement on). Fixed micro-batches only."""
+    min_steps: int = 1
+    """Fewest accumulation steps per optimizer step (>= 2 on a single rank: the noise scale needs two batch sizes)."""
+    max_steps: int = 16
+    """Most accumulation steps per optimizer step; steps are ``min_steps × 2^k`` (and the configured count) that
+    divide the rank's sequences of one training step."""
+    lr_scaling: str = "sqrt"
+    """Learning rate at K steps = configured lr × (K / configured steps)^p: ``sqrt`` (p = 1/2, Adam-family),
+    ``linear`` (p = 1, SGD-style), ``none`` (p = 0). The schedule advances by samples, not optimizer steps."""
+    tolerance: float = 2.0
+    """Hysteresis: keep the steps while B_simple is within this factor of the current mini-batch (>= 1)."""
+    min_updates: int = 10
+    """Optimizer steps of noise-scale estimates before the first change."""
+
+
+@dataclass
 class ActorConfig(FreezableConfig):
     strategy: str = "fsdp2"
     """Training backend. Only ``fsdp2`` for now."""
     ppo_mini_batch_size: int = 16
     """Prompts per optimizer step (global). Each prompt brings ``rollout.n`` responses; split over DP ranks inside the worker."""
-    ppo_micro_batch_size_per_gpu: Optional[int] = 4
-    """Sequences per forward/backward on one device. Ignored when ``use_dynamic_bsz`` is true."""
+    ppo_micro_batch_size_per_gpu: Optional[Union[int, str]] = 4
+    """Sequences per forward/backward on one device, or ``auto``: the largest that fits ``micro_batch_sizing``'s
+    budget at the longest sequence, chosen at worker start-up. Ignored when ``use_dynamic_bsz`` is true."""
     use_dynamic_bsz: bool = False
     """Form micro-batches by a token budget (``ppo_max_token_len_per_gpu``) instead of a fixed sequence count."""
     ppo_max_token_len_per_gpu: int = 16384
@@ -111,6 +150,10 @@ class ActorConfig(FreezableConfig):
     log_grad_noise_scale: bool = False
     """Estimate the gradient noise scale B_simple (McCandlish et al. 2018) from the micro-batch gradients and log it
     as ``actor/grad_noise/*`` (needs >= 2 micro-batches or ranks per step; one extra norm per micro-batch)."""
+    micro_batch_sizing: MicroBatchSizingConfig = field(default_factory=MicroBatchSizingConfig)
+    """Memory budget and headroom of ``ppo_micro_batch_size_per_gpu: auto``."""
+    adaptive_accumulation: AdaptiveAccumulationConfig = field(default_factory=AdaptiveAccumulationConfig)
+    """Accumulation steps that follow the gradient noise scale (off by default)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
@@ -181,8 +224,8 @@ class CriticConfig(FreezableConfig):
     """Value-model initialisation; ``null`` = ``model.path`` (a fresh value head on the policy backbone)."""
     ppo_mini_batch_size: int = 16
     """Prompts per critic optimizer step (global), as for the actor."""
-    ppo_micro_batch_size_per_gpu: Optional[int] = 4
-    """Sequences per critic forward/backward on one device."""
+    ppo_micro_batch_size_per_gpu: Optional[Union[int, str]] = 4
+    """Sequences per critic forward/backward on one device, or ``auto`` (sized from memory, as for the actor)."""
     use_dynamic_bsz: bool = False
     """Token-budget micro-batches for the critic."""
     ppo_max_token_len_per_gpu: int = 16384
@@ -195,6 +238,8 @@ class CriticConfig(FreezableConfig):
     """Aggregation of the value loss (same modes as the actor)."""
     grad_clip: float = 1.0
     """Clip the critic's global gradient norm."""
+    micro_batch_sizing: MicroBatchSizingConfig = field(default_factory=MicroBatchSizingConfig)
+    """Memory budget and headroom of ``ppo_micro_batch_size_per_gpu: auto`` (the analytic model on every device)."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     """Critic optimizer."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
@@ -370,6 +415,20 @@ class TrainerConfig(FreezableConfig):
     """Steps that update only the critic before the actor starts learning."""
     ray: RayConfig = field(default_factory=RayConfig)
     """Ray start-up and worker-group settings."""
+    export_at_end: bool = False
+    """After the last step, write the policy as a Hugging Face directory ``<run dir>/hf`` (safetensors + tokenizer)
+    that transformers and vLLM load. ``hybridrl export <run dir> <out dir>`` does the same from any checkpoint."""
+    max_restarts: int = 0
+    """When a worker process dies or hangs (crash, OOM kill, lost node), stop all worker groups, start them again and
+    resume from the run's last checkpoint, at most this many times in a run (0: fail at once, naming role and rank).
+    An exception raised by worker code is not retried: it would happen again."""
+    max_consecutive_nonfinite_steps: int = 5
+    """Stop the run with a diagnosis after this many steps in a row whose gradients were not finite (each such
+    optimizer step is skipped, weights unchanged). 0 never stops."""
+    fault_injection: FaultInjectionConfig = field(default_factory=FaultInjectionConfig)
+    """FOR TESTS ONLY: make a worker or the controller fail at a chosen step (see ``hybridrl.config.faults``)."""
+    monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
+    """Prometheus endpoint and cost estimate."""
 
 
 @dataclass

@@ -7,11 +7,14 @@ config is refused: a silently rounded mini-batch changes the optimisation, not j
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, replace
+from typing import Optional, Union
 
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.schema import TrainConfig
+
+# ``*.ppo_micro_batch_size_per_gpu: auto``: the worker sizes the micro-batch from memory when it starts.
+AUTO_MICRO_BATCH = "auto"
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,8 @@ class BatchPlan:
         micro_batch_size_per_gpu: sequences per forward/backward, or ``None`` under a token budget.
         grad_accum_steps: micro-batches per optimizer step on one rank, or ``None`` under a token budget
             (then the count varies per mini-batch and is chosen by the partitioner).
+        auto_micro_batch: the micro-batch is ``auto``: ``None`` (with ``grad_accum_steps``) until the worker sizes it
+            from memory and calls :meth:`with_micro_batch_size`.
     """
 
     num_data_parallel_ranks: int
@@ -34,6 +39,15 @@ class BatchPlan:
     local_mini_batch_sequences: int
     micro_batch_size_per_gpu: Optional[int]
     grad_accum_steps: Optional[int]
+    auto_micro_batch: bool = False
+
+    def with_micro_batch_size(self, micro_batch_size: int) -> "BatchPlan":
+        """This plan with a chosen micro-batch and the accumulation steps that follow from it."""
+        if micro_batch_size < 1 or self.local_mini_batch_sequences % micro_batch_size:
+            raise ValueError(f"micro-batch of {micro_batch_size} sequences does not divide the per-rank mini-batch "
+                             f"of {self.local_mini_batch_sequences}")
+        return replace(self, micro_batch_size_per_gpu=micro_batch_size,
+                       grad_accum_steps=self.local_mini_batch_sequences // micro_batch_size)
 
 
 def plan_batches(
@@ -42,13 +56,14 @@ def plan_batches(
     train_batch_size: int,
     responses_per_prompt: int,
     ppo_mini_batch_size: int,
-    ppo_micro_batch_size_per_gpu: Optional[int],
+    ppo_micro_batch_size_per_gpu: Optional[Union[int, str]],
     use_dynamic_bsz: bool,
     num_data_parallel_ranks: int,
 ) -> BatchPlan:
     """Derive one role's batch plan, or raise ``ConfigError`` naming every key that breaks the identity.
 
-    ``role`` is the config prefix used in messages, e.g. ``"actor"`` or ``"critic"``.
+    ``role`` is the config prefix used in messages, e.g. ``"actor"`` or ``"critic"``. An ``auto`` micro-batch leaves
+    the micro-batch and accumulation steps to the worker (``auto_micro_batch=True``).
     """
     error = ConfigError()
     mini_key, micro_key = f"{role}.ppo_mini_batch_size", f"{role}.ppo_micro_batch_size_per_gpu"
@@ -66,8 +81,9 @@ def plan_batches(
         )
     local_sequences = mini_batch_sequences // num_data_parallel_ranks
     grad_accum_steps: Optional[int] = None
-    micro = None if use_dynamic_bsz else ppo_micro_batch_size_per_gpu
-    if not use_dynamic_bsz and not error:
+    auto = not use_dynamic_bsz and ppo_micro_batch_size_per_gpu == AUTO_MICRO_BATCH
+    micro = None if use_dynamic_bsz or auto else ppo_micro_batch_size_per_gpu
+    if not use_dynamic_bsz and not auto and not error:
         if ppo_micro_batch_size_per_gpu is None:
             error.add(micro_key, None, f"is required unless {role}.use_dynamic_bsz=true")
         elif local_sequences % ppo_micro_batch_size_per_gpu:
@@ -88,6 +104,7 @@ def plan_batches(
         local_mini_batch_sequences=local_sequences,
         micro_batch_size_per_gpu=micro,
         grad_accum_steps=grad_accum_steps,
+        auto_micro_batch=auto,
     )
 
 

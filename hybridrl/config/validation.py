@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from hybridrl.config.errors import PREFORMATTED, ConfigError
+from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS, check_precision_on_device
 from hybridrl.config.rm_schema import RMConfig
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sft_schema import SFTConfig
-from hybridrl.config.sizes import role_plan, world_size
+from hybridrl.config.sizes import AUTO_MICRO_BATCH, role_plan, world_size
 
 # Choices owned by the config layer. Names owned by a registry (estimators, losses, …) are read from that registry.
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
@@ -23,7 +24,7 @@ ROLLOUT_ENGINES = ("hf", "vllm")
 TRUNCATION_MODES = ("error", "left", "right")
 DEVICES = ("auto", "cuda", "cpu")
 RESUME_MODES = ("auto", "disable", "resume_path")
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow", "prometheus")
 LR_SCHEDULERS = ("constant", "cosine")
 REDUCE_DTYPES = ("float32", "bfloat16")
 DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -45,7 +46,8 @@ def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
     compose a recipe meant for a GPU cluster.
     """
     error = ConfigError()
-    for check in (_check_sizes, _check_ranges, _check_choices, _check_algorithm_rules, _check_layout):
+    for check in (_check_sizes, _check_ranges, _check_choices, _check_algorithm_rules, _check_layout,
+                  _check_micro_batch_sizing):
         check(config, error)
     if check_paths:
         _check_paths(config, error)
@@ -78,12 +80,10 @@ def _check_sizes(config: TrainConfig, error: ConfigError) -> None:
         ("data.train_batch_size", data.train_batch_size), ("data.val_batch_size", data.val_batch_size),
         ("data.max_prompt_length", data.max_prompt_length), ("data.max_response_length", data.max_response_length),
         ("actor.ppo_mini_batch_size", actor.ppo_mini_batch_size),
-        ("actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu),
         ("actor.log_prob_micro_batch_size_per_gpu", actor.log_prob_micro_batch_size_per_gpu),
         ("actor.ppo_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu), ("actor.ppo_epochs", actor.ppo_epochs),
         ("ref.log_prob_micro_batch_size_per_gpu", config.ref.log_prob_micro_batch_size_per_gpu),
         ("critic.ppo_mini_batch_size", critic.ppo_mini_batch_size),
-        ("critic.ppo_micro_batch_size_per_gpu", critic.ppo_micro_batch_size_per_gpu),
         ("critic.ppo_max_token_len_per_gpu", critic.ppo_max_token_len_per_gpu), ("critic.ppo_epochs", critic.ppo_epochs),
         ("rollout.n", rollout.n), ("rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size),
         ("rollout.max_num_seqs", rollout.max_num_seqs), ("rollout.max_num_batched_tokens", rollout.max_num_batched_tokens),
@@ -95,9 +95,16 @@ def _check_sizes(config: TrainConfig, error: ConfigError) -> None:
         ("trainer.max_ckpt_to_keep", trainer.max_ckpt_to_keep),
         ("custom_reward_function.timeout_s", config.custom_reward_function.timeout_s),
     ])
+    for role in ("actor", "critic"):
+        value = getattr(config, role).ppo_micro_batch_size_per_gpu
+        _require(error, f"{role}.ppo_micro_batch_size_per_gpu", value,
+                 value is None or value == AUTO_MICRO_BATCH or (isinstance(value, int) and value > 0),
+                 f"must be a positive number of sequences or '{AUTO_MICRO_BATCH}' (sized from memory at start-up)")
     for key, value in (("trainer.save_freq", trainer.save_freq), ("trainer.test_freq", trainer.test_freq)):
         _require(error, key, value, value == -1 or value > 0, "must be -1 (off) or a positive number of steps")
     _require(error, "trainer.critic_warmup", trainer.critic_warmup, trainer.critic_warmup >= 0, "must be >= 0")
+    for key in ("max_restarts", "max_consecutive_nonfinite_steps"):
+        _require(error, f"trainer.{key}", getattr(trainer, key), getattr(trainer, key) >= 0, "must be >= 0")
 
 
 def _check_ranges(config: TrainConfig, error: ConfigError) -> None:
@@ -155,10 +162,16 @@ def _check_choices(config: TrainConfig, error: ConfigError) -> None:
         _choice(error, f"{role}.optim.lr_scheduler", role_config.optim.lr_scheduler, LR_SCHEDULERS)
         _choice(error, f"{role}.fsdp.reduce_dtype", role_config.fsdp.reduce_dtype, REDUCE_DTYPES)
         _choice(error, f"{role}.strategy", getattr(role_config, "strategy", "fsdp2"), ("fsdp2",))
+        _choice(error, f"{role}.optim.state_precision", role_config.optim.state_precision, OPTIMIZER_STATE_PRECISIONS)
+    error.extend(config.trainer.monitoring.problems())
     try:
         config.trainer.ray.validate()
     except ValueError as ray_error:
         error.add("trainer.ray", PREFORMATTED, str(ray_error))
+    try:
+        config.trainer.fault_injection.validate()
+    except ValueError as fault_error:
+        error.add("trainer.fault_injection", PREFORMATTED, str(fault_error))
 
 
 def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
@@ -216,12 +229,54 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
         error.add("rollout.tensor_model_parallel_size", tp,
                   f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node)")
     if config.trainer.device == "cpu":
-        _check_cpu_dtype(config, error)
+        _check_cpu_limits(config, error)
 
 
-def _check_cpu_dtype(config: TrainConfig, error: ConfigError) -> None:
+def _check_cpu_limits(config: TrainConfig, error: ConfigError) -> None:
+    """What a CPU run cannot do: float16 training, fp8 compute, or ``auto`` micro-batches without a budget."""
     if config.model.dtype == "float16":
         error.add("model.dtype", "float16", "float16 training is not supported on CPU; use bfloat16 or float32")
+    if config.model.fp8_compute:
+        error.add("model.fp8_compute", True, "fp8 compute needs a Hopper GPU (compute capability >= 9.0), not a CPU")
+    for role in ["actor"] + (["critic"] if critic_enabled(config) else []):
+        role_config = getattr(config, role)
+        if role_config.ppo_micro_batch_size_per_gpu == AUTO_MICRO_BATCH and not role_config.use_dynamic_bsz \
+                and role_config.micro_batch_sizing.memory_budget_mb is None:
+            error.add(f"{role}.micro_batch_sizing.memory_budget_mb", None,
+                      f"is required on CPU with {role}.ppo_micro_batch_size_per_gpu=auto (CPU has no allocator "
+                      "statistics to read a budget from)")
+
+
+def _check_micro_batch_sizing(config: TrainConfig, error: ConfigError) -> None:
+    """``ppo_micro_batch_size_per_gpu: auto`` and ``actor.adaptive_accumulation``."""
+    for role in ("actor", "critic"):
+        role_config = getattr(config, role)
+        sizing = role_config.micro_batch_sizing
+        _positive(error, [(f"{role}.micro_batch_sizing.memory_budget_mb", sizing.memory_budget_mb)])
+        _require(error, f"{role}.micro_batch_sizing.headroom", sizing.headroom, 0 <= sizing.headroom < 1,
+                 "must be in [0, 1) (a fraction of the budget kept free; 0.10-0.20 is usual)")
+        if role_config.ppo_micro_batch_size_per_gpu == AUTO_MICRO_BATCH and role_config.use_dynamic_bsz:
+            error.add(f"{role}.ppo_micro_batch_size_per_gpu", AUTO_MICRO_BATCH,
+                      f"sizes fixed micro-batches; with {role}.use_dynamic_bsz=true the token budget "
+                      f"{role}.ppo_max_token_len_per_gpu cuts them: use one or the other")
+    adaptive = config.actor.adaptive_accumulation
+    if not adaptive.enable:
+        return
+    from hybridrl.workers.grad_noise import LR_EXPONENTS  # the rule owns its scaling names
+
+    key = "actor.adaptive_accumulation"
+    _require(error, f"{key}.min_steps", adaptive.min_steps, adaptive.min_steps >= 1, "must be >= 1")
+    _require(error, f"{key}.max_steps", adaptive.max_steps, adaptive.max_steps >= adaptive.min_steps,
+             f"must be >= {key}.min_steps={adaptive.min_steps}")
+    _choice(error, f"{key}.lr_scaling", adaptive.lr_scaling, LR_EXPONENTS)
+    _require(error, f"{key}.tolerance", adaptive.tolerance, adaptive.tolerance >= 1, "must be >= 1 (a factor)")
+    _require(error, f"{key}.min_updates", adaptive.min_updates, adaptive.min_updates >= 0, "must be >= 0")
+    if config.actor.use_dynamic_bsz:
+        error.add(f"{key}.enable", True, "needs fixed micro-batches: with actor.use_dynamic_bsz=true the "
+                                         "partitioner chooses the micro-batch count")
+    if world_size(config) == 1 and adaptive.min_steps < 2:
+        error.add(f"{key}.min_steps", adaptive.min_steps, "must be >= 2 on a single rank: one micro-batch on one "
+                                                          "rank gives one batch size, and the noise scale needs two")
 
 
 def _check_this_machine(config: TrainConfig, error: ConfigError) -> None:
@@ -237,7 +292,23 @@ def _check_this_machine(config: TrainConfig, error: ConfigError) -> None:
     if config.trainer.device == "cuda" and device != "cuda" and config.trainer.ray.address == "local":
         error.add("trainer.device", "cuda", "no CUDA device is visible on this machine; use trainer.device=cpu or auto")
     if config.trainer.device == "auto" and device == "cpu":
-        _check_cpu_dtype(config, error)
+        _check_cpu_limits(config, error)
+    _check_precision_here(config, device, error)
+
+
+def _check_precision_here(config: TrainConfig, device: str, error: ConfigError) -> None:
+    """8-bit optimizer backends and fp8 compute (Hopper) on this machine's device."""
+    capability = None
+    if device == "cuda" and config.model.fp8_compute:
+        import torch
+
+        capability = torch.cuda.get_device_capability(0) if torch.cuda.is_available() else None
+    optim_keys = {f"{role}.optim.state_precision": getattr(config, role).optim.state_precision
+                  for role in ("actor", "critic") if role == "actor" or critic_enabled(config)}
+    # fp8 on a CPU is reported by _check_cpu_limits; a GPU that is not visible here (a remote cluster) is checked
+    # when the model is built.
+    check_precision_on_device(optim_keys, config.model.fp8_compute and capability is not None, device, capability,
+                              error)
 
 
 def resolved_device(config: TrainConfig) -> str:
@@ -289,9 +360,23 @@ def _check_data_file(error: ConfigError, key: str, path: str) -> None:
 def _check_batch_plans(config: TrainConfig, error: ConfigError) -> None:
     for role in ["actor"] + (["critic"] if critic_enabled(config) else []):
         try:
-            role_plan(config, role)
+            plan = role_plan(config, role)
         except ConfigError as plan_error:
             error.extend(plan_error)
+            continue
+        if role == "actor" and config.actor.adaptive_accumulation.enable and plan.grad_accum_steps is not None:
+            _check_adaptive_bounds(config, plan.grad_accum_steps, error)
+
+
+def _check_adaptive_bounds(config: TrainConfig, steps: int, error: ConfigError) -> None:
+    """The configured accumulation steps (where the learning rate was tuned) must lie within the adaptive bounds;
+    an ``auto`` micro-batch is checked when the worker has sized it."""
+    adaptive = config.actor.adaptive_accumulation
+    for name, bound, outside in (("min_steps", adaptive.min_steps, steps < adaptive.min_steps),
+                                 ("max_steps", adaptive.max_steps, steps > adaptive.max_steps)):
+        if outside:
+            error.add(f"actor.adaptive_accumulation.{name}", bound,
+                      f"must bound the configured {steps} accumulation steps (the learning rate is tuned there)")
 
 
 def validate_sft_config(config: SFTConfig, *, check_paths: bool = True) -> None:
@@ -359,8 +444,8 @@ def validate_rm_config(config: RMConfig, *, check_paths: bool = True) -> None:
         error.add("data.train_batch_size", data.train_batch_size,
                   f"must be a multiple of devices ({devices}) × data.micro_batch_size_per_gpu "
                   f"({data.micro_batch_size_per_gpu}): global = micro × accumulation × world must hold exactly")
-    if trainer.device == "cpu":
-        _check_cpu_dtype(config, error)
+    if trainer.device == "cpu" and config.model.dtype == "float16":
+        error.add("model.dtype", "float16", "float16 training is not supported on CPU; use bfloat16 or float32")
     if check_paths:
         _check_model_dir(error, "model.path", config.model.path)
         for key in ("train_files", "val_files"):

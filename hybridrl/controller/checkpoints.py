@@ -14,6 +14,7 @@ never picked up.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -55,6 +56,17 @@ class CheckpointManager:
         self._prune()
         return final
 
+    def abort(self, step: int, error: BaseException) -> "CheckpointWriteError":
+        """Remove the half-written checkpoint of ``step`` after ``error``; returns the error to raise, which names the
+        cause and the previous checkpoint (untouched: ``latest`` is only replaced after a complete write)."""
+        shutil.rmtree(self.root / f"global_step_{step}.partial", ignore_errors=True)
+        cause = "the disk is full (No space left on device)" if _is_disk_full(error) else f"{type(error).__name__}: {error}"
+        previous = self.latest()
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        return CheckpointWriteError(f"could not write checkpoint global_step_{step} under {self.root}: {cause}; the "
+                                    f"partial write was removed and {kept}. Free space there (or set "
+                                    "trainer.max_ckpt_to_keep / trainer.default_local_dir), then resume")
+
     def sweep_partials(self) -> list[Path]:
         """Delete checkpoints a crash left half-written (``*.partial``); returns what was removed."""
         stale = sorted(self.root.glob("global_step_*.partial")) if self.root.is_dir() else []
@@ -84,6 +96,22 @@ class CheckpointManager:
             return
         for step in self.steps()[:-self.keep]:
             shutil.rmtree(self.root / f"global_step_{step}", ignore_errors=True)
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, permissions, a worker's write failed); nothing was committed."""
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` (or what it wraps, e.g. a worker's error carrying the remote traceback) is ENOSPC/EDQUOT."""
+    seen: Optional[BaseException] = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(seen) or "Disk quota exceeded" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def load_trainer_state(checkpoint: str | Path) -> dict[str, Any]:

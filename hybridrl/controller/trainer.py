@@ -19,8 +19,11 @@ import torch
 from hybridrl.algorithms import build_kl_controller
 from hybridrl.config import critic_enabled, dump_config, resolved_device, validate_config, world_size
 from hybridrl.config.schema import ModelConfig, TrainConfig
-from hybridrl.controller import PoolSpec, ResourcePool, WorkerGroup, gather, start_ray
+from hybridrl.config.sizes import AUTO_MICRO_BATCH
+from hybridrl.controller import PoolSpec, ResourcePool, WorkerError, WorkerGroup, gather, start_ray
 from hybridrl.controller.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
+from hybridrl.controller.faults import FaultInjector, NonFiniteGuard
+from hybridrl.controller.restarts import RESTARTABLE, RestartRecord, Supervisor
 from hybridrl.controller.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
 from hybridrl.controller.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
 from hybridrl.controller.validation import Scoring, validate
@@ -51,6 +54,8 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
     first_validation: Optional[dict[str, float]] = None
     last_validation: Optional[dict[str, float]] = None
+    restarts: list[RestartRecord] = field(default_factory=list)
+    export_dir: Optional[Path] = None
 
 
 class RLTrainer:
@@ -72,7 +77,10 @@ class RLTrainer:
         self.kl_controller = _kl_controller(config, self.total_steps)
         self.checkpoints = CheckpointManager(self.run_dir, config.trainer.max_ckpt_to_keep)
         self.with_reference = config.actor.use_kl_loss or config.algorithm.use_kl_in_reward
-        self.global_step = 0
+        self.global_step = self.first_step = 0  # first_step: where this process's run started (after a resume)
+        self.initial_state = self._controller_state()  # what a restart before the first checkpoint goes back to
+        self.restart_point: Optional[Path] = None  # the checkpoint a restart resumes from (last loaded or committed)
+        self.faults = FaultInjector(config.trainer.fault_injection)
         self.pool: Optional[ResourcePool] = None
         self.actor: Optional[WorkerGroup[ActorRolloutRefWorker]] = None
         self.critic: Optional[WorkerGroup[CriticWorker]] = None
@@ -82,27 +90,43 @@ class RLTrainer:
     def fit(self) -> TrainResult:
         """Train for ``total_steps`` (resuming if configured), validating and checkpointing as configured."""
         dump_config(self.config, self.run_dir)
-        trainer = self.config.trainer
         result = TrainResult(self.run_dir, 0)
-        with start_ray(trainer.ray) as runtime, build_reward_scorer(self.config.custom_reward_function) as scorer:
-            self.scoring = Scoring(scorer, self.tokenizer)
-            tracker: Optional[Tracker] = None
-            try:
-                self._start_workers(runtime)
-                self._resume()
-                prepare_metrics_file(self.run_dir, self.global_step)
-                tracker = Tracker(trainer.logger, self.run_dir, total_steps=self.total_steps,
-                                  project=trainer.project_name, experiment=trainer.experiment_name)
-                self._train_loop(tracker, result)
-            finally:
-                if tracker is not None:
-                    tracker.close()
-                self._stop_workers()
-        result.global_step = self.global_step
+        supervisor = Supervisor(self.config.trainer.max_restarts)
+        with start_ray(self.config.trainer.ray) as runtime, \
+                build_reward_scorer(self.config.custom_reward_function) as scorer:
+            self.rule_scoring = self.scoring = Scoring(scorer, self.tokenizer)
+            supervisor.run(lambda: self._attempt(runtime, result, supervisor), lambda: self.global_step)
+        result.global_step, result.restarts = self.global_step, supervisor.records
         return result
+
+    def _attempt(self, runtime, result: TrainResult, supervisor: Supervisor) -> None:
+        """Start the workers, restore the state (a resume, or after a lost worker the last checkpoint), train."""
+        trainer, tracker = self.config.trainer, None
+        try:
+            self._start_workers(runtime)
+            if supervisor.restarting:
+                self._restore(self.restart_point)
+            else:
+                self._resume()
+                self.first_step = self.global_step
+            supervisor.resumed(self.restart_point, self.global_step)
+            del result.history[self.global_step - self.first_step:]  # steps after the checkpoint run again
+            prepare_metrics_file(self.run_dir, self.global_step)
+            tracker = Tracker(trainer.logger, self.run_dir, total_steps=self.total_steps,
+                              project=trainer.project_name, experiment=trainer.experiment_name,
+                              monitoring=trainer.monitoring, num_devices=world_size(self.config),
+                              start_step=self.global_step)
+            self._train_loop(tracker, result)
+            if trainer.export_at_end:
+                result.export_dir = Path(self._actor().call(ActorRolloutRefWorker.export_hf, str(self.run_dir / "hf")))
+        finally:
+            if tracker is not None:
+                tracker.close()
+            self._stop_workers()
 
     def _train_loop(self, tracker: Tracker, result: TrainResult) -> None:
         trainer = self.config.trainer
+        guard = NonFiniteGuard(trainer.max_consecutive_nonfinite_steps)
         if trainer.val_before_train and self.global_step == 0 and self.loaders.val is not None:
             result.first_validation = self.validate()
             tracker.log(result.first_validation, step=0)
@@ -114,6 +138,7 @@ class RLTrainer:
                 metrics.update(result.last_validation or {})
             tracker.log(metrics, step=self.global_step)
             result.history.append(metrics)
+            guard.observe(self.global_step, metrics, self.restart_point)
             if self._due(trainer.save_freq) or (self.global_step == self.total_steps and trainer.save_at_end):
                 self.save_checkpoint()
 
@@ -129,9 +154,11 @@ class RLTrainer:
         with timer.phase("advantages"):
             baselines = self._remax_baselines(batch) if config.algorithm.adv_estimator == "remax" else None
             metrics = self._rewards_and_advantages(batch, baselines)
+            self.faults.corrupt_advantages(self.global_step + 1, batch)
         if self.critic is not None:
             with timer.phase("update_critic"):
                 metrics.update(_prefixed("critic", self.critic.call(CriticWorker.update_critic, batch)[0]))
+        self.faults.before_actor_update(self.global_step + 1, {"actor_rollout_ref": actor, "critic": self.critic})
         if self.global_step >= config.trainer.critic_warmup:
             with timer.phase("update_actor"):
                 metrics.update(_prefixed("actor", actor.call(ActorRolloutRefWorker.update_actor, batch)[0]))
@@ -233,8 +260,15 @@ class RLTrainer:
             self.reward_model = WorkerGroup(RewardModelWorker, pool, name="reward_model", bundle_share=share,
                                             args=(config,))
         if fusion_enabled(config):
-            self.scoring = FusedScoring(self.scoring, config, self.reward_model, self._rm_tokenizer())
+            self.scoring = FusedScoring(self.rule_scoring, config, self.reward_model, self._rm_tokenizer())
         logger.info("workers started in %.1f s", time.perf_counter() - started)
+        self._log_micro_batch_sizing()
+
+    def _log_micro_batch_sizing(self) -> None:
+        """The workers' decision for ``ppo_micro_batch_size_per_gpu: auto`` (made at their start-up), one line each."""
+        for role, group in (("actor", self.actor), ("critic", self.critic)):
+            if group is not None and getattr(self.config, role).ppo_micro_batch_size_per_gpu == AUTO_MICRO_BATCH:
+                logger.info("%s", group.call(group.worker_cls.batch_plan)[1])
 
     def _rm_tokenizer(self):
         """The reward model's tokenizer when its vocabulary differs from the policy's (re-tokenise), else None."""
@@ -252,39 +286,59 @@ class RLTrainer:
             self.pool.release()
 
     def save_checkpoint(self) -> Path:
-        """Checkpoint actor (+ critic) shards and the controller state; atomic, ``latest`` updated last."""
-        directory = self.checkpoints.partial_dir(self.global_step)
-        futures = [self._actor().call_async(ActorRolloutRefWorker.save_checkpoint, str(directory / "actor"))]
-        if self.critic is not None:
-            futures.append(self.critic.call_async(CriticWorker.save_checkpoint, str(directory / "critic")))
-        gather(*futures)
-        state = {"global_step": self.global_step, "loader": self.loaders.train.state_dict(),
-                 "kl_controller": self.kl_controller.state_dict(), "model_path": self.config.model.path}
-        if isinstance(self.scoring, FusedScoring):
-            state["reward_fusion"] = self.scoring.state_dict()
-        return self.checkpoints.commit(self.global_step, state)
+        """Checkpoint actor (+ critic) shards and the controller state; atomic, ``latest`` updated last.
+
+        A failed write (a full disk, a worker's error) removes the partial directory and raises
+        ``CheckpointWriteError`` naming the cause; the previous checkpoint and ``latest`` are untouched."""
+        step = self.global_step
+        try:
+            directory = self.checkpoints.partial_dir(step)
+            futures = [self._actor().call_async(ActorRolloutRefWorker.save_checkpoint, str(directory / "actor"))]
+            if self.critic is not None:
+                futures.append(self.critic.call_async(CriticWorker.save_checkpoint, str(directory / "critic")))
+            gather(*futures)
+            self.faults.before_checkpoint_commit(step, directory)
+            self.restart_point = self.checkpoints.commit(step, {"model_path": self.config.model.path,
+                                                                **self._controller_state()})
+        except (OSError, WorkerError) as error:
+            if isinstance(error, RESTARTABLE):  # a lost worker: the supervisor restarts, the partial is swept
+                raise
+            raise self.checkpoints.abort(step, error) from error
+        return self.restart_point
+
+    def _controller_state(self) -> dict[str, Any]:
+        return {"global_step": self.global_step, "loader": self.loaders.train.state_dict(),
+                "kl_controller": self.kl_controller.state_dict(),
+                **({"reward_fusion": self.scoring.state_dict()}
+                   if isinstance(getattr(self, "scoring", None), FusedScoring) else {})}
 
     def _resume(self) -> None:
         trainer = self.config.trainer
+        checkpoint = resume_checkpoint(trainer.resume_mode, self.run_dir, trainer.resume_from_path)
+        if checkpoint is not None:
+            state = load_trainer_state(checkpoint)
+            if state.get("model_path") != self.config.model.path:
+                raise ValueError(f"checkpoint {checkpoint} was trained from model.path={state.get('model_path')!r}, "
+                                 f"not {self.config.model.path!r}; use trainer.resume_mode=disable to start afresh")
+        self._restore(checkpoint)
+
+    def _restore(self, checkpoint: Optional[Path]) -> None:
+        """Load ``checkpoint`` into the (freshly started) workers and the controller; ``None``: the initial state."""
+        self.restart_point = checkpoint
         for stale in self.checkpoints.sweep_partials():
             logger.warning("removed a half-written checkpoint left by a crash: %s", stale)
-        checkpoint = resume_checkpoint(trainer.resume_mode, self.run_dir, trainer.resume_from_path)
-        if checkpoint is None:
-            return
-        state = load_trainer_state(checkpoint)
-        if state.get("model_path") != self.config.model.path:
-            raise ValueError(f"checkpoint {checkpoint} was trained from model.path={state.get('model_path')!r}, "
-                             f"not {self.config.model.path!r}; use trainer.resume_mode=disable to start afresh")
-        self._actor().call(ActorRolloutRefWorker.load_checkpoint, str(checkpoint / "actor"))
-        self._actor().call(ActorRolloutRefWorker.sync_rollout_weights)  # a separate engine still holds model.path
-        if self.critic is not None:
-            self.critic.call(CriticWorker.load_checkpoint, str(checkpoint / "critic"))
+        state = self.initial_state if checkpoint is None else load_trainer_state(checkpoint)
+        if checkpoint is not None:
+            self._actor().call(ActorRolloutRefWorker.load_checkpoint, str(checkpoint / "actor"))
+            self._actor().call(ActorRolloutRefWorker.sync_rollout_weights)  # a separate engine still holds model.path
+            if self.critic is not None:
+                self.critic.call(CriticWorker.load_checkpoint, str(checkpoint / "critic"))
+            logger.info("resumed from %s at step %d", checkpoint, int(state["global_step"]))
         self.loaders.train.load_state_dict(state["loader"])
         self.kl_controller.load_state_dict(state["kl_controller"])
         if isinstance(self.scoring, FusedScoring):
             self.scoring.load_state_dict(state.get("reward_fusion", {}))
         self.global_step = int(state["global_step"])
-        logger.info("resumed from %s at step %d", checkpoint, self.global_step)
 
     def _actor(self) -> WorkerGroup[ActorRolloutRefWorker]:
         if self.actor is None:

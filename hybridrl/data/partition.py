@@ -172,8 +172,8 @@ def karmarkar_karp(weights: Sequence[int], num_parts: int, *, equal_size: bool =
 def greedy_partition(weights: Sequence[int], num_parts: int, *, equal_size: bool = False) -> list[list[int]]:
     """The longest-processing-time baseline: heaviest item first, each to the currently lightest part.
 
-    With ``equal_size`` only parts with fewer than ``num_items / k`` items are eligible. Ties go to the lower part
-    number. Same arguments, validation and output conventions as :func:`karmarkar_karp`; kept as the yardstick for
+    With ``equal_size`` only parts with fewer than ``num_items / k`` items are eligible. Ties go to the part with
+    fewer items, then to the lower part number (so zero-weight items still fill every part). Same arguments, validation and output conventions as :func:`karmarkar_karp`; kept as the yardstick for
     tests and benchmarks, not for production use.
     """
     weights = _as_int_list(weights, "weights")
@@ -184,7 +184,7 @@ def greedy_partition(weights: Sequence[int], num_parts: int, *, equal_size: bool
     parts: list[_Part] = [[0, []] for _ in range(num_parts)]
     for index in _sorted_by_weight(weights):
         open_parts = (p for p in range(num_parts) if len(parts[p][1]) < capacity)
-        lightest = min(open_parts, key=lambda p: (parts[p][0], p))
+        lightest = min(open_parts, key=lambda p: (parts[p][0], len(parts[p][1]), p))
         parts[lightest][0] += weights[index]
         parts[lightest][1].append(index)
     return _finalise(parts)

@@ -19,8 +19,12 @@ schema as the file datasets (:mod:`hybridrl.data.records`), so loaders, rewards 
       validation are disjoint *by construction*: a fixed hash of the problem text puts a ``val_fraction`` share of
       the problem space in the held-out bucket; the training stream redraws any problem in that bucket. The bucket
       and the held-out set do not depend on ``seed``, so validation scores compare across runs.
-    - **SFT view**: :meth:`~ArithmeticTask.sft_examples` — (prompt, response) pairs whose response is exactly the
-      answer, to warm-start a tiny model on the format (:mod:`hybridrl.data.sft`).
+    - **SFT view**: :meth:`~ArithmeticTask.sft_examples` — (prompt, response) pairs whose response is the answer,
+      to warm-start a tiny model (:mod:`hybridrl.data.sft`). ``sft_drop_carry_rate`` makes these demonstrations
+      *imperfect*, as real ones are: that share of the addition demonstrations comes from a sloppy annotator who
+      adds digit by digit and forgets every carry (``"58+7="`` → ``"55"``, not ``"65"``). SFT then learns the carry
+      only half-heartedly; RL with the exact-match reward is what makes it reliable — the demo's point. The RL
+      stream and the held-out set are never noisy.
 
 Add a task: subclass nothing — write a class with the same methods and ``@SYNTHETIC_TASKS.register("name")`` it;
 ``data.synthetic_task=name`` then selects it (:func:`build_synthetic_task`).
@@ -37,7 +41,7 @@ from typing import Any
 from hybridrl.data.sft import SFTExample, sft_examples_from_rows
 from hybridrl.utils.registry import Registry
 
-__all__ = ["SYNTHETIC_TASKS", "ArithmeticTask", "build_synthetic_task"]
+__all__ = ["SYNTHETIC_TASKS", "ArithmeticTask", "build_synthetic_task", "carry_less_sum"]
 
 SYNTHETIC_TASKS: Registry[type] = Registry("synthetic task")
 
@@ -61,6 +65,7 @@ class ArithmeticTask:
     val_fraction: float = 0.1
     max_first_operand: int | None = None
     max_second_operand: int | None = None
+    sft_drop_carry_rate: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_digits <= self.max_digits <= 9:
@@ -69,6 +74,8 @@ class ArithmeticTask:
         if not self.operators or any(op not in _OPERATORS for op in self.operators):
             raise ValueError(f"arithmetic task: operators={self.operators!r} must be a non-empty string of "
                              f"{_OPERATORS!r}")
+        if not 0.0 <= self.sft_drop_carry_rate <= 1.0:
+            raise ValueError(f"arithmetic task: sft_drop_carry_rate must be in [0, 1], got {self.sft_drop_carry_rate}")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"arithmetic task: val_fraction must be in (0, 1), got {self.val_fraction}")
         for name in ("max_first_operand", "max_second_operand"):
@@ -156,8 +163,32 @@ class ArithmeticTask:
         )
 
     def sft_examples(self, num_examples: int | None = None, start: int = 0) -> list[SFTExample]:
-        """Training-stream prompts paired with their exact answers as the target response."""
-        return sft_examples_from_rows(self.train_rows(num_examples, start))
+        """Training-stream prompts paired with their answers as the target response.
+
+        The answer is exact, except that a ``sft_drop_carry_rate`` share of additions (drawn per example from
+        ``(seed, index)``) carries the sloppy annotator's carry-less sum instead (:func:`carry_less_sum`).
+        """
+        rows = self.train_rows(num_examples, start)
+        if self.sft_drop_carry_rate > 0.0:
+            rows = [self._sloppy_annotation(row) for row in rows]
+        return sft_examples_from_rows(rows)
+
+    def _sloppy_annotation(self, row: dict[str, Any]) -> dict[str, Any]:
+        expression, index = row["extra_info"]["expression"], row["extra_info"]["index"]
+        rng = random.Random(f"hybridrl/arithmetic/sft-noise/{self.seed}/{index}")
+        if "+" not in expression or rng.random() >= self.sft_drop_carry_rate:
+            return row
+        first, second = (int(operand) for operand in expression.split("+"))
+        return {**row, "reward_model": {**row["reward_model"], "ground_truth": str(carry_less_sum(first, second))}}
+
+
+def carry_less_sum(first: int, second: int) -> int:
+    """Digit-by-digit sum with every carry dropped: ``carry_less_sum(58, 7) == 55``, ``carry_less_sum(95, 17) == 2``."""
+    result, place = 0, 1
+    while first or second:
+        result += (first % 10 + second % 10) % 10 * place
+        first, second, place = first // 10, second // 10, place * 10
+    return result
 
 
 def build_synthetic_task(name: str, *, seed: int = 1, **options: Any) -> Any:

@@ -1,23 +1,30 @@
 """Experiment tracking: one ``Tracker`` fans each step's metrics out to the configured backends.
 
 Backends (``trainer.logger``): ``console`` (a live progress bar with ETA and the key figures, via rich), ``jsonl``
-(``metrics.jsonl`` in the run directory — the file tests and plots read), ``tensorboard``, ``wandb``, ``mlflow``
-(imported only when configured; a missing package is a clear error naming the backend).
+(``metrics.jsonl`` in the run directory — the file tests and plots read), ``tensorboard``, ``wandb``, ``mlflow``,
+``prometheus`` (an HTTP endpoint, :mod:`hybridrl.utils.prometheus`) — imported only when configured; a missing
+package is a clear error naming the backend.
+
+Every step's metrics gain ``time/*`` (ETA from the measured step time) and, with
+``trainer.monitoring.price_per_gpu_hour``, ``cost/*`` figures (:class:`~hybridrl.utils.timing.RunClock`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any, Optional, Protocol, Sequence
+
+from hybridrl.config.monitoring import MonitoringConfig
+from hybridrl.utils.timing import RunClock, format_duration
 
 # The figures the console shows after the progress bar, in order, when present.
 CONSOLE_KEYS = (
     ("critic/score/mean", "score"), ("val/accuracy", "val acc"), ("actor/pg_loss", "pg loss"),
     ("actor/kl_loss", "kl"), ("actor/entropy", "entropy"), ("actor/grad_norm", "|g|"),
     ("response_length/mean", "len"), ("timing/step", "s/step"), ("sft/sft_loss", "sft loss"), ("rm/loss", "rm loss"),
+    ("cost/projected", "cost"),
 )
 
 
@@ -63,18 +70,19 @@ class ConsoleBackend:
     """A rich progress bar over the run's steps; each step updates the bar's description with the key figures."""
 
     def __init__(self, total_steps: int, description: str) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-            TimeRemainingColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        # The ETA comes from RunClock (the measured step time without the first step's start-up), not from rich.
         self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                                  TimeElapsedColumn(), TextColumn("eta {task.fields[eta]}"),
                                   TextColumn("{task.fields[figures]}"), transient=False)
-        self._task = self._progress.add_task(description, total=total_steps, figures="")
+        self._task = self._progress.add_task(description, total=total_steps, figures="", eta="-")
         self._progress.start()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         figures = "  ".join(f"{label} {metrics[key]:.3g}" for key, label in CONSOLE_KEYS if key in metrics)
-        self._progress.update(self._task, completed=step, figures=figures)
+        eta = format_duration(metrics["time/eta_s"]) if "time/eta_s" in metrics else "-"
+        self._progress.update(self._task, completed=step, figures=figures, eta=eta)
 
     def close(self) -> None:
         self._progress.stop()
@@ -112,14 +120,18 @@ class Tracker:
     """Sends every step's metrics to each backend named in ``loggers``."""
 
     def __init__(self, loggers: Sequence[str], run_dir: str | Path, *, total_steps: int, project: str = "hybridrl",
-                 experiment: str = "default", config: Optional[dict[str, Any]] = None) -> None:
+                 experiment: str = "default", config: Optional[dict[str, Any]] = None,
+                 monitoring: Optional[MonitoringConfig] = None, num_devices: int = 1, start_step: int = 0) -> None:
         run_dir = Path(run_dir)
+        monitoring = monitoring or MonitoringConfig()
         self.backends: list[Backend] = []
         for name in loggers:
-            self.backends.append(_build(name, run_dir, total_steps, project, experiment, config or {}))
-        self._started = time.perf_counter()
+            self.backends.append(_build(name, run_dir, total_steps, project, experiment, config or {}, monitoring))
+        self.clock = RunClock(total_steps, start_step=start_step, num_devices=num_devices,
+                              price_per_gpu_hour=monitoring.price_per_gpu_hour)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        metrics = {**metrics, **self.clock.mark(step)}
         for backend in self.backends:
             backend.log(metrics, step)
 
@@ -128,7 +140,8 @@ class Tracker:
             backend.close()
 
 
-def _build(name: str, run_dir: Path, total_steps: int, project: str, experiment: str, config: dict) -> Backend:
+def _build(name: str, run_dir: Path, total_steps: int, project: str, experiment: str, config: dict,
+           monitoring: MonitoringConfig) -> Backend:
     try:
         if name == "console":
             return ConsoleBackend(total_steps, f"{project}/{experiment}")
@@ -140,9 +153,13 @@ def _build(name: str, run_dir: Path, total_steps: int, project: str, experiment:
             return WandbBackend(project, experiment, config)
         if name == "mlflow":
             return MlflowBackend(project, experiment)
+        if name == "prometheus":
+            from hybridrl.utils.prometheus import PrometheusBackend
+
+            return PrometheusBackend(monitoring.prometheus_host, monitoring.prometheus_port, project, experiment)
     except ImportError as error:
         raise ValueError(f"trainer.logger includes {name!r} but its package is not installed "
-                         f"(pip install 'hybridrl[tracking]'): {error}") from None
+                         f"(pip install 'hybridrl[tracking]'; prometheus-client for prometheus): {error}") from None
     raise ValueError(f"trainer.logger: unknown backend {name!r}")
 
 

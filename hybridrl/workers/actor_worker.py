@@ -13,7 +13,7 @@ import time
 import torch
 
 from hybridrl.config.schema import TrainConfig
-from hybridrl.config.sizes import role_plan
+from hybridrl.config.sizes import BatchPlan, role_plan
 from hybridrl.controller import Worker, dp_split, one_to_all
 from hybridrl.protocol import Batch, Fields
 from hybridrl.hybrid_engine import WeightResharder, bucket_bytes_from_mb
@@ -22,10 +22,13 @@ from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.seeding import derive_seed
 from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching
 from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
+from hybridrl.workers.adaptive_accumulation import AccumulationControl
+from hybridrl.workers.auto_micro_batch import resolve_plan
 from hybridrl.workers.checkpoint import export_hf, load_sharded, save_sharded
 from hybridrl.workers.fsdp import ShardingOptions, shard_model
 from hybridrl.workers.offload import move_optimizer_state
 from hybridrl.workers.model_builder import build_model, load_tokenizer, torch_dtype
+from hybridrl.utils.memory import memory_metrics
 from hybridrl.workers.optim import build_optimizer, build_scheduler
 
 logger = logging.getLogger(__name__)
@@ -44,11 +47,14 @@ def sharding_options(config: TrainConfig, param_offload: bool) -> ShardingOption
                            reshard_after_forward=config.actor.fsdp.reshard_after_forward, param_offload=param_offload)
 
 
-def log_prob_micro_batching(config: TrainConfig, micro_batch_size: int | None) -> MicroBatching:
-    """Micro-batches of no-grad forwards: the role's log-prob size, else the PPO micro-batch, or the token budget."""
+def log_prob_micro_batching(config: TrainConfig, micro_batch_size: int | None,
+                            ppo_micro_batch_size: int | None) -> MicroBatching:
+    """Micro-batches of no-grad forwards: the role's log-prob size, else the PPO micro-batch (as resolved, when
+    ``auto``: a forward without gradients needs less than the forward/backward it was sized for), or the token
+    budget."""
     if config.actor.use_dynamic_bsz:
         return MicroBatching(max_tokens=config.actor.ppo_max_token_len_per_gpu)
-    return MicroBatching(micro_batch_size=micro_batch_size or config.actor.ppo_micro_batch_size_per_gpu)
+    return MicroBatching(micro_batch_size=micro_batch_size or ppo_micro_batch_size)
 
 
 class ActorRolloutRefWorker(Worker):
@@ -82,6 +88,15 @@ class ActorRolloutRefWorker(Worker):
             self.reference = PolicyEngine(reference_model, dp=dp, packed=packed)
         self.rollout = self._build_rollout(actor_model, dp)
         self.loss_settings = PolicyLossSettings.from_config(config.actor, config.data.max_response_length)
+        # Sized last, so that on a GPU the budget sees what the reference and the rollout engine already hold.
+        self.plan, self.micro_batch_sizing = resolve_plan(config, "actor", actor_model, self.plan, dp=dp,
+                                                          device=self.device, optimizer=optimizer)
+        adaptive = config.actor.adaptive_accumulation
+        if adaptive.enable:
+            self.actor.use_adaptive_accumulation(AccumulationControl.from_config(
+                adaptive, optimizer, scheduler, micro_batch_size=self.plan.micro_batch_size_per_gpu,
+                reference_steps=self.plan.grad_accum_steps, world_size=dp.size,
+                local_step_sequences=self.plan.local_mini_batch_sequences * self.plan.num_mini_batches))
 
     def _build_rollout(self, actor_model, dp: DataParallelGroup) -> RolloutEngine:
         """The generation engine: ``hf`` shares ``actor_model``; ``vllm`` holds its own copy, fed by a resharder."""
@@ -146,7 +161,8 @@ class ActorRolloutRefWorker(Worker):
     @dp_split
     def compute_log_prob(self, batch: Batch) -> Batch:
         """``old_log_probs`` (and ``entropy``) of the responses under the current policy."""
-        micro_batching = log_prob_micro_batching(self.config, self.config.actor.log_prob_micro_batch_size_per_gpu)
+        micro_batching = log_prob_micro_batching(self.config, self.config.actor.log_prob_micro_batch_size_per_gpu,
+                                                 self.plan.micro_batch_size_per_gpu)
         return self.actor.compute_log_prob(batch, micro_batching)
 
     @dp_split
@@ -156,8 +172,8 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError("this worker was started without a reference policy (with_reference=False)")
         micro_batch_size = (self.config.ref.log_prob_micro_batch_size_per_gpu
                             or self.config.actor.log_prob_micro_batch_size_per_gpu)
-        result = self.reference.compute_log_prob(batch, log_prob_micro_batching(self.config, micro_batch_size),
-                                                 with_entropy=False)
+        micro_batching = log_prob_micro_batching(self.config, micro_batch_size, self.plan.micro_batch_size_per_gpu)
+        result = self.reference.compute_log_prob(batch, micro_batching, with_entropy=False)
         return Batch(tensors={Fields.REF_LOG_PROBS: result[Fields.OLD_LOG_PROBS]})
 
     @dp_split(pad=False)
@@ -167,19 +183,26 @@ class ActorRolloutRefWorker(Worker):
         if actor.use_dynamic_bsz:
             micro_batching = MicroBatching(max_tokens=actor.ppo_max_token_len_per_gpu)
         else:
-            micro_batching = MicroBatching(micro_batch_size=actor.ppo_micro_batch_size_per_gpu)
+            micro_batching = MicroBatching(micro_batch_size=self.plan.micro_batch_size_per_gpu)
         step = int(batch.meta.get("global_step", 0))
         self._reload_optimizer()
-        return self.actor.update_policy(batch, self.loss_settings, micro_batching,
-                                        local_mini_batch_size=self.plan.local_mini_batch_sequences,
-                                        epochs=actor.ppo_epochs, shuffle=actor.shuffle,
-                                        seed=self.config.trainer.seed * 100_003 + step)
+        metrics = self.actor.update_policy(batch, self.loss_settings, micro_batching,
+                                           local_mini_batch_size=self.plan.local_mini_batch_sequences,
+                                           epochs=actor.ppo_epochs, shuffle=actor.shuffle,
+                                           seed=self.config.trainer.seed * 100_003 + step)
+        return {**metrics, **memory_metrics(self.device)}
 
     @dp_split(pad=False)
     def update_sft(self, batch: Batch) -> dict[str, float]:
         """One supervised optimizer step on this rank's share of ``batch`` (prompt + target rows, rollout layout)."""
-        micro_batch_size = self.config.actor.ppo_micro_batch_size_per_gpu or len(batch)
+        micro_batch_size = self.plan.micro_batch_size_per_gpu or len(batch)
         return self.actor.update_sft(batch, MicroBatching(micro_batch_size=micro_batch_size))
+
+    @one_to_all(collect="first")
+    def batch_plan(self) -> tuple[BatchPlan, str]:
+        """The actor's batch plan as the worker runs it (an ``auto`` micro-batch resolved) and the sizing decision's
+        log line (empty unless ``auto``)."""
+        return self.plan, self.micro_batch_sizing.line() if self.micro_batch_sizing else ""
 
     @one_to_all(collect="first")
     def save_checkpoint(self, directory: str) -> str:

@@ -126,7 +126,11 @@ def export_hf(model: nn.Module, tokenizer, directory: str | Path) -> Path:
     state = full_state_dict(model)
     if _rank() == 0:
         directory.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(directory, state_dict=state, safe_serialization=True)
+        use_cache, model.config.use_cache = model.config.use_cache, True  # training turns the KV cache off
+        try:
+            model.save_pretrained(directory, state_dict=state, safe_serialization=True)
+        finally:
+            model.config.use_cache = use_cache
         if tokenizer is not None:
             tokenizer.save_pretrained(directory)
     _barrier()

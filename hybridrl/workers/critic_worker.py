@@ -9,15 +9,17 @@ from __future__ import annotations
 import torch
 
 from hybridrl.config.schema import TrainConfig
-from hybridrl.config.sizes import role_plan
+from hybridrl.config.sizes import BatchPlan, role_plan
 from hybridrl.controller import Worker, dp_split, one_to_all
 from hybridrl.protocol import Batch
 from hybridrl.workers.accumulation import MicroBatching
 from hybridrl.workers.actor_worker import data_parallel_group
+from hybridrl.workers.auto_micro_batch import resolve_plan
 from hybridrl.workers.checkpoint import load_sharded, save_sharded
 from hybridrl.workers.critic import ValueEngine, ValueLossSettings
 from hybridrl.workers.fsdp import ShardingOptions, shard_model
 from hybridrl.workers.model_builder import build_model, torch_dtype
+from hybridrl.utils.memory import memory_metrics
 from hybridrl.workers.optim import build_optimizer, build_scheduler
 
 
@@ -37,15 +39,18 @@ class CriticWorker(Worker):
         optimizer = build_optimizer(model, critic.optim)
         scheduler = build_scheduler(optimizer, critic.optim,
                                     total_training_steps * self.plan.num_mini_batches * critic.ppo_epochs)
-        self.engine = ValueEngine(model, dp=data_parallel_group(self), packed=config.model.use_remove_padding,
+        dp = data_parallel_group(self)
+        self.engine = ValueEngine(model, dp=dp, packed=config.model.use_remove_padding,
                                   optimizer=optimizer, scheduler=scheduler, grad_clip=critic.grad_clip)
+        self.plan, self.micro_batch_sizing = resolve_plan(config, "critic", model, self.plan, dp=dp,
+                                                          device=self.device, optimizer=optimizer)
         self.settings = ValueLossSettings.from_config(critic, config.data.max_response_length)
 
     def _micro_batching(self) -> MicroBatching:
         critic = self.config.critic
         if critic.use_dynamic_bsz:
             return MicroBatching(max_tokens=critic.ppo_max_token_len_per_gpu)
-        return MicroBatching(micro_batch_size=critic.ppo_micro_batch_size_per_gpu)
+        return MicroBatching(micro_batch_size=self.plan.micro_batch_size_per_gpu)
 
     @dp_split
     def compute_values(self, batch: Batch) -> Batch:
@@ -56,10 +61,16 @@ class CriticWorker(Worker):
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Value-loss epochs over this rank's share (``values`` = old values, ``returns`` = targets)."""
         step = int(batch.meta.get("global_step", 0))
-        return self.engine.update_critic(batch, self.settings, self._micro_batching(),
-                                         local_mini_batch_size=self.plan.local_mini_batch_sequences,
-                                         epochs=self.config.critic.ppo_epochs, shuffle=True,
-                                         seed=self.config.trainer.seed * 100_019 + step)
+        metrics = self.engine.update_critic(batch, self.settings, self._micro_batching(),
+                                            local_mini_batch_size=self.plan.local_mini_batch_sequences,
+                                            epochs=self.config.critic.ppo_epochs, shuffle=True,
+                                            seed=self.config.trainer.seed * 100_019 + step)
+        return {**metrics, **memory_metrics(self.device)}
+
+    @one_to_all(collect="first")
+    def batch_plan(self) -> tuple[BatchPlan, str]:
+        """The critic's batch plan as run (an ``auto`` micro-batch resolved) and the sizing line (empty unless auto)."""
+        return self.plan, self.micro_batch_sizing.line() if self.micro_batch_sizing else ""
 
     @one_to_all(collect="first")
     def save_checkpoint(self, directory: str) -> str:

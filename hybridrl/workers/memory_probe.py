@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from hybridrl.workers.fsdp import set_gradient_sync
+from hybridrl.workers.precision import plain_tensors
 from hybridrl.workers.sequences import response_log_probs
 
 MeasureFn = Callable[[int, int], float]
@@ -88,9 +89,10 @@ def resident_bytes(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] 
         tensors += [value for state in optimizer.state.values() for value in state.values()
                     if isinstance(value, torch.Tensor)]
     for tensor in tensors:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        storages[local.untyped_storage().data_ptr()] = local.untyped_storage().nbytes()
+        for local in plain_tensors(tensor):
+            storages[local.untyped_storage().data_ptr()] = local.untyped_storage().nbytes()
     return sum(storages.values())
+
 
 
 def probe_peak_bytes(model: nn.Module, micro_batch_size: int, seq_len: int, *, packed: bool = False,
@@ -136,7 +138,7 @@ def probe_peak_bytes(model: nn.Module, micro_batch_size: int, seq_len: int, *, p
         peak = float(resident + tracker.peak_bytes)
     model.zero_grad(set_to_none=True)
     if dp is not None and dp.size > 1:
-        peak = _max_over_ranks(peak, dp, device)
+        peak = max_over_ranks(peak, dp, device)
     return peak
 
 
@@ -152,7 +154,8 @@ def _cuda_peak(forward_backward: Callable[[], None], device: torch.device) -> fl
     return float(torch.cuda.max_memory_allocated(device))
 
 
-def _max_over_ranks(value: float, dp, device: torch.device) -> float:
+def max_over_ranks(value: float, dp, device: torch.device) -> float:
+    """The maximum of ``value`` over ``dp``'s ranks (one all-reduce on ``device``)."""
     import torch.distributed as dist
 
     tensor = torch.tensor([value], dtype=torch.float64, device=device)

@@ -329,7 +329,8 @@ def format_bytes(value: float) -> str:
 
 def choose_micro_batch_size(budget_bytes: float, *, seq_len: int, local_mini_batch_size: int,
                             measure_fn: MeasureFn, headroom: float = 0.15,
-                            candidates: Optional[Sequence[int]] = None, world_size: int = 1) -> MicroBatchDecision:
+                            candidates: Optional[Sequence[int]] = None, world_size: int = 1,
+                            log: bool = True) -> MicroBatchDecision:
     """The largest candidate micro-batch that fits ``budget_bytes × (1 − headroom)`` and divides the local mini-batch.
 
     Args:
@@ -341,6 +342,7 @@ def choose_micro_batch_size(budget_bytes: float, *, seq_len: int, local_mini_bat
         candidates: sizes to consider (default: powers of two up to ``local_mini_batch_size``); those not dividing
             the local mini-batch are skipped unmeasured, since ``global = micro × accumulation × world`` must hold.
         world_size: data-parallel ranks (only for the identity in the logged reason).
+        log: log the reason here (a caller that logs a fuller line of its own passes ``False``).
 
     Memory grows with the micro-batch, so candidates are probed in ascending order and probing stops at the first
     that does not fit: the largest (most expensive, OOM-prone) sizes are never tried needlessly.
@@ -387,6 +389,7 @@ def choose_micro_batch_size(budget_bytes: float, *, seq_len: int, local_mini_bat
         reason += "; the largest candidate dividing the local mini-batch"
     decision = MicroBatchDecision(micro_batch_size=size, grad_accum_steps=steps, predicted_bytes=measured[size],
                                   usable_bytes=usable, reason=reason, measured=measured)
-    logger.info("micro-batch sizing: %s", reason)
+    if log:
+        logger.info("micro-batch sizing: %s", reason)
     return decision
 

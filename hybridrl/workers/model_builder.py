@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from hybridrl.config.schema import ModelConfig
+from hybridrl.workers.precision import apply_fp8_compute
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ def build_model(model_config: ModelConfig, role: ModelRole, *, path: str | None 
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     disable_dropout(model)
+    if model_config.fp8_compute and role in ("actor", "critic"):  # before compile and FSDP wrap the layers
+        apply_fp8_compute(model, torch.device(device_type))
     if model_config.use_torch_compile and role in ("actor", "critic"):
         for layer in decoder_layers(model):  # per block, before FSDP wraps it (FSDP2 + compile compose per layer)
             layer.compile()

@@ -9,14 +9,17 @@ import torch
 from torch import nn
 
 from hybridrl.config.schema import OptimConfig
+from hybridrl.workers.precision import build_adamw, learning_rate
 
 
 def build_optimizer(model: nn.Module, optim_config: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters of ``model`` (FSDP2 DTensor shards included)."""
+    """AdamW over the trainable parameters of ``model`` (FSDP2 DTensor shards included), its moments in fp32 or
+    8-bit (``optim.state_precision``; see :mod:`hybridrl.workers.precision`)."""
     params = [param for param in model.parameters() if param.requires_grad]
     beta1, beta2 = optim_config.betas
-    return torch.optim.AdamW(params, lr=optim_config.lr, betas=(beta1, beta2), eps=optim_config.eps,
-                             weight_decay=optim_config.weight_decay, foreach=False)
+    return build_adamw(params, lr=optim_config.lr, betas=(beta1, beta2), eps=optim_config.eps,
+                       weight_decay=optim_config.weight_decay, state_precision=optim_config.state_precision,
+                       device_type=params[0].device.type)
 
 
 def warmup_steps(optim_config: OptimConfig, total_steps: int) -> int:
@@ -67,7 +70,7 @@ def clipped_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     grad_norm = float(norm)
-    lr = optimizer.param_groups[0]["lr"]
+    lr = learning_rate(optimizer)
     applied = math.isfinite(grad_norm)
     if applied:
         optimizer.step()

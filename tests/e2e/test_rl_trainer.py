@@ -1,6 +1,14 @@
-"""Whole GRPO runs on a tiny model through Ray + FSDP2 on 2 CPU ranks: determinism and exact resume."""
+"""Whole GRPO runs on a tiny model through Ray + FSDP2 on 2 CPU ranks: determinism and exact resume; the Prometheus
+endpoint scraped during a run."""
 
 from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import threading
+import urllib.error
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,11 +16,14 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from hybridrl.config import load_config
 from hybridrl.controller.trainer import RLTrainer
+from hybridrl.utils.memory import CUDA_MEMORY_KEYS
+from hybridrl.utils.prometheus import prometheus_name, scrape
 from hybridrl.utils.tiny_model import save_tiny_model
 from hybridrl.utils.tracking import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
 
+DASHBOARD = Path(__file__).resolve().parents[2] / "monitoring" / "grafana_dashboard.json"
 COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", "response_length/mean")
 
 
@@ -72,7 +83,9 @@ def test_resume_rejects_a_checkpoint_of_another_model(model_dir, tmp_path):
      "algorithm.overlong_buffer.enable=true", "algorithm.overlong_buffer.len=2", "actor.clip_ratio_high=0.28",
      "actor.log_grad_noise_scale=true", "actor.ppo_micro_batch_size_per_gpu=1"],
     ["algorithm=gae", "trainer.critic_warmup=1", "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=2"],
-], ids=["remax", "dapo", "ppo_gae"])
+    pytest.param(["actor.optim.state_precision=8bit"],  # torchao AdamW8bit on FSDP2 shards
+                 marks=pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao")),
+], ids=["remax", "dapo", "ppo_gae", "adamw_8bit"])
 def test_algorithm_variants_run_end_to_end(model_dir, tmp_path, variant):
     result = RLTrainer(run_config(model_dir, tmp_path / "run", 2, "trainer.save_at_end=false", *variant)).fit()
     assert result.global_step == 2
@@ -84,3 +97,46 @@ def test_algorithm_variants_run_end_to_end(model_dir, tmp_path, variant):
     if "algorithm.filter_groups.enable=true" in variant:
         assert all(row["dapo/num_gen_batches"] >= 1 for row in rows)
         assert all("actor/grad_noise/b_simple" in row for row in rows)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_prometheus_endpoint_during_a_run_matches_the_dashboard(model_dir, tmp_path):
+    port = free_port()
+    config = run_config(model_dir, tmp_path / "run", 2, "trainer.save_at_end=false", "trainer.logger=[jsonl,prometheus]",
+                        f"trainer.monitoring.prometheus_port={port}", "trainer.monitoring.price_per_gpu_hour=1.5",
+                        "algorithm=gae", "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=2")
+    scrapes: list[dict[str, float]] = []
+    done = threading.Event()
+
+    def scraper() -> None:
+        while not done.is_set():
+            try:
+                scrapes.append(scrape(f"http://127.0.0.1:{port}/metrics"))
+            except (urllib.error.URLError, ConnectionError):
+                pass  # not serving yet (workers starting) or already closed
+            done.wait(0.2)
+
+    thread = threading.Thread(target=scraper, daemon=True)
+    thread.start()
+    try:
+        result = RLTrainer(config).fit()
+    finally:
+        done.set()
+        thread.join()
+    assert result.global_step == 2
+    steps = sorted({int(sample["hybridrl_step"]) for sample in scrapes if "hybridrl_step" in sample})
+    assert steps and steps[-1] >= 1  # served while the run is live (the endpoint closes with the run)
+    exported = set().union(*scrapes)
+    for name in ("hybridrl_actor_grad_norm", "hybridrl_critic_score_mean", "hybridrl_actor_ppo_kl",
+                 "hybridrl_timing_update_actor", "hybridrl_actor_memory_host_rss_gib", "hybridrl_time_eta_s",
+                 "hybridrl_cost_projected"):
+        assert name in exported, name
+    gpu_only = {prometheus_name(f"actor/{key}") for key, _ in CUDA_MEMORY_KEYS}
+    plotted = {target["expr"].split("{")[0] for panel in json.loads(DASHBOARD.read_text())["panels"]
+               for target in panel["targets"]}
+    assert plotted - gpu_only <= exported, sorted(plotted - gpu_only - exported)

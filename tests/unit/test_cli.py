@@ -20,6 +20,20 @@ def test_bad_override_exits_2_with_message(capsys):
     assert "Traceback" not in err
 
 
+def test_cli_logging_shows_hybridrl_info_lines_through_the_current_stderr(capsys):
+    import logging
+
+    from hybridrl.cli import configure_logging
+
+    configure_logging()
+    configure_logging()  # idempotent: one handler, one line per record
+    logging.getLogger("hybridrl.controller.trainer").info("micro-batch sized: 4 x 2")
+    logging.getLogger("some.library").info("chatter a user does not need")
+    err = capsys.readouterr().err    # capsys swaps sys.stderr: the handler must follow it, not keep the old stream
+    assert err.count("micro-batch sized: 4 x 2") == 1
+    assert "chatter" not in err
+
+
 def test_rm_command_refuses_a_config_without_pairs(capsys):
     assert main(["rm", "--no-check-paths", "data.train_batch_size=16"]) == 2
     err = capsys.readouterr().err

@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from hybridrl.data import SYNTHETIC_TASKS, ArithmeticTask, build_synthetic_task, record_from_row
+from hybridrl.data.synthetic import carry_less_sum
 from hybridrl.rewards import default_compute_score
 from hybridrl.utils.tiny_model import DEFAULT_CHARACTERS
 
@@ -107,7 +108,47 @@ def test_too_small_problem_space_for_num_val_is_a_clear_error():
 @pytest.mark.parametrize(("options", "key"), [({"min_digits": 3, "max_digits": 2}, "max_digits"),
                                               ({"operators": "+%"}, "operators"),
                                               ({"val_fraction": 1.0}, "val_fraction"),
-                                              ({"num_val": 0}, "num_val")])
+                                              ({"num_val": 0}, "num_val"),
+                                              ({"sft_drop_carry_rate": 1.5}, "sft_drop_carry_rate")])
 def test_invalid_task_options_name_the_option(options, key):
     with pytest.raises(ValueError, match=key):
         ArithmeticTask(**options)
+
+
+def _slow_carry_less_sum(first: int, second: int) -> int:
+    """Reference: pad both to the same width as strings and add column by column, mod 10."""
+    width = max(len(str(first)), len(str(second)))
+    columns = zip(str(first).zfill(width), str(second).zfill(width))
+    return int("".join(str((int(x) + int(y)) % 10) for x, y in columns))
+
+
+def test_carry_less_sum_matches_column_by_column_reference():
+    for first, second in itertools.product(range(0, 1200, 7), range(0, 130, 3)):
+        assert carry_less_sum(first, second) == _slow_carry_less_sum(first, second), (first, second)
+    assert carry_less_sum(58, 7) == 55 and carry_less_sum(95, 17) == 2 and carry_less_sum(12, 34) == 46
+
+
+def test_sloppy_sft_demonstrations_drop_the_carry_at_the_configured_rate():
+    options = dict(operators="+", max_first_operand=99, max_second_operand=9, val_fraction=0.2)
+    clean = ArithmeticTask(**options).sft_examples(4000)
+    sloppy = ArithmeticTask(**options, sft_drop_carry_rate=0.5).sft_examples(4000)
+    assert [example.prompt for example in clean] == [example.prompt for example in sloppy]
+    dropped = carrying = 0
+    for exact, noisy in zip(clean, sloppy):
+        first, second = (int(x) for x in exact.prompt[0]["content"].rstrip("=").split("+"))
+        assert exact.response == str(first + second)
+        if carry_less_sum(first, second) == first + second:      # no carry: nothing for the annotator to forget
+            assert noisy.response == exact.response
+            continue
+        carrying += 1
+        assert noisy.response in (exact.response, str(carry_less_sum(first, second)))
+        dropped += noisy.response != exact.response
+    assert carrying > 1000 and abs(dropped / carrying - 0.5) < 0.05     # ~4.5σ band for a Bernoulli(0.5) share
+    assert ArithmeticTask(**options, sft_drop_carry_rate=0.5).sft_examples(200) == sloppy[:200]   # deterministic
+
+
+def test_sloppy_annotation_never_touches_the_rl_stream_or_the_held_out_set():
+    options = dict(operators="+", max_first_operand=99, max_second_operand=9, val_fraction=0.2, num_val=100)
+    clean, sloppy = ArithmeticTask(**options), ArithmeticTask(**options, sft_drop_carry_rate=1.0)
+    assert clean.train_rows(300) == sloppy.train_rows(300)
+    assert clean.validation_rows() == sloppy.validation_rows()

@@ -1,0 +1,139 @@
+"""``hybridrl plan``: the job's per-device memory, the recommendation, the roofline time and the cost, as text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hybridrl.config.precision import DTYPE_BYTES, standard_modes
+from hybridrl.config.schema import TrainConfig
+from hybridrl.config.sizes import world_size
+from hybridrl.planner.hardware import GpuSpec
+from hybridrl.planner.known_models import model_shape
+from hybridrl.planner.memory_plan import MemoryPlan, Shapes, kv_bytes_per_token, plan_memory
+from hybridrl.planner.recommend import Recommendation, recommend
+from hybridrl.planner.time_plan import StepTime, roofline_step_time, run_cost
+from hybridrl.workers.memory_sizing import DecoderShape
+
+GIB = 2**30
+COLUMNS = ("parameters", "gradients", "optimizer", "activations", "kv_cache", "buffers")
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything ``hybridrl plan`` prints: the config as given, the recommendation, and the step time."""
+
+    gpu: GpuSpec
+    as_configured: MemoryPlan
+    recommendation: Recommendation
+    step_time: StepTime
+    total_steps: Optional[int]
+    headroom: float
+    price_per_gpu_hour: Optional[float] = None
+
+    @property
+    def hours(self) -> Optional[float]:
+        return None if self.total_steps is None else self.step_time.total * self.total_steps / 3600
+
+    @property
+    def cost(self) -> Optional[float]:
+        if self.hours is None or self.price_per_gpu_hour is None:
+            return None
+        return run_cost(self.hours, self.num_devices, self.price_per_gpu_hour)
+
+    num_devices: int = 1
+
+
+def shapes_of(config: TrainConfig) -> Shapes:
+    """Model shapes from the local ``config.json`` of each of the job's models (no weights are read, nothing is
+    downloaded), or a known model's published shape (:mod:`hybridrl.planner.known_models`)."""
+    remote = config.model.trust_remote_code
+    return Shapes(policy=model_shape(config.model.path, "model.path", remote),
+                  critic=model_shape(config.critic.model_path, "critic.model_path", remote),
+                  reward_model=model_shape(config.reward_model.model_path if config.reward_model.enable else None,
+                                           "reward_model.model_path", remote))
+
+
+def plan_job(config: TrainConfig, gpu: GpuSpec, *, shapes: Optional[Shapes] = None, headroom: float = 0.15,
+             efficiency: float = 0.4, price_per_gpu_hour: Optional[float] = None,
+             total_steps: Optional[int] = None) -> JobPlan:
+    """Plan ``config`` on ``gpu``: memory as configured, the recommendation, the roofline step time and cost."""
+    shapes = shapes or shapes_of(config)
+    advice = recommend(config, shapes, gpu.memory_bytes, headroom)
+    step_time = roofline_step_time(config, shapes.policy, gpu, efficiency=efficiency,
+                                   waves=generation_waves(config, shapes.policy, advice.plan))
+    return JobPlan(gpu=gpu, as_configured=plan_memory(config, shapes, gpu.memory_bytes), recommendation=advice,
+                   step_time=step_time, total_steps=total_steps or config.trainer.total_training_steps,
+                   headroom=headroom, price_per_gpu_hour=price_per_gpu_hour, num_devices=world_size(config))
+
+
+def generation_waves(config: TrainConfig, shape: DecoderShape, plan: MemoryPlan) -> int:
+    """How many passes vLLM needs because its KV cache holds only part of this device's sequences (1 for HF, whose
+    cache is sized for the whole batch)."""
+    rollout = plan.roles["rollout"]
+    if config.rollout.name != "vllm":
+        return 1
+    tp = config.rollout.tensor_model_parallel_size
+    capacity = rollout.kv_cache // kv_bytes_per_token(shape, DTYPE_BYTES[config.model.dtype], tp)
+    tokens = config.data.train_batch_size * config.rollout.n * (
+        config.data.max_prompt_length + config.data.max_response_length) // (world_size(config) // tp)
+    return max(1, -(-tokens // max(1, capacity)))
+
+
+def _gib(value: float) -> str:
+    return f"{value / GIB:7.2f}"
+
+
+def memory_table(plan: MemoryPlan) -> list[str]:
+    lines = [f"  {'role (GiB per device)':<24}" + "".join(f"{name:>12}" for name in COLUMNS) + f"{'total':>10}"]
+    for role in plan.roles.values():
+        cells = "".join(f"{_gib(getattr(role, name)):>12}" for name in COLUMNS)
+        suffix = f"  [{role.note}]" if role.note else ""
+        if role.offloaded:
+            suffix += f"  (+{role.offloaded / GIB:.2f} GiB on the host)"
+        lines.append(f"  {role.role:<24}{cells}{_gib(role.total):>10}{suffix}")
+    usable = plan.device_bytes
+    phases = ", ".join(f"{name} {value / GIB:.2f}" for name, value in plan.phases.items())
+    lines.append(f"  phases (GiB): {phases}; peak {plan.peak_phase} = {plan.peak_bytes / GIB:.2f} GiB of "
+                 f"{usable / GIB:.2f} ({plan.peak_bytes / usable:.0%})")
+    return lines
+
+
+def format_plan(job: JobPlan) -> str:
+    """The text ``hybridrl plan`` prints."""
+    plan, advice, gpu = job.as_configured, job.recommendation, job.gpu
+    lines = [f"hybridrl plan: {job.num_devices} x {gpu.name} ({gpu.memory_bytes / GIB:.1f} GiB each), "
+             f"headroom {job.headroom:.0%}"]
+    modes = ", ".join(f"{mode.name} {mode.state_bytes_per_param:.2f}" for mode in standard_modes())
+    lines.append(f"precision: {plan.precision['actor'].name}; state bytes per parameter (master + grad + optimizer): "
+                 f"{modes}" + ("" if gpu.supports_fp8 else f"; fp8 compute: not on {gpu.name} (Hopper only)"))
+    lines.append("as configured:")
+    lines += memory_table(plan)
+    verdict = "FITS" if plan.fits(job.headroom) else "DOES NOT FIT"
+    lines.append(f"  -> {verdict} with {job.headroom:.0%} headroom")
+    lines += [f"  problem: {problem}" for problem in plan.problems]
+    lines.append(f"recommendation: {advice.reason}")
+    for decision in advice.decisions.values():
+        lines.append(f"  {decision.reason}")
+    if advice.overrides:
+        lines.append("  overrides: " + " ".join(advice.overrides))
+    if advice.fits and advice.plan.setup != plan.setup:
+        lines += memory_table(advice.plan)
+    lines += time_lines(job)
+    return "\n".join(lines)
+
+
+def time_lines(job: JobPlan) -> list[str]:
+    step = job.step_time
+    phases = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in step.phases.items())
+    lines = [f"time (roofline at {step.efficiency:.0%} of peak {job.gpu.bf16_flops / 1e12:.0f} TFLOP/s bf16, "
+             f"{job.gpu.bandwidth / 1e9:.0f} GB/s): {phases}; step {step.total:.2f} s"]
+    if job.hours is None:
+        lines.append("  total: set trainer.total_training_steps (or --steps) for the run's hours and cost")
+        return lines
+    total = f"  {job.total_steps} steps -> {job.hours:.2f} h"
+    if job.cost is not None:
+        total += (f"; cost at ${job.price_per_gpu_hour:.2f}/GPU-hour x {job.num_devices} GPUs: ${job.cost:,.2f} "
+                  f"(= price x hours at peak / efficiency {step.efficiency:g})")
+    lines.append(total)
+    return lines

@@ -1,0 +1,35 @@
+"""Memory figures of this process for the step metrics (and so the Prometheus endpoint and dashboard)."""
+
+from __future__ import annotations
+
+import os
+import resource
+
+import torch
+
+GIB = 2**30
+# CUDA allocator figures (metric key, torch.cuda function name); the peak counter is reset after each read.
+CUDA_MEMORY_KEYS = (("memory/device_allocated_gib", "memory_allocated"),
+                    ("memory/device_reserved_gib", "memory_reserved"),
+                    ("memory/device_peak_allocated_gib", "max_memory_allocated"))
+
+
+def host_rss_bytes() -> int:
+    """Resident set size of this process now (Linux ``/proc/self/statm``; the peak where it is unavailable)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """``memory/host_rss_gib``, ``memory/host_peak_rss_gib`` and, on CUDA, ``memory/device_allocated_gib``,
+    ``memory/device_reserved_gib`` and ``memory/device_peak_allocated_gib`` — the allocator's peak since the previous
+    call (the counter is reset, so each step reports its own peak)."""
+    metrics = {"memory/host_rss_gib": host_rss_bytes() / GIB,
+               "memory/host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB}
+    if device.type == "cuda":
+        metrics.update({key: getattr(torch.cuda, function)(device) / GIB for key, function in CUDA_MEMORY_KEYS})
+        torch.cuda.reset_peak_memory_stats(device)
+    return metrics

@@ -1,0 +1,24 @@
+"""Shared set-up of the reliability tests: a tiny model and one uninterrupted tiny GRPO run to compare against."""
+
+from __future__ import annotations
+
+import pytest
+from reliability_helpers import overrides
+
+from hybridrl.config import load_config
+from hybridrl.controller.trainer import RLTrainer
+from hybridrl.utils.tiny_model import save_tiny_model
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("reliability") / "model")
+
+
+@pytest.fixture(scope="session")
+def straight_run(model_dir, tmp_path_factory):
+    """The reference: the run without any fault (and with ``trainer.export_at_end``), in this process."""
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    result = RLTrainer(load_config(overrides(model_dir, run_dir, "trainer.export_at_end=true"))).fit()
+    assert result.global_step == 3 and result.export_dir == run_dir / "hf"
+    return run_dir

@@ -1,0 +1,184 @@
+"""The job planner: its memory model against measured CPU allocation of a real tiny model (parameters, gradients,
+optimizer states in fp32 and 8-bit, activations with and without checkpointing), the phase and role arithmetic by
+hand, the recommender's headroom rule, the FLOP model against torch's FLOP counter, and the ``plan`` command."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from hybridrl.cli import main
+from hybridrl.config import load_config
+from hybridrl.config.precision import precision_mode
+from hybridrl.planner import Shapes, gpu_spec, plan_job, plan_memory, recommend, roofline_step_time
+from hybridrl.planner.memory_plan import trained_role
+from hybridrl.planner.time_plan import forward_flops, matmul_parameters
+from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
+from hybridrl.workers.memory_sizing import DecoderShape, ForwardLayout, probe_peak_bytes
+from hybridrl.workers.optim import build_optimizer
+from hybridrl.config.schema import OptimConfig
+
+TOLERANCE = 0.10  # as the activation-peak tests of the memory model: transients are modelled per step
+QWEN_7B = DecoderShape(num_layers=28, hidden_size=3584, intermediate_size=18944, num_heads=28, num_kv_heads=4,
+                       head_dim=128, vocab_size=152064, qkv_bias=True)
+GIB = 2**30
+
+
+def tiny_model(checkpointing=False):
+    spec = TinyModelSpec(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=320)
+    model = build_tiny_model(spec, 2048, pad_token_id=0, eos_token_id=1).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+@pytest.mark.parametrize("state_precision,checkpointing", [("fp32", False), ("fp32", True), ("8bit", False)],
+                         ids=["fp32", "fp32-checkpointing", "8bit-states"])
+def test_predicted_actor_memory_matches_measured_cpu_allocation(state_precision, checkpointing):
+    if state_precision == "8bit":
+        pytest.importorskip("torchao")
+    model = tiny_model(checkpointing)
+    optimizer = build_optimizer(model, OptimConfig(state_precision=state_precision))
+    model(torch.randint(0, 2048, (1, 4))).logits.sum().backward()
+    optimizer.step()  # optimizer states now exist, as in every step after the first
+    micro_batch, seq_len = 4, 64
+    measured = probe_peak_bytes(model, micro_batch, seq_len, optimizer=optimizer)
+    mode = precision_mode("float32", "float32", state_precision, False)  # a single CPU process computes in fp32
+    predicted = trained_role("actor", DecoderShape.from_hf_config(model.config),
+                             ForwardLayout.padded(micro_batch, seq_len, seq_len - 2), world=1, mode=mode,
+                             accumulating=True, checkpointing=checkpointing, param_offload=False)
+    print(f"{state_precision} checkpointing={checkpointing}: predicted {predicted.total / 2**20:.2f} MiB "
+          f"(states {(predicted.total - predicted.activations) / 2**20:.2f}, activations "
+          f"{predicted.activations / 2**20:.2f}), measured {measured / 2**20:.2f} MiB, "
+          f"ratio {predicted.total / measured:.3f}")
+    assert predicted.total == pytest.approx(measured, rel=TOLERANCE)
+
+
+def big_job(*overrides):
+    return load_config(["model.path=/nonexistent", "data.max_prompt_length=1024", "data.max_response_length=1024",
+                        "data.train_batch_size=256", "rollout.n=4", "actor.ppo_mini_batch_size=64",
+                        "actor.ppo_micro_batch_size_per_gpu=4", "trainer.n_gpus_per_node=8", "model.dtype=bfloat16",
+                        "rollout.name=vllm", "rollout.gpu_memory_utilization=0.4", "trainer.device=cuda", *overrides],
+                       check_paths=False)
+
+
+def test_roles_and_phases_by_hand():
+    config = big_job("actor.use_kl_loss=true", "rollout.free_cache_engine=true")
+    plan = plan_memory(config, Shapes(QWEN_7B), gpu_spec("a100-80").memory_bytes)
+    total = QWEN_7B.num_parameters()
+    per_rank = -(-total // 8)
+    actor, ref, rollout = plan.roles["actor"], plan.roles["ref"], plan.roles["rollout"]
+    assert actor.parameters == 4 * per_rank and actor.optimizer == 8 * per_rank
+    assert actor.gradients == 4 * total  # accumulating (32 local sequences, micro 4): FSDP2 holds full gradients
+    assert ref.parameters == 4 * per_rank and ref.gradients == ref.optimizer == 0
+    assert rollout.parameters == 2 * total and rollout.kv_cache > 0
+    assert rollout.total == pytest.approx(0.4 * plan.device_bytes, rel=0.02)
+    resident = actor.resident + ref.resident + plan.roles["buffers"].total
+    assert plan.phases["generate"] == resident + rollout.total + actor.buffers
+    # the engine sleeps outside generation: the update phase holds no rollout memory
+    assert plan.phases["update_actor"] == resident + actor.gradients + actor.activations + actor.buffers
+    awake = plan_memory(big_job("actor.use_kl_loss=true", "rollout.free_cache_engine=false"), Shapes(QWEN_7B),
+                        plan.device_bytes)
+    assert awake.phases["update_actor"] - plan.phases["update_actor"] == rollout.total
+    offloaded = plan_memory(big_job("actor.use_kl_loss=true", "actor.fsdp.optimizer_offload=true"), Shapes(QWEN_7B),
+                            plan.device_bytes)
+    assert plan.phases["generate"] - offloaded.phases["generate"] == actor.optimizer
+
+
+def test_eight_bit_states_shrink_the_optimizer_term():
+    standard = plan_memory(big_job(), Shapes(QWEN_7B), gpu_spec("h100").memory_bytes)
+    eight_bit = plan_memory(big_job("actor.optim.state_precision=8bit"), Shapes(QWEN_7B), gpu_spec("h100").memory_bytes)
+    ratio = eight_bit.roles["actor"].optimizer / standard.roles["actor"].optimizer
+    assert ratio == pytest.approx((2 + 8 / 256) / 8, rel=1e-6)
+
+
+def test_recommendation_keeps_the_headroom_and_takes_the_largest_micro_batch():
+    config = big_job("actor.ppo_micro_batch_size_per_gpu=1", "model.enable_gradient_checkpointing=true")
+    shapes, device = Shapes(QWEN_7B), gpu_spec("h200").memory_bytes
+    advice = recommend(config, shapes, device, headroom=0.15)
+    assert advice.fits and advice.plan.peak_bytes <= 0.85 * device
+    decision = advice.decisions["actor"]
+    assert decision.micro_batch_size * decision.grad_accum_steps == 32  # 64 prompts × 4 ÷ 8 ranks
+    larger = 2 * decision.micro_batch_size
+    if larger <= 32:  # the next candidate would have broken the headroom
+        assert decision.measured[larger] > 0.85 * device
+    assert decision.micro_batch_size > 1  # an H200 holds more than the configured 1 sequence per micro-batch
+    assert f"actor.ppo_micro_batch_size_per_gpu={decision.micro_batch_size}" in advice.overrides
+
+
+def test_a_job_that_cannot_fit_says_so():
+    config = big_job("trainer.n_gpus_per_node=1", "actor.ppo_mini_batch_size=2", "data.train_batch_size=2",
+                     "data.max_prompt_length=32768", "data.max_response_length=32768")
+    advice = recommend(config, Shapes(QWEN_7B), gpu_spec("a10g").memory_bytes)
+    assert not advice.fits and "does not fit" in advice.reason
+    assert "actor.fsdp.param_offload=true" in advice.overrides  # every saver was tried
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_forward_flops_match_torch_flop_counter(architecture):
+    spec = TinyModelSpec(architecture=architecture, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                         intermediate_size=320)
+    model = build_tiny_model(spec, 2048, pad_token_id=0, eos_token_id=1)
+    model.set_attn_implementation("eager")  # attention as plain matmuls, which the counter sees
+    shape = DecoderShape.from_hf_config(model.config)
+    tokens = 48
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(torch.randint(0, 2048, (1, tokens)))
+    eager_attention = 4 * shape.num_layers * shape.q_width * tokens ** 2  # QKᵀ and AV over the full T × T
+    assert counter.get_total_flops() == 2 * matmul_parameters(shape) * tokens + eager_attention
+    # eager computes the masked upper triangle too; the model counts the causal half a fused kernel does
+    assert forward_flops(shape, tokens) == 2 * matmul_parameters(shape) * tokens + eager_attention // 2
+
+
+def test_roofline_update_time_by_hand():
+    config = big_job()
+    gpu = gpu_spec("h100")
+    step = roofline_step_time(config, QWEN_7B, gpu, efficiency=0.5)
+    expected = 3 * 256 * 4 * forward_flops(QWEN_7B, 2048) / (8 * gpu.bf16_flops) / 0.5
+    assert step.phases["update_actor"] == pytest.approx(expected)
+    fp8 = roofline_step_time(big_job("model.fp8_compute=true"), QWEN_7B, gpu, efficiency=0.5)
+    # the update's matmuls at Hopper's fp8 peak (about twice bf16)
+    assert fp8.phases["update_actor"] == pytest.approx(expected * gpu.bf16_flops / gpu.fp8_flops)
+    assert step.total == pytest.approx(sum(step.phases.values()))
+
+
+def test_cost_is_price_times_devices_times_hours():
+    job = plan_job(big_job("trainer.total_training_steps=10"), gpu_spec("a100-80"), shapes=Shapes(QWEN_7B),
+                   price_per_gpu_hour=2.0)
+    assert job.hours == pytest.approx(job.step_time.total * 10 / 3600)
+    assert job.cost == pytest.approx(2.0 * 8 * job.hours)
+
+
+def test_plan_command(tmp_path, capsys):
+    from transformers import Qwen2Config
+
+    Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True).save_pretrained(tmp_path)
+    common = ["plan", "--no-check-paths", f"model.path={tmp_path}", "data.max_prompt_length=512",
+              "data.max_response_length=512", "trainer.total_training_steps=100", "model.dtype=bfloat16"]
+    assert main(common + ["--gpu", "a10g", "--price-per-gpu-hour", "1.0"]) == 0
+    out = capsys.readouterr().out
+    assert "A10G" in out and "recommendation: fits" in out and "cost at $1.00/GPU-hour" in out
+    assert "fp8 compute: not on A10G" in out
+    assert main(common + ["data.max_response_length=65536", "data.max_prompt_length=65536", "--gpu", "a10g"]) == 1
+    assert "does not fit" in capsys.readouterr().out
+
+
+def test_known_model_names_plan_without_weights_and_match_their_published_configs(tmp_path):
+    from transformers import Qwen2Config
+
+    from hybridrl.planner.known_models import KNOWN_SHAPES, model_shape
+
+    Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True).save_pretrained(tmp_path)
+    assert model_shape(str(tmp_path), "model.path") == KNOWN_SHAPES["qwen2.5-0.5b"]   # table == the real config
+    assert model_shape("models/Qwen2.5-7B-Instruct", "model.path") == QWEN_7B
+    assert model_shape(None, "critic.model_path") is None
+
+
+def test_plan_command_refuses_an_unknown_missing_model_without_downloading(capsys):
+    assert main(["plan", "--no-check-paths", "model.path=/nowhere/my-private-model"]) == 2
+    err = capsys.readouterr().err
+    assert "model.path" in err and "/nowhere/my-private-model" in err and "config.json" in err
+    assert "Traceback" not in err
