@@ -100,6 +100,22 @@ def sft(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("rm", "train a reward model on preference pairs (Bradley-Terry): hybridrl rm model.path=...", "rm_trainer")
+def rm(args: argparse.Namespace) -> int:
+    from hybridrl.config import load_config
+    from hybridrl.controller.rm_trainer import RMTrainer
+
+    config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths)
+    result = RMTrainer(config).fit()
+    accuracy = ""
+    if result.validations:
+        (first_step, first), (last_step, last) = result.validations[0], result.validations[-1]
+        accuracy = (f"; held-out accuracy {first['val/accuracy']:.3f} (step {first_step}) -> "
+                    f"{last['val/accuracy']:.3f} (step {last_step})")
+    print(f"hybridrl rm: {result.global_step} steps{accuracy}; reward model exported to {result.export_dir}")
+    return 0
+
+
 @command("demo", "the main job: tiny model, SFT then GRPO on arithmetic, on CPU (overrides go to GRPO)", "demo_grpo")
 def demo(args: argparse.Namespace) -> int:
     from hybridrl.demo import run_demo

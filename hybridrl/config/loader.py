@@ -18,13 +18,14 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.schema import TrainConfig
+from hybridrl.config.rm_schema import RMConfig
 from hybridrl.config.sft_schema import SFTConfig
 
 ConfigT = TypeVar("ConfigT")
 
 DEFAULT_CONFIG_NAME = "ppo_trainer"
 # Primary config name → the dataclass that types it. Later trainers (SFT, reward model) add theirs here.
-SCHEMAS: dict[str, type] = {DEFAULT_CONFIG_NAME: TrainConfig, "sft_trainer": SFTConfig}
+SCHEMAS: dict[str, type] = {DEFAULT_CONFIG_NAME: TrainConfig, "sft_trainer": SFTConfig, "rm_trainer": RMConfig}
 # Keys whose values never reach a log or a dumped file (tracking-service credentials).
 SECRET_KEY_PATTERN = re.compile(r"(^|_)(token|api_key|apikey|password|secret)$", re.IGNORECASE)
 
@@ -143,18 +144,20 @@ def load_config(overrides: Sequence[str] = (), config_name: str = DEFAULT_CONFIG
                 conf_dir: Optional[Path] = None, check_paths: bool = True) -> Any:
     """Compose, type-check, validate and freeze a trainer config — the one entry point for CLI, recipes and notebooks.
 
-    Returns a ``TrainConfig`` for ``ppo_trainer`` (and configs built on it), an ``SFTConfig`` for ``sft_trainer``.
+    Returns a ``TrainConfig`` for ``ppo_trainer`` (and configs built on it), an ``SFTConfig`` for ``sft_trainer``,
+    an ``RMConfig`` for ``rm_trainer``.
 
     Example::
 
         config = load_config(["algorithm.adv_estimator=grpo", "rollout.n=8", "model.path=/models/qwen"])
     """
-    from hybridrl.config.validation import validate_config, validate_sft_config
+    from hybridrl.config.validation import validate_config, validate_rm_config, validate_sft_config
 
     raw = compose_yaml(config_name, overrides, conf_dir)
     schema = schema_of(raw)
     config = to_schema(raw, schema)
-    (validate_sft_config if schema is SFTConfig else validate_config)(config, check_paths=check_paths)
+    validator = {SFTConfig: validate_sft_config, RMConfig: validate_rm_config}.get(schema, validate_config)
+    validator(config, check_paths=check_paths)
     config.freeze()
     return config
 

@@ -278,6 +278,24 @@ class RewardModelConfig(FreezableConfig):
 
 
 @dataclass
+class RewardFusionConfig(FreezableConfig):
+    enable: bool = False
+    """Fuse reward components (rule score, reward model, guards) into one score; on whenever the reward model is."""
+    rule_weight: float = 1.0
+    """Weight of the rule-function score (``reward/rule/*``)."""
+    rm_weight: float = 1.0
+    """Weight of the reward model's score (``reward/rm/*``)."""
+    normalize: list[str] = field(default_factory=list)
+    """Components normalised by a running mean/std before weighting, e.g. ``[rm]`` (``rule``, ``rm``)."""
+    length_penalty_coef: float = 0.0
+    """Length guard: adds ``−coef · response_length / data.max_response_length`` (0 disables)."""
+    diversity_penalty_coef: float = 0.0
+    """Diversity guard: adds ``−coef ×`` mean similarity to the other responses of the same prompt (0 disables)."""
+    cap: Optional[float] = None
+    """Upper bound on the fused reward (``null``: none)."""
+
+
+@dataclass
 class CustomRewardConfig(FreezableConfig):
     path: Optional[str] = None
     """Python file defining your reward function; ``null`` uses the built-in registry routed by ``data_source``."""
@@ -452,6 +470,8 @@ class TrainConfig(FreezableConfig):
     """Value model (PPO with GAE)."""
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     """Model-based reward."""
+    reward_fusion: RewardFusionConfig = field(default_factory=RewardFusionConfig)
+    """Weighted reward components, normalisation and reward-hacking guards."""
     custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
     """Rule-based reward function override."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Optional
 
 from hybridrl.config.errors import PREFORMATTED, ConfigError
 from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS, check_precision_on_device
+from hybridrl.config.rm_schema import RMConfig
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sft_schema import SFTConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH, role_plan, world_size
@@ -234,9 +235,11 @@ def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
     if config.actor.policy_loss == "gspo" and max(config.actor.clip_ratio_low, config.actor.clip_ratio_high) >= 0.01:
         error.add("actor.clip_ratio_high", config.actor.clip_ratio_high,
                   "GSPO clips a sequence-level ratio: use clip ranges of order 1e-4 (the paper: 3e-4 / 4e-4)")
-    if config.reward_model.enable:
-        error.add("reward_model.enable", True, "reward-model scoring inside the RL loop is not wired yet (the worker "
-                                               "exists: hybridrl.workers.reward_model_worker); use rule rewards")
+    for name in config.reward_fusion.normalize:
+        _choice(error, "reward_fusion.normalize", name, ("rule", "rm"))
+    for key in ("length_penalty_coef", "diversity_penalty_coef"):
+        value = getattr(config.reward_fusion, key)
+        _require(error, f"reward_fusion.{key}", value, value >= 0, "must be >= 0 (it is subtracted as a penalty)")
     if config.critic.fsdp.optimizer_offload:
         error.add("critic.fsdp.optimizer_offload", True, "only the actor offloads its optimizer (during generation)")
     if config.rollout.tensor_model_parallel_size > 1:
@@ -447,4 +450,51 @@ def validate_sft_config(config: SFTConfig, *, check_paths: bool = True) -> None:
         _check_model_dir(error, "model.path", config.model.path)
         for path in data.train_files:
             _check_data_file(error, "data.train_files", path)
+    error.raise_if_any()
+
+
+def validate_rm_config(config: RMConfig, *, check_paths: bool = True) -> None:
+    """Raise ``ConfigError`` naming every invalid key of a reward-model training config."""
+    from hybridrl.data.synthetic_preference import SYNTHETIC_PREFERENCES
+
+    error = ConfigError()
+    data, trainer, loss = config.data, config.trainer, config.loss
+    _positive(error, [
+        ("data.train_batch_size", data.train_batch_size), ("data.micro_batch_size_per_gpu", data.micro_batch_size_per_gpu),
+        ("data.val_batch_size", data.val_batch_size), ("data.synthetic_spread", data.synthetic_spread),
+        ("data.max_prompt_length", data.max_prompt_length), ("data.max_response_length", data.max_response_length),
+        ("trainer.total_training_steps", trainer.total_training_steps), ("trainer.nnodes", trainer.nnodes),
+        ("trainer.n_gpus_per_node", trainer.n_gpus_per_node), ("trainer.max_ckpt_to_keep", trainer.max_ckpt_to_keep),
+        ("optim.lr", config.optim.lr), ("loss.grad_clip", loss.grad_clip),
+    ])
+    _require(error, "data.val_fraction", data.val_fraction, 0 <= data.val_fraction < 1, "must be in [0, 1)")
+    _require(error, "loss.center_coef", loss.center_coef, loss.center_coef >= 0, "must be >= 0")
+    for key, value in (("trainer.save_freq", trainer.save_freq), ("trainer.test_freq", trainer.test_freq)):
+        _require(error, key, value, value == -1 or value > 0, "must be -1 (off) or a positive number of steps")
+    _choice(error, "data.synthetic_preference", data.synthetic_preference, SYNTHETIC_PREFERENCES)
+    _choice(error, "model.dtype", config.model.dtype, MODEL_DTYPES)
+    _choice(error, "model.attn_implementation", config.model.attn_implementation, ATTENTION_IMPLEMENTATIONS)
+    _choice(error, "optim.lr_scheduler", config.optim.lr_scheduler, LR_SCHEDULERS)
+    _choice(error, "fsdp.reduce_dtype", config.fsdp.reduce_dtype, REDUCE_DTYPES)
+    _choice(error, "trainer.device", trainer.device, DEVICES)
+    _choice(error, "trainer.resume_mode", trainer.resume_mode, ("auto", "disable"))
+    for logger in trainer.logger:
+        _choice(error, "trainer.logger", logger, LOGGERS)
+    if config.fsdp.optimizer_offload:
+        error.add("fsdp.optimizer_offload", True, "applies only to the actor (offload during generation)")
+    if not data.train_files and data.synthetic_task is None:
+        error.add("data.train_files", [], "give at least one parquet/JSONL file of preference pairs, or set "
+                                          "data.synthetic_task")
+    devices = trainer.nnodes * trainer.n_gpus_per_node
+    if not error and data.train_batch_size % (devices * data.micro_batch_size_per_gpu):
+        error.add("data.train_batch_size", data.train_batch_size,
+                  f"must be a multiple of devices ({devices}) × data.micro_batch_size_per_gpu "
+                  f"({data.micro_batch_size_per_gpu}): global = micro × accumulation × world must hold exactly")
+    if trainer.device == "cpu" and config.model.dtype == "float16":
+        error.add("model.dtype", "float16", "float16 training is not supported on CPU; use bfloat16 or float32")
+    if check_paths:
+        _check_model_dir(error, "model.path", config.model.path)
+        for key in ("train_files", "val_files"):
+            for path in getattr(data, key):
+                _check_data_file(error, f"data.{key}", path)
     error.raise_if_any()

@@ -18,13 +18,14 @@ import torch
 
 from hybridrl.algorithms import build_kl_controller
 from hybridrl.config import critic_enabled, dump_config, resolved_device, validate_config, world_size
-from hybridrl.config.schema import TrainConfig
+from hybridrl.config.schema import ModelConfig, TrainConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH
 from hybridrl.controller import PoolSpec, ResourcePool, WorkerError, WorkerGroup, gather, start_ray
 from hybridrl.controller.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
 from hybridrl.controller.continual import PromptReplay, PtxBatches
 from hybridrl.controller.faults import FaultInjector, NonFiniteGuard
 from hybridrl.controller.restarts import RESTARTABLE, RestartRecord, Supervisor
+from hybridrl.controller.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
 from hybridrl.controller.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
 from hybridrl.controller.validation import Scoring, validate
 from hybridrl.controller.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups, num_groups,
@@ -39,6 +40,7 @@ from hybridrl.utils.timing import PhaseTimer
 from hybridrl.utils.tracking import Tracker, prepare_metrics_file
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
 from hybridrl.workers.critic_worker import CriticWorker
+from hybridrl.workers.reward_model_worker import RewardModelWorker
 from hybridrl.workers.model_builder import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -85,6 +87,7 @@ class RLTrainer:
         self.pool: Optional[ResourcePool] = None
         self.actor: Optional[WorkerGroup[ActorRolloutRefWorker]] = None
         self.critic: Optional[WorkerGroup[CriticWorker]] = None
+        self.reward_model: Optional[WorkerGroup[RewardModelWorker]] = None
 
     # ------------------------------------------------------------------ the run
     def fit(self) -> TrainResult:
@@ -94,7 +97,7 @@ class RLTrainer:
         supervisor = Supervisor(self.config.trainer.max_restarts)
         with start_ray(self.config.trainer.ray) as runtime, \
                 build_reward_scorer(self.config.custom_reward_function) as scorer:
-            self.scoring = Scoring(scorer, self.tokenizer)
+            self.rule_scoring = self.scoring = Scoring(scorer, self.tokenizer)
             supervisor.run(lambda: self._attempt(runtime, result, supervisor), lambda: self.global_step)
         result.global_step, result.restarts = self.global_step, supervisor.records
         return result
@@ -257,12 +260,17 @@ class RLTrainer:
         self.pool = pool = ResourcePool.create(PoolSpec("global", nnodes=config.trainer.nnodes,
                                                         devices_per_node=config.trainer.n_gpus_per_node,
                                                         device=device), runtime)
-        share = 0.5 if critic_enabled(config) else 1.0
+        share = 1.0 / (1 + critic_enabled(config) + config.reward_model.enable)
         self.actor = WorkerGroup(ActorRolloutRefWorker, pool, name="actor_rollout_ref", bundle_share=share,
                                  args=(config, self.total_steps, self.with_reference))
         if critic_enabled(config):
             self.critic = WorkerGroup(CriticWorker, pool, name="critic", bundle_share=share,
                                       args=(config, self.total_steps))
+        if config.reward_model.enable:
+            self.reward_model = WorkerGroup(RewardModelWorker, pool, name="reward_model", bundle_share=share,
+                                            args=(config,))
+        if fusion_enabled(config):
+            self.scoring = FusedScoring(self.rule_scoring, config, self.reward_model, self._rm_tokenizer())
         logger.info("workers started in %.1f s", time.perf_counter() - started)
         self._log_micro_batch_sizing()
 
@@ -272,8 +280,16 @@ class RLTrainer:
             if group is not None and getattr(self.config, role).ppo_micro_batch_size_per_gpu == AUTO_MICRO_BATCH:
                 logger.info("%s", group.call(group.worker_cls.batch_plan)[1])
 
+    def _rm_tokenizer(self):
+        """The reward model's tokenizer when its vocabulary differs from the policy's (re-tokenise), else None."""
+        if not self.config.reward_model.enable:
+            return None
+        tokenizer = load_tokenizer(ModelConfig(path=self.config.reward_model.model_path,
+                                               trust_remote_code=self.config.model.trust_remote_code))
+        return None if same_vocabulary(tokenizer, self.tokenizer) else tokenizer
+
     def _stop_workers(self) -> None:
-        for group in (self.actor, self.critic):
+        for group in (self.actor, self.critic, self.reward_model):
             if group is not None:
                 group.shutdown()
         if self.pool is not None:
@@ -303,7 +319,9 @@ class RLTrainer:
     def _controller_state(self) -> dict[str, Any]:
         return {"global_step": self.global_step, "loader": self.loaders.train.state_dict(),
                 "kl_controller": self.kl_controller.state_dict(),
-                **({"replay": self.replay.state_dict()} if self.replay is not None else {})}
+                **({"replay": self.replay.state_dict()} if self.replay is not None else {}),
+                **({"reward_fusion": self.scoring.state_dict()}
+                   if isinstance(getattr(self, "scoring", None), FusedScoring) else {})}
 
     def _resume(self) -> None:
         trainer = self.config.trainer
@@ -331,6 +349,8 @@ class RLTrainer:
         self.kl_controller.load_state_dict(state["kl_controller"])
         if self.replay is not None and "replay" in state:
             self.replay.load_state_dict(state["replay"])
+        if isinstance(self.scoring, FusedScoring):
+            self.scoring.load_state_dict(state.get("reward_fusion", {}))
         self.global_step = int(state["global_step"])
 
     def _actor(self) -> WorkerGroup[ActorRolloutRefWorker]:

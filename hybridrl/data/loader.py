@@ -6,8 +6,8 @@
   **left-padded to the longest prompt in the batch** (not to ``max_prompt_length``): generation continues right
   after the last prompt token in every row, and short-prompt batches do not pay for padding. ``P`` therefore
   varies from batch to batch; it never exceeds ``max_prompt_length``.
-- non-tensors (one per prompt): ``uid`` (see below), ``data_source``, ``ground_truth``, ``extra_info`` and
-  ``raw_prompt`` (the formatted prompt text) — names in :class:`DataFields`.
+- non-tensors (one per prompt): ``uid`` (see below), ``data_source``, ``ground_truth``, ``extra_info``,
+  ``raw_prompt`` (the formatted prompt text) and ``messages`` (the prompt as given) — names in :class:`DataFields`.
 
 ``uid`` is ``"<dataset name>-<row id>-e<epoch>"``: unique per prompt row and epoch, deterministic (so a resumed run
 produces the same uids), and the key that groups the ``rollout.n`` responses of one prompt.
@@ -50,6 +50,7 @@ class DataFields:
     GROUND_TRUTH = "ground_truth"
     EXTRA_INFO = "extra_info"
     RAW_PROMPT = "raw_prompt"
+    MESSAGES = "messages"
 
 
 def collate_prompts(prompts: Sequence[TokenizedPrompt], uids: Sequence[str], pad_token_id: int) -> Batch:
@@ -70,6 +71,7 @@ def collate_prompts(prompts: Sequence[TokenizedPrompt], uids: Sequence[str], pad
             DataFields.GROUND_TRUTH: [prompt.ground_truth for prompt in prompts],
             DataFields.EXTRA_INFO: [prompt.extra_info for prompt in prompts],
             DataFields.RAW_PROMPT: [prompt.raw_prompt for prompt in prompts],
+            DataFields.MESSAGES: [prompt.messages for prompt in prompts],
         },
     )
 

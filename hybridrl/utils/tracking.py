@@ -23,7 +23,7 @@ from hybridrl.utils.timing import RunClock, format_duration
 CONSOLE_KEYS = (
     ("critic/score/mean", "score"), ("val/accuracy", "val acc"), ("actor/pg_loss", "pg loss"),
     ("actor/kl_loss", "kl"), ("actor/entropy", "entropy"), ("actor/grad_norm", "|g|"),
-    ("response_length/mean", "len"), ("timing/step", "s/step"), ("sft/sft_loss", "sft loss"),
+    ("response_length/mean", "len"), ("timing/step", "s/step"), ("sft/sft_loss", "sft loss"), ("rm/loss", "rm loss"),
     ("cost/projected", "cost"),
 )
 

@@ -94,9 +94,28 @@ def token_budget_parts(batch: Batch, max_tokens: int, dp: DataParallelGroup) -> 
     raise RuntimeError("data-parallel ranks could not agree on a micro-batch count")
 
 
+PAIR_MEAN = "pair-mean"
+"""The ``loss_agg_mode`` of preference losses (reward-model training): a mean over rows, each row one
+(chosen, rejected) pair, so the normaliser is the global pair count. Pair batches carry no ``response_mask``."""
+
+
+def local_normalizer(batch: Batch, loss_agg_mode: str) -> torch.Tensor:
+    """This batch's share of the normaliser: valid tokens or sequences (``response_mask``), or rows for ``pair-mean``."""
+    if loss_agg_mode == PAIR_MEAN:
+        return torch.tensor(len(batch), dtype=torch.int64)
+    return loss_normalizer(batch["response_mask"], loss_agg_mode)
+
+
+def metric_weight(batch: Batch, loss_agg_mode: str) -> float:
+    """Weight of a micro-batch's mean metrics in the mini-batch mean: valid response tokens, or pairs."""
+    if loss_agg_mode == PAIR_MEAN:
+        return float(len(batch))
+    return float(batch["response_mask"].sum())
+
+
 def global_normalizer(batch: Batch, loss_agg_mode: str, dp: DataParallelGroup) -> torch.Tensor:
-    """The mini-batch's loss normaliser: valid tokens or sequences of this rank's part, summed over DP ranks."""
-    count = loss_normalizer(batch["response_mask"], loss_agg_mode).to(torch.float64).reshape(1)
+    """The mini-batch's loss normaliser: valid tokens, sequences or pairs of this rank's part, summed over DP ranks."""
+    count = local_normalizer(batch, loss_agg_mode).to(torch.float64).reshape(1)
     return dp.sum(count).reshape(())
 
 
@@ -109,7 +128,8 @@ def accumulate_gradients(model: nn.Module, mini_batch: Batch, loss_fn: MicroBatc
     """Forward/backward every micro-batch of this rank's part of ``mini_batch``; gradients reduce on the last one.
 
     Returns metrics over the whole mini-batch: loss shares (``ADDITIVE_METRICS``) summed over micro-batches and
-    ranks — the mini-batch loss itself — and every other metric averaged, weighted by valid response tokens.
+    ranks — the mini-batch loss itself — and every other metric averaged, weighted by valid response tokens (pairs
+    under ``pair-mean``).
     """
     normalizer = global_normalizer(mini_batch, loss_agg_mode, dp)
     micro_batches, _ = split_micro_batches(mini_batch, micro_batching, dp)
@@ -119,7 +139,7 @@ def accumulate_gradients(model: nn.Module, mini_batch: Batch, loss_fn: MicroBatc
         set_gradient_sync(model, index == len(micro_batches) - 1)
         loss, metrics = loss_fn(micro_batch, normalizer)
         (loss * dp.size).backward()
-        weight = float(micro_batch["response_mask"].sum())
+        weight = metric_weight(micro_batch, loss_agg_mode)
         weight_sum += weight
         for name, value in metrics.items():
             totals[name] = totals.get(name, 0.0) + float(value) * (1.0 if name in ADDITIVE_METRICS else weight)

@@ -40,8 +40,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from hybridrl.algorithms import loss_normalizer
 from hybridrl.protocol import Batch
+from hybridrl.workers.accumulation import local_normalizer
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class MicroBatchGradNorms:
         """
 
         def measured_loss_fn(micro_batch: Batch, normalizer: torch.Tensor):
-            count = float(loss_normalizer(micro_batch["response_mask"], loss_agg_mode))
+            count = float(local_normalizer(micro_batch, loss_agg_mode))
             self.global_batch_size = float(normalizer)
             scale = self.global_batch_size / (dp_size * count) if count > 0 else 0.0
             self.begin_micro_batch(count, scale)
@@ -242,6 +242,30 @@ def summarize(samples: Sequence[GradientSample], dp=None) -> SmallBatchSummary:
                           device=device)
     dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=dp.group)
     return SmallBatchSummary(float(packed[0]), float(packed[1]), int(round(float(packed[2]))))
+
+
+class NoiseScaleMonitor:
+    """A training engine's noise-scale measurement: per-micro-batch norms plus the smoothed estimator, in two calls.
+
+    ``loss_fn = monitor.wrap(loss_fn, loss_agg_mode)`` before the accumulation loop, then ``monitor.after_step(m)``
+    with each optimizer step's metrics ``m`` (``grad_norm``, ``skipped_step``) — ``train_epochs``' ``after_step``
+    hook. Returns ``grad_noise/*`` metrics, or nothing while the step had a single micro-batch on a single rank.
+    """
+
+    def __init__(self, model: nn.Module, dp) -> None:
+        self.norms = MicroBatchGradNorms(model)
+        self.estimator = GradientNoiseScale()
+        self.dp = dp
+
+    def wrap(self, loss_fn, loss_agg_mode: str):
+        return self.norms.wrap(loss_fn, loss_agg_mode, self.dp.size)
+
+    def after_step(self, step_metrics: dict[str, float]) -> dict[str, float]:
+        summary = summarize(self.norms.finish(), self.dp)
+        if step_metrics["skipped_step"] or summary.count < 2:  # one micro-batch on one rank: no second batch size
+            return {}
+        big = GradientSample(self.norms.global_batch_size, step_metrics["grad_norm"] ** 2)
+        return self.estimator.update(summary, big).metrics()
 
 
 # ------------------------------------------------------------------------------------------------ adaptive steps

@@ -15,33 +15,51 @@ from hybridrl.controller import Worker, dp_split
 from hybridrl.protocol import Batch, Fields
 from hybridrl.workers.actor_worker import sharding_options
 from hybridrl.workers.fsdp import shard_model
-from hybridrl.workers.model_builder import build_model, load_tokenizer
+from hybridrl.workers.model_builder import build_model
 from hybridrl.workers.sequences import position_ids_from_mask
 
 RM_SCORES = "rm_scores"
 
 
-def sequence_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def sequence_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                    packed: bool = False) -> torch.Tensor:
     """``[B]`` scores of a one-label sequence classifier at each row's last real token (rows left/right padded).
 
     The per-token head outputs are captured with a forward hook on ``model.score`` during the root forward (FSDP2
     only gathers the head's parameters inside that forward), then read at the last position of ``attention_mask``.
+    ``packed``: the real tokens of all rows go through as one ``[1, N]`` row with per-sequence position ids (a
+    block-diagonal causal mask: no attention across rows, no FLOPs on pads); the scores equal the padded forward's.
+    Gradients flow through the scores when grad mode is on (reward-model training).
     """
     captured: list[torch.Tensor] = []
     handle = model.score.register_forward_hook(lambda module, inputs, output: captured.append(output))
+    positions = position_ids_from_mask(attention_mask)
+    real = attention_mask.bool()
     try:
-        model(input_ids=input_ids, attention_mask=attention_mask,
-              position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+        if packed:  # use_cache=False: transformers only detects packed sequences without a KV cache
+            output = model(input_ids=input_ids[real][None], position_ids=positions[real][None], use_cache=False)
+        else:
+            output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                           use_cache=False)
     finally:
         handle.remove()
     per_token = captured[0].squeeze(-1).float()
-    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-    last_real = (attention_mask.bool() * positions).argmax(dim=-1)
-    return per_token[torch.arange(len(per_token)), last_real]
+    if packed:
+        scores = per_token[0, real.sum(dim=-1).cumsum(dim=0) - 1]
+    else:
+        columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+        scores = per_token[torch.arange(len(per_token)), (real * columns).argmax(dim=-1)]
+    # FSDP2 unshards the root's parameters (embeddings, final norm, head) for backward in a hook on the root forward's
+    # *outputs*; scores read from a hooked intermediate would bypass it. A zero-weighted term keeps the output in the
+    # graph (exactly +0 to every score) so that hook fires.
+    return scores + 0.0 * output.logits.float().sum()
 
 
 class RewardModelWorker(Worker):
-    """One rank of the reward model (``reward_model.model_path``), sharded like the actor, no optimizer."""
+    """One rank of the reward model (``reward_model.model_path``), sharded like the actor, no optimizer.
+
+    It scores the token ids it is given: the controller passes the policy's ids when the vocabularies agree and
+    re-tokenised sequences otherwise (``hybridrl.controller.reward_fusion``)."""
 
     def __init__(self, config: TrainConfig) -> None:
         reward = config.reward_model
@@ -53,17 +71,6 @@ class RewardModelWorker(Worker):
         self.model.requires_grad_(False)
         self.model.eval()
         shard_model(self.model, self.dp_mesh, sharding_options(config, param_offload=False))
-        self._check_tokenizer(config, reward.model_path)
-
-    @staticmethod
-    def _check_tokenizer(config: TrainConfig, reward_path: str) -> None:
-        """The policy's token ids are fed to the reward model as they are, so the vocabularies must agree."""
-        policy = load_tokenizer(config.model)
-        reward = load_tokenizer(config.model.__class__(path=reward_path))
-        if policy.get_vocab() != reward.get_vocab():
-            raise ValueError(f"reward_model.model_path={reward_path!r} uses a different tokenizer from the policy; "
-                             "re-tokenising for the reward model is not supported yet — use a reward model trained "
-                             "with the policy's tokenizer")
 
     @dp_split
     @torch.no_grad()

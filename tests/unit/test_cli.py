@@ -32,3 +32,9 @@ def test_cli_logging_shows_hybridrl_info_lines_through_the_current_stderr(capsys
     err = capsys.readouterr().err    # capsys swaps sys.stderr: the handler must follow it, not keep the old stream
     assert err.count("micro-batch sized: 4 x 2") == 1
     assert "chatter" not in err
+
+
+def test_rm_command_refuses_a_config_without_pairs(capsys):
+    assert main(["rm", "--no-check-paths", "data.train_batch_size=16"]) == 2
+    err = capsys.readouterr().err
+    assert "hybridrl rm:" in err and "data.train_files" in err and "Traceback" not in err

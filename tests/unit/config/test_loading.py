@@ -18,6 +18,7 @@ from hybridrl.config import (
     to_schema,
 )
 from hybridrl.config.docs import iter_fields, render_markdown
+from hybridrl.config.rm_schema import RMConfig
 from hybridrl.config.sft_schema import SFTConfig
 
 CONF = config_dir()
@@ -41,13 +42,13 @@ def test_every_group_option_composes_and_validates(group, option):
 
 
 # Primary configs that need a data source from the user get one here.
-PRIMARY_OVERRIDES = {"sft_trainer": ["data.synthetic_task=arithmetic"]}
+PRIMARY_OVERRIDES = {"sft_trainer": ["data.synthetic_task=arithmetic"], "rm_trainer": ["data.synthetic_task=arithmetic"]}
 
 
 @pytest.mark.parametrize("config_file", sorted(CONF.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_primary_config_composes(config_file):
     config = load_config(PRIMARY_OVERRIDES.get(config_file.stem, []), config_file.stem, check_paths=False)
-    assert isinstance(config, (TrainConfig, SFTConfig)) and config.is_frozen
+    assert isinstance(config, (TrainConfig, SFTConfig, RMConfig)) and config.is_frozen
 
 
 def test_presets_select_what_they_say():
@@ -102,7 +103,7 @@ def test_dump_round_trips_and_redacts(tmp_path):
 
 
 def test_every_field_is_documented_and_the_reference_is_current():
-    undocumented = [key for root in (TrainConfig, SFTConfig) for key, _, doc, _ in iter_fields(root) if not doc]
+    undocumented = [key for root in (TrainConfig, SFTConfig, RMConfig) for key, _, doc, _ in iter_fields(root) if not doc]
     assert undocumented == []
     reference = REPO / "docs" / "config.md"
     assert reference.read_text() == render_markdown(), "docs/config.md is stale: run `make docs`"

@@ -120,3 +120,31 @@ def test_unknown_config_name():
 def test_unknown_group_option_is_a_config_error():
     with pytest.raises(ConfigError, match="overrides"):
         load_config(["algorithm=ppo_but_better"], check_paths=False)
+
+
+# Reward-model training configs (conf/rm_trainer.yaml): (overrides, key the error must name, phrase).
+BAD_RM_CONFIGS = [
+    ([], "data.train_files", "preference pairs"),
+    (["data.synthetic_task=arithmetic", "data.train_batch_size=20", "data.micro_batch_size_per_gpu=8"],
+     "data.train_batch_size", "micro × accumulation × world"),
+    (["data.synthetic_task=arithmetic", "data.synthetic_preference=longer"], "data.synthetic_preference",
+     "expected one of"),
+    (["data.synthetic_task=arithmetic", "data.val_fraction=1.0"], "data.val_fraction", "[0, 1)"),
+    (["data.synthetic_task=arithmetic", "loss.center_coef=-0.1"], "loss.center_coef", ">= 0"),
+    (["data.synthetic_task=arithmetic", "trainer.resume_mode=resume_path"], "trainer.resume_mode", "expected one of"),
+    (["data.synthetic_task=arithmetic", "fsdp.optimizer_offload=true"], "fsdp.optimizer_offload", "only to the actor"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key", "phrase"), BAD_RM_CONFIGS, ids=lambda v: str(v))
+def test_bad_reward_model_configs_name_the_key(overrides, key, phrase):
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides, "rm_trainer", check_paths=False)
+    assert key in caught.value.keys, str(caught.value)
+    assert phrase in str(caught.value)
+
+
+def test_reward_model_data_files_are_checked(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        load_config([f"model.path={tmp_path}", "data.train_files=[/nope/prefs.jsonl]"], "rm_trainer")
+    assert {"model.path", "data.train_files"} <= set(caught.value.keys)

@@ -1,0 +1,80 @@
+"""The reward-model training worker: one rank of an FSDP2-sharded sequence classifier trained on preference pairs.
+
+The controller (``hybridrl.controller.rm_trainer``) calls ``update`` once per optimizer step with the step's pairs
+(split over DP ranks), ``compute_rewards`` for validation, and the checkpoint/export methods — the actor's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridrl.config.rm_schema import RMConfig
+from hybridrl.controller import Worker, dp_split, one_to_all
+from hybridrl.protocol import Batch
+from hybridrl.workers.actor_worker import data_parallel_group
+from hybridrl.workers.checkpoint import export_hf, load_sharded, save_sharded
+from hybridrl.workers.fsdp import ShardingOptions, shard_model
+from hybridrl.workers.model_builder import build_model, load_tokenizer, torch_dtype
+from hybridrl.workers.optim import build_optimizer, build_scheduler
+from hybridrl.workers.preference import PreferenceEngine, PreferenceLossSettings
+
+
+def rm_sharding_options(config: RMConfig) -> ShardingOptions:
+    return ShardingOptions(compute_dtype=torch_dtype(config.model.dtype), reduce_dtype=torch_dtype(config.fsdp.reduce_dtype),
+                           reshard_after_forward=config.fsdp.reshard_after_forward,
+                           param_offload=config.fsdp.param_offload)
+
+
+def build_reward_model(config: RMConfig, device: torch.device):
+    """The trainable reward model: ``model.path`` as a one-label sequence classifier (a fresh score head over a causal
+    LM), with the tokenizer's pad id in its config (the HF head needs one for batches of more than one row)."""
+    tokenizer = load_tokenizer(config.model)
+    model = build_model(config.model, "reward_model", device_type=device.type)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if config.model.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model.to(device), tokenizer
+
+
+class RewardModelTrainWorker(Worker):
+    """One rank of reward-model training. ``total_training_steps`` sizes the learning-rate schedule."""
+
+    def __init__(self, config: RMConfig) -> None:
+        torch.manual_seed(config.trainer.seed)
+        self.config = config
+        model, self.tokenizer = build_reward_model(config, self.device)
+        shard_model(model, self.dp_mesh, rm_sharding_options(config))
+        optimizer = build_optimizer(model, config.optim)
+        scheduler = build_scheduler(optimizer, config.optim, config.trainer.total_training_steps)
+        self.engine = PreferenceEngine(model, dp=data_parallel_group(self), packed=config.model.use_remove_padding,
+                                       optimizer=optimizer, scheduler=scheduler, grad_clip=config.loss.grad_clip,
+                                       grad_noise_scale=config.loss.log_grad_noise_scale)
+        self.settings = PreferenceLossSettings(margin=config.loss.margin, center_coef=config.loss.center_coef)
+
+    @dp_split(pad=False)
+    def update(self, pairs: Batch) -> dict[str, float]:
+        """One optimizer step on this rank's share of the step's pairs; metrics of the whole mini-batch."""
+        return self.engine.update(pairs, self.settings, self.config.data.micro_batch_size_per_gpu)
+
+    @dp_split
+    def compute_rewards(self, pairs: Batch) -> Batch:
+        """``chosen_rewards [B]``, ``rejected_rewards [B]`` of the pairs (no gradients)."""
+        return self.engine.compute_rewards(pairs, self.config.data.micro_batch_size_per_gpu)
+
+    @one_to_all(collect="first")
+    def save_checkpoint(self, directory: str) -> str:
+        """Model, optimizer, scheduler and RNG states under ``directory`` (every rank writes its shards)."""
+        save_sharded(directory, self.engine.model, self.engine.optimizer, self.engine.scheduler)
+        return directory
+
+    @one_to_all(collect="first")
+    def load_checkpoint(self, directory: str) -> str:
+        """Restore what ``save_checkpoint`` wrote (the DP size may differ)."""
+        load_sharded(directory, self.engine.model, self.engine.optimizer, self.engine.scheduler)
+        return directory
+
+    @one_to_all(collect="first")
+    def export_hf(self, directory: str) -> str:
+        """The reward model as a Hugging Face directory that ``reward_model.model_path`` of an RL run loads."""
+        return str(export_hf(self.engine.model, self.tokenizer, directory))

@@ -1,0 +1,70 @@
+"""Controller-side reward fusion: re-tokenising for a reward model with another vocabulary, and fused rule + guard
+rewards on a real rollout-shaped batch (rule functions scored in-process)."""
+
+from __future__ import annotations
+
+import torch
+
+from hybridrl.config import load_config
+from hybridrl.controller.reward_fusion import FusedScoring, retokenize, same_vocabulary
+from hybridrl.controller.validation import Scoring
+from hybridrl.data import ArithmeticTask, PromptDataset
+from hybridrl.data.loader import DataFields, collate_prompts
+from hybridrl.data.sft import SFTExample, encode_sft_examples
+from hybridrl.protocol import Fields
+from hybridrl.rewards.fusion import diversity_penalty, length_penalty
+from hybridrl.rewards.scorer import build_reward_scorer
+from hybridrl.utils.tiny_model import DEFAULT_CHARACTERS, build_char_tokenizer
+
+
+def rollout_batch(tokenizer, responses: list[str]):
+    """A rollout-shaped batch: 2 arithmetic prompts × 2 responses, with the loader's non-tensor fields."""
+    rows = ArithmeticTask(seed=2, operators="+", max_digits=1).train_rows(2)
+    prompts = PromptDataset.from_rows(rows, tokenizer)
+    examples = [SFTExample(row["prompt"], text) for row in rows for text in responses[:2]]
+    batch = encode_sft_examples(tokenizer, examples, max_response_length=6)
+    meta = collate_prompts([prompts[0], prompts[0], prompts[1], prompts[1]], ["a", "a", "b", "b"],
+                           tokenizer.pad_token_id)
+    for name, values in meta.non_tensors.items():
+        batch[name] = list(values)
+    return batch, rows
+
+
+def test_retokenizing_uses_the_reward_models_vocabulary_and_template():
+    policy, reward = build_char_tokenizer(), build_char_tokenizer(DEFAULT_CHARACTERS[::-1])
+    assert not same_vocabulary(policy, reward) and same_vocabulary(policy, build_char_tokenizer())
+    batch, rows = rollout_batch(policy, ["7", "12"])
+    texts = ["7", "12", "7", "12"]
+    encoded = retokenize(batch, texts, reward, apply_chat_template=True)
+    for row, text in enumerate(texts):
+        ids = encoded[Fields.INPUT_IDS][row][encoded[Fields.ATTENTION_MASK][row].bool()]
+        prompt = rows[row // 2]["prompt"][0]["content"]
+        assert reward.decode(ids) == f"<|user|>{prompt}<|assistant|>{text}<eos>"
+        assert ids.tolist() == reward.apply_chat_template(
+            [{"role": "user", "content": prompt}, {"role": "assistant", "content": text}], tokenize=True,
+            return_dict=True)["input_ids"]
+
+
+def test_fused_rule_and_guard_rewards_land_on_the_last_token():
+    tokenizer = build_char_tokenizer()
+    config = load_config(["data.max_response_length=6", "reward_fusion.enable=true", "reward_fusion.rule_weight=2.0",
+                          "reward_fusion.length_penalty_coef=0.5", "reward_fusion.diversity_penalty_coef=1.0",
+                          "reward_fusion.cap=1.5"], check_paths=False)
+    batch, rows = rollout_batch(tokenizer, ["x", "x"])
+    answers = [row["reward_model"]["ground_truth"] for row in rows]
+    texts = [answers[0], "99", answers[1], answers[1]]  # group a: right + wrong; group b: two identical right ones
+    responses = torch.full((4, 6), tokenizer.pad_token_id)
+    mask = torch.zeros(4, 6, dtype=torch.long)
+    for row, text in enumerate(texts):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        responses[row, :len(ids)], mask[row, :len(ids)] = torch.tensor(ids), 1
+    batch[Fields.RESPONSES], batch[Fields.RESPONSE_MASK] = responses, mask
+    with build_reward_scorer(config.custom_reward_function, num_workers=0) as scorer:
+        fused, metrics = FusedScoring(Scoring(scorer, tokenizer), config).token_level_scores(batch)
+    rule = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    expected = (2.0 * rule + length_penalty(mask.sum(-1), 6, 0.5)
+                + diversity_penalty(texts, list(batch[Fields.UID]), 1.0)).clamp(max=1.5)
+    assert torch.allclose(fused.sum(-1), expected)
+    assert torch.equal(fused != 0, torch.nn.functional.one_hot(mask.sum(-1) - 1, 6).bool() & (expected != 0)[:, None])
+    assert metrics["reward/rule/mean"] == 0.75 and metrics["reward/diversity_penalty/mean"] < 0
+    assert list(batch[DataFields.MESSAGES])[0] == rows[0]["prompt"]
