@@ -118,6 +118,7 @@ class RLTrainer:
         """One PPO/GRPO step on a batch of prompts; returns the step's metrics."""
         config, timer = self.config, PhaseTimer()
         actor = self._actor()
+        self._pop_worker_seconds()  # calls made since the last step (validation, a resume) are not this step's
         batch, reward_metrics = self._rollout(prompts, timer)
         # Balance tokens across DP ranks before any forward (only reorders rows; groups are found by uid).
         batch = balance_batch(batch, world_size(config)) if config.trainer.balance_batch else batch
@@ -137,6 +138,7 @@ class RLTrainer:
         metrics.update(reward_metrics)
         metrics.update(batch_metrics(batch))
         metrics.update(timer.metrics())
+        metrics.update(self._pop_worker_seconds())
         metrics["perf/throughput_tokens_per_s"] = float(batch[Fields.ATTENTION_MASK].sum()) / max(
             timer.total(), 1e-9)
         return metrics
@@ -265,6 +267,12 @@ class RLTrainer:
         self.kl_controller.load_state_dict(state["kl_controller"])
         self.global_step = int(state["global_step"])
         logger.info("resumed from %s at step %d", checkpoint, self.global_step)
+
+    def _pop_worker_seconds(self) -> dict[str, float]:
+        """``timing_worker/<method>``: seconds inside the workers (slowest rank per call, summed over calls) since the
+        last pop. A phase's ``timing/`` wall time minus its methods' worker time is the controller's dispatch cost."""
+        return {f"timing_worker/{method}": seconds for group in (self.actor, self.critic) if group is not None
+                for method, seconds in group.pop_worker_seconds().items()}
 
     def _actor(self) -> WorkerGroup[ActorRolloutRefWorker]:
         if self.actor is None:
