@@ -113,6 +113,25 @@ def run_measured(command: Sequence[str], timeout_s: float, env: Optional[dict[st
     return process.returncode, sampler.stop(), output[-3000:]
 
 
+def fit_with_step_clock(trainer: Any) -> list[float]:
+    """Run ``trainer.fit()`` (a hybridrl ``RLTrainer``) and return each step's wall seconds: the interval between the
+    ends of consecutive ``train_step`` calls, the first from the start of the first one. Includes the loop's own work
+    between steps (tracking, validation if configured), as a user's clock would."""
+    edges: list[float] = []
+    train_step = trainer.train_step
+
+    def timed_step(prompts: Any) -> Any:
+        if not edges:
+            edges.append(time.perf_counter())
+        metrics = train_step(prompts)
+        edges.append(time.perf_counter())
+        return metrics
+
+    trainer.train_step = timed_step  # an instance attribute over the real method: a timestamp around each step
+    trainer.fit()
+    return [end - start for start, end in zip(edges, edges[1:])]
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

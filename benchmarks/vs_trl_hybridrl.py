@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import common
+
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
@@ -50,26 +52,13 @@ def run(spec: dict, out: Path) -> dict:
 
     run_dir = out.parent / (out.stem + "_run")
     trainer = RLTrainer(load_config(overrides(spec, run_dir)))
-    step_ends: list[float] = []
-    loop_started: list[float] = []
-    train_step = trainer.train_step
-
-    def timed_step(prompts):
-        if not loop_started:
-            loop_started.append(time.perf_counter())
-        metrics = train_step(prompts)
-        step_ends.append(time.perf_counter())
-        return metrics
-
-    trainer.train_step = timed_step  # type: ignore[method-assign]  # a timestamp around the real step
     started = time.perf_counter()
-    trainer.fit()
+    step_s = common.fit_with_step_clock(trainer)
     rows = read_metrics(run_dir)
-    edges = loop_started + step_ends
     rows_per_step = spec["prompts"] * spec["n"]
     return {
         "side": f"hybridrl-{spec['rollout']}", "total_s": time.perf_counter() - started,
-        "step_s": [b - a for a, b in zip(edges, edges[1:])],
+        "step_s": step_s,
         "reward": [row["critic/score/mean"] for row in rows],
         "generated_tokens": [row["response_length/mean"] * rows_per_step for row in rows],
         "trained_tokens": [row["perf/throughput_tokens_per_s"] * row["timing/step"] for row in rows],
