@@ -57,6 +57,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--micro", type=int, default=8, help="sequences per machine-wide micro-step")
     parser.add_argument("--accumulation", type=int, default=4)
     parser.add_argument("--dp", type=int, default=2, help="hybridrl ranks (1 thread each; TRL: 1 process, 2 threads)")
+    parser.add_argument("--trl-threads", type=int, default=0, help="torch threads for TRL (0: torch's default)")
     parser.add_argument("--trl-python", default=".venv-trl/bin/python")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per subprocess")
     return parser.parse_args()
@@ -81,7 +82,7 @@ def prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "prompts": scale["prompts"], "n": scale["n"], "max_prompt_length": scale["max_prompt_length"],
             "max_response_length": scale["max_response_length"], "lr": scale["lr"], "temperature": 1.0,
             "micro_batch": args.micro, "accumulation": args.accumulation, "precision": args.precision, "seed": 1,
-            "dp": args.dp, "kv_cache_mb": 64, "reward_file": str(HERE / "vs_trl_task.py")}
+            "dp": args.dp, "trl_threads": args.trl_threads, "kv_cache_mb": 64, "reward_file": str(HERE / "vs_trl_task.py")}
 
 
 def run_side(side: str, spec: dict[str, Any], workdir: Path, tag: str, args: argparse.Namespace) -> dict[str, Any]:

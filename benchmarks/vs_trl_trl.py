@@ -32,6 +32,8 @@ def run(spec: dict, out: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    if spec.get("trl_threads"):  # default: torch's own choice (one per core)
+        torch.set_num_threads(spec["trl_threads"])
     task = load_task(spec["reward_file"])
     rows = task.read_rows(Path(spec["train_file"]))
     dataset = Dataset.from_list([{"prompt": row["prompt"], "ground_truth": row["reward_model"]["ground_truth"]}
