@@ -59,7 +59,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dp", type=int, default=2, help="hybridrl ranks (1 thread each; TRL: 1 process, 2 threads)")
     parser.add_argument("--trl-threads", type=int, default=0, help="torch threads for TRL (0: torch's default)")
     parser.add_argument("--trl-python", default=".venv-trl/bin/python")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per subprocess")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per subprocess")
+    parser.add_argument("--name", default=None, help="results file name (default vs_trl_<scale>)")
     return parser.parse_args()
 
 
@@ -154,7 +155,7 @@ def main() -> None:
               "runs": runs, "trl_versions": next((r.get("versions") for r in runs.get("trl", []) if "versions" in r),
                                                   None)}
     print_table(summary, args, spec)
-    print(f"[vs_trl] wrote {common.write_json(f'vs_trl_{args.scale}', report)}")
+    print(f"[vs_trl] wrote {common.write_json(args.name or f'vs_trl_{args.scale}', report)}")
 
 
 def print_table(summary: dict[str, Any], args: argparse.Namespace, spec: dict[str, Any]) -> None:
