@@ -149,6 +149,7 @@ class RLTrainer:
         """One PPO/GRPO step on a batch of prompts; returns the step's metrics."""
         config, timer = self.config, PhaseTimer()
         actor = self._actor()
+        self._pop_worker_seconds()  # calls made since the last step (validation, a resume) are not this step's
         replay_metrics: dict[str, float] = {}
         if self.replay is not None:  # a share of the prompts comes back from earlier steps
             prompts, replay_metrics = self.replay.mix(prompts, self.global_step)
@@ -175,6 +176,7 @@ class RLTrainer:
         metrics.update(replay_metrics)
         metrics.update(batch_metrics(batch))
         metrics.update(timer.metrics())
+        metrics.update(self._pop_worker_seconds())
         metrics["perf/throughput_tokens_per_s"] = float(batch[Fields.ATTENTION_MASK].sum()) / max(
             timer.total(), 1e-9)
         return metrics
@@ -352,6 +354,12 @@ class RLTrainer:
         if isinstance(self.scoring, FusedScoring):
             self.scoring.load_state_dict(state.get("reward_fusion", {}))
         self.global_step = int(state["global_step"])
+
+    def _pop_worker_seconds(self) -> dict[str, float]:
+        """``timing_worker/<method>``: seconds inside the workers (slowest rank per call, summed over calls) since the
+        last pop. A phase's ``timing/`` wall time minus its methods' worker time is the controller's dispatch cost."""
+        return {f"timing_worker/{method}": seconds for group in (self.actor, self.critic) if group is not None
+                for method, seconds in group.pop_worker_seconds().items()}
 
     def _actor(self) -> WorkerGroup[ActorRolloutRefWorker]:
         if self.actor is None:

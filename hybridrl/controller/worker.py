@@ -22,6 +22,7 @@ host per rank and calls them in turn.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -117,6 +118,16 @@ class Worker:
         return self._hybridrl_context.rollout_mesh
 
 
+@dataclass(frozen=True)
+class TimedResult:
+    """What ``WorkerHost.execute`` sends back: the method's return value and the seconds the method ran inside the
+    worker (argument placement on the device included; Ray's (de)serialisation and transfer excluded). The group's
+    future unwraps it; the controller's wall time for the call minus ``seconds`` is the dispatch overhead."""
+
+    value: Any
+    seconds: float
+
+
 # The serial executor's world-size-1 groups share this process's one default process group.
 _local_group_users = 0
 _local_group_owned = False
@@ -162,8 +173,9 @@ class WorkerHost:
         worker.__init__(*args, **kwargs)  # type: ignore[misc]
         self._worker = worker
 
-    def execute(self, method_name: str, /, *args: Any, **kwargs: Any) -> Any:
+    def execute(self, method_name: str, /, *args: Any, **kwargs: Any) -> TimedResult:
         """Run ``worker.<method_name>(*args, **kwargs)``; the name comes from a ``DispatchedMethod``."""
+        started = time.perf_counter()
         if self._worker is None:
             raise RuntimeError(f"{method_name}() called before the worker was constructed")
         # Batches travel on CPU (pickled through Ray); each rank works on its own device and returns CPU results.
@@ -171,7 +183,8 @@ class WorkerHost:
         args = tuple(arg.to(device) if isinstance(arg, Batch) else arg for arg in args)
         kwargs = {key: value.to(device) if isinstance(value, Batch) else value for key, value in kwargs.items()}
         result = getattr(self._worker, method_name)(*args, **kwargs)
-        return result.cpu() if isinstance(result, Batch) and device.type != "cpu" else result
+        result = result.cpu() if isinstance(result, Batch) and device.type != "cpu" else result
+        return TimedResult(result, time.perf_counter() - started)
 
     def __repr__(self) -> str:  # Ray shows this in log prefixes and errors: "(critic rank 1/2 pid=...)"
         return self._label or "WorkerHost"

@@ -30,7 +30,7 @@ from hybridrl.controller.errors import (RankLocation, WorkerDiedError, WorkerErr
 from hybridrl.controller.executors import (Executor, RankFailure, RayExecutor, SerialExecutor, all_finished,
                                            outcome, wait_ready)
 from hybridrl.controller.resource_pool import ResourcePool
-from hybridrl.controller.worker import RankSpec, Worker
+from hybridrl.controller.worker import RankSpec, TimedResult, Worker
 from hybridrl.utils.distributed import check_tp_size
 
 W = TypeVar("W", bound=Worker)
@@ -68,6 +68,7 @@ class WorkerGroup(Generic[W]):
         self.failure_grace_s = config.failure_grace_s
         self.locations: list[RankLocation] = []
         self._stopped: Optional[str] = None
+        self._worker_seconds: dict[str, float] = {}
         executor_cls = SerialExecutor if pool.local_mode else RayExecutor
         self._executor: Executor = executor_cls(pool, name, bundle_share)
         try:
@@ -97,6 +98,17 @@ class WorkerGroup(Generic[W]):
         handles = {rank: self._executor.submit_execute(rank, method.name, rank_args, rank_kwargs)
                    for rank, (rank_args, rank_kwargs) in plan.rank_args.items()}
         return GroupFuture(self, method.name, handles, plan.collect, self.call_timeout_s)
+
+    def pop_worker_seconds(self) -> dict[str, float]:
+        """Seconds spent *inside* the workers per method since the last pop: for each finished call, the slowest
+        rank's time in the method (``TimedResult.seconds``), summed over calls. The controller's wall time for the
+        same calls minus this is dispatch overhead (split, object store, (de)serialisation, transfer, concat)."""
+        seconds, self._worker_seconds = self._worker_seconds, {}
+        return seconds
+
+    def _record_worker_seconds(self, method: str, seconds: dict[int, float]) -> None:
+        if seconds:
+            self._worker_seconds[method] = self._worker_seconds.get(method, 0.0) + max(seconds.values())
 
     def shutdown(self) -> None:
         """End the group's processes (idempotent). The pool stays reserved; release it separately."""
@@ -214,6 +226,8 @@ class GroupFuture(Generic[G]):
         self._handles, self._collect = handles, collect
         self._deadline = time.monotonic() + timeout_s
         self._results: dict[int, Any] = {}
+        self.worker_seconds: dict[int, float] = {}
+        """Per rank, the seconds the method ran inside the worker (filled as ranks finish)."""
         self._value: Any = None
         self._error: Optional[BaseException] = None
         self._settled_once = False  # the value or the error is final
@@ -235,6 +249,7 @@ class GroupFuture(Generic[G]):
             except Exception as error:
                 self._error = error
             self._settled_once = True
+            self.group._record_worker_seconds(self.method, self.worker_seconds)
             self._results, self._handles = {}, {}  # the gathered value is all that is kept
         if self._error is not None:
             raise self._error
@@ -276,7 +291,10 @@ def gather(*futures: GroupFuture[Any], timeout_s: Optional[float] = None) -> tup
         for handle in wait_ready(list(pending), remaining):
             future, rank = pending.pop(handle)
             try:
-                future._results[rank] = outcome(handle)
+                result = outcome(handle)
+                if isinstance(result, TimedResult):  # a method call (start-up calls return plain values)
+                    future.worker_seconds[rank], result = result.seconds, result.value
+                future._results[rank] = result
             except RankFailure as failure:
                 peers = {h: r for h, (f, r) in pending.items() if f is future}
                 _fail(future, lambda failure=failure: future.group._raise_failure(future.method, rank, failure, peers))

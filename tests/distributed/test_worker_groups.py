@@ -100,6 +100,21 @@ def test_async_calls_on_two_groups_run_concurrently(echo2, echo4):
     assert slow2.done() and slow2.result() == [1.0, 1.0]
 
 
+def test_worker_seconds_time_the_method_inside_each_rank(echo2):
+    echo2.pop_worker_seconds()  # calls made by earlier tests on this module-scoped group
+    started = time.monotonic()
+    future = echo2.call_async(EchoWorker.sleep, 0.2)
+    future.result()
+    wall = time.monotonic() - started
+    assert sorted(future.worker_seconds) == [0, 1]
+    assert all(0.2 <= seconds < wall for seconds in future.worker_seconds.values())  # the wall adds the dispatch
+    echo2.call(EchoWorker.sleep, 0.1)
+    per_method = echo2.pop_worker_seconds()
+    assert list(per_method) == ["sleep"]
+    assert per_method["sleep"] == pytest.approx(max(future.worker_seconds.values()) + 0.1, abs=0.05)  # slowest rank
+    assert echo2.pop_worker_seconds() == {}
+
+
 def test_methods_are_checked_against_the_group_class(echo2):
     with pytest.raises(TypeError, match="not a dispatched method of EchoWorker"):
         echo2.call(ValueWorker.compute_values, make_batch(2))  # type: ignore[arg-type]

@@ -1,0 +1,152 @@
+"""Helpers shared by the benchmark scripts: the machine they ran on, the matmul ceiling, process-tree memory, tables.
+
+Imports only torch and the standard library (``psutil`` lazily), so a script in another virtual environment can use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model (``lscpu``), logical cores, load average now, Python and torch versions."""
+    import torch
+
+    model = ""
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"cpu": model or platform.processor(), "logical_cpus": os.cpu_count(),
+            "load_average_1m_5m_15m_at_start": list(os.getloadavg()), "python": platform.python_version(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+
+
+def matmul_flops_per_s(dtype_name: str, size: int = 1024, repeats: int = 7) -> float:
+    """Best-of-``repeats`` rate of one ``[size, size] @ [size, size]`` matmul in ``dtype_name`` (``float32`` /
+    ``bfloat16``), FLOP/s, with this process's torch threads: the compute ceiling a step's FLOPs are divided by.
+    Best, not median: on a shared machine the best run is the nearest to the hardware."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    torch.matmul(a, b)  # warm-up (kernel selection, page faults)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - started)
+    return 2 * size**3 / best
+
+
+def matmul_parameters(model_path: str) -> int:
+    """Parameters that take part in a matmul per token (every ``nn.Linear``, the LM head included, the input embedding
+    lookup excluded), counted on the meta device without reading the weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    return sum(module.weight.numel() for module in model.modules() if isinstance(module, torch.nn.Linear))
+
+
+class TreeMemorySampler:
+    """Peak resident memory (RSS summed over a process and all its descendants, e.g. Ray's raylet and workers),
+    sampled every ``interval_s`` on a thread while the process runs. ``peak_mib`` after ``stop()``."""
+
+    def __init__(self, pid: int, interval_s: float = 0.2) -> None:
+        self.pid, self.interval_s, self.peak_bytes = pid, interval_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            try:
+                root = psutil.Process(self.pid)
+                total = 0
+                for process in [root, *root.children(recursive=True)]:
+                    try:
+                        total += process.memory_info().rss
+                    except psutil.Error:
+                        pass
+                self.peak_bytes = max(self.peak_bytes, total)
+            except psutil.Error:
+                return
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak_bytes / 2**20
+
+    @property
+    def peak_mib(self) -> float:
+        return self.peak_bytes / 2**20
+
+
+def run_measured(command: Sequence[str], timeout_s: float, env: Optional[dict[str, str]] = None) -> tuple[int, float,
+                                                                                                           str]:
+    """Run ``command``; returns (exit code, peak tree RSS in MiB, the last 3000 characters of its output)."""
+    process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, **(env or {})})
+    sampler = TreeMemorySampler(process.pid)
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        output += f"\n[timed out after {timeout_s:.0f} s]"
+    return process.returncode, sampler.stop(), output[-3000:]
+
+
+def fit_with_step_clock(trainer: Any) -> list[float]:
+    """Run ``trainer.fit()`` (a hybridrl ``RLTrainer``) and return each step's wall seconds: the interval between the
+    ends of consecutive ``train_step`` calls, the first from the start of the first one. Includes the loop's own work
+    between steps (tracking, validation if configured), as a user's clock would."""
+    edges: list[float] = []
+    train_step = trainer.train_step
+
+    def timed_step(prompts: Any) -> Any:
+        if not edges:
+            edges.append(time.perf_counter())
+        metrics = train_step(prompts)
+        edges.append(time.perf_counter())
+        return metrics
+
+    trainer.train_step = timed_step  # an instance attribute over the real method: a timestamp around each step
+    trainer.fit()
+    return [end - start for start, end in zip(edges, edges[1:])]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    """``benchmarks/results/<name>.json`` (git-ignored), with the load average at the end added to ``machine``."""
+    if "machine" in payload:
+        payload["machine"]["load_average_1m_5m_15m_at_end"] = list(os.getloadavg())
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=1))
+    return path

@@ -1,0 +1,287 @@
+"""Everything worth knowing from one GPU in one call (< 8 minutes): the GPU tests, training MFU, HF generation tokens/s
+and weight-sync GB/s for a ~0.5B-parameter model built from a config (nothing downloaded).
+
+    PYTHONPATH=. python benchmarks/gpu_suite.py [--out benchmarks/results/gpu_suite.json] [--skip-tests]
+
+Needs torch with CUDA and transformers; hybridrl's own light dependencies (``omegaconf``, which the config schema
+imports) and ``pytest`` for the tests — on a machine that cannot install, carry their wheels and pass ``--wheels DIR``
+(installed with ``pip install --no-index --no-deps``). vLLM and flash-attn are optional: without flash-attn the model
+uses ``sdpa`` (recorded in the report); without vLLM its GPU tests skip themselves. On a machine without a GPU the
+script prints why and exits with status 2, measuring nothing.
+
+Sections (each guarded: a failure is recorded in the JSON and the next section runs):
+
+1. ``tests``: ``pytest tests/gpu`` in a subprocess (bounded by ``--tests-timeout``), its summary line and exit code.
+2. ``train``: FSDP2 (``hybridrl.workers.fsdp.shard_model``, one rank, bf16 compute, fp32 master weights) + AdamW, next-
+   token loss on random tokens; MFU = model FLOPs (6·N per token + 12·layers·hidden·seq per token for attention)
+   ÷ step time ÷ peak, against the datasheet bf16 peak (when the GPU is known) and against this GPU's measured
+   bf16 matmul rate.
+3. ``generate``: hybridrl's HF rollout (``HFRollout`` on the same FSDP2 module, as ``rollout.name=hf`` does), sampled,
+   tokens/s over the median of ``--repeats`` calls.
+4. ``weight_sync``: ``WeightResharder.stream()`` of the FSDP2 model to bf16 (what a vLLM sync consumes), GB/s of
+   bf16 bytes delivered, against one device-to-device copy of the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+DATASHEET_BF16_DENSE_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
+"""Dense bf16 tensor-core peaks by GPU name fragment (SXM figures for H100/H200); unknown GPUs get only the
+measured-matmul MFU."""
+MODEL_SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                   intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096)
+"""Qwen2.5-0.5B's shape (494 M parameters), random weights."""
+SMOKE_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                   intermediate_size=128, vocab_size=256, tie_word_embeddings=True, max_position_embeddings=256)
+"""``--cpu-smoke``: every section's code path on CPU with a tiny model, to check the script without a GPU."""
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_suite.json"))
+    parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--tests-timeout", type=float, default=240.0)
+    parser.add_argument("--wheels", default=None, help="folder of wheels to install offline first")
+    parser.add_argument("--train-batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--train-steps", type=int, default=6, help="timed steps (after 2 warm-up steps)")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cpu-smoke", action="store_true", help="run every section on CPU with a tiny model and "
+                        "tiny sizes (checks the code path; the figures mean nothing)")
+    args = parser.parse_args()
+    if args.cpu_smoke:
+        args.skip_tests = True
+        args.train_batch, args.seq_len, args.train_steps, args.prompts, args.prompt_len, args.new_tokens, \
+            args.repeats = 2, 16, 1, 2, 4, 4, 1
+    return args
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def optional_backends() -> dict[str, Any]:
+    import importlib.util
+
+    return {name: importlib.util.find_spec(name) is not None for name in ("vllm", "flash_attn", "pytest", "omegaconf")}
+
+
+def install_wheels(folder: str) -> str:
+    wheels = sorted(str(path) for path in Path(folder).glob("*.whl"))
+    if not wheels:
+        return f"no wheels in {folder}"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", *wheels],
+                          capture_output=True, text=True)
+    return f"pip exit {done.returncode}: {(done.stdout + done.stderr)[-500:]}"
+
+
+def run_tests(timeout_s: float) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as expired:
+        return {"exit_code": None, "summary": f"timed out after {timeout_s:.0f} s",
+                "tail": str(expired.stdout or "")[-3000:]}
+    lines = [line for line in done.stdout.splitlines() if re.search(r"\d+ (passed|failed|skipped|error)", line)]
+    return {"exit_code": done.returncode, "summary": lines[-1] if lines else "", "tail": done.stdout[-3000:]
+            + done.stderr[-1000:]}
+
+
+def device_matmul_flops(device: str, dtype: torch.dtype, size: int = 8192, repeats: int = 10) -> float:
+    """Best-of rate of a ``[size, size] @ [size, size]`` matmul on ``device``, FLOP/s."""
+    a, b = torch.randn(size, size, device=device, dtype=dtype), torch.randn(size, size, device=device, dtype=dtype)
+    return 2 * size**3 / min(timed(lambda: torch.matmul(a, b)) for _ in range(repeats + 1))
+
+
+def build_model(attn_implementation: str, device: str, shape: dict[str, Any]) -> torch.nn.Module:
+    """A Qwen2 of ``shape`` on ``device`` in fp32 (master weights), FSDP2-sharded over one rank, bf16 compute."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from hybridrl.utils.distributed import build_device_meshes, init_single_rank_group
+    from hybridrl.workers.fsdp import ShardingOptions, shard_model
+
+    init_single_rank_group(device)
+    dp_mesh, _ = build_device_meshes(device, 1, 1)
+    config = Qwen2Config(**shape, attn_implementation=attn_implementation)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config)
+    return shard_model(model, dp_mesh, ShardingOptions(compute_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+
+
+def matmul_parameters(model: torch.nn.Module) -> int:
+    return sum(module.weight.numel() for module in model.modules() if isinstance(module, torch.nn.Linear))
+
+
+def timed(function: Callable[[], Any]) -> float:
+    """Wall seconds of ``function()``, the device's queue drained before and after."""
+    synchronize()
+    start = time.perf_counter()
+    function()
+    synchronize()
+    return time.perf_counter() - start
+
+
+def measure_training(model: torch.nn.Module, args: argparse.Namespace, matmul_rate: float) -> dict[str, Any]:
+    """Seconds per optimizer step of ``[train_batch, seq_len]`` random tokens, and MFU."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    vocab = model.config.vocab_size
+    tokens = torch.randint(0, vocab, (args.train_batch, args.seq_len), device=next(model.parameters()).device)
+
+    def step() -> None:
+        loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(2):
+        step()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    seconds = statistics.median(timed(step) for _ in range(args.train_steps))
+    config, parameters = model.config, matmul_parameters(model)
+    per_token = 6 * parameters + 12 * config.num_hidden_layers * config.hidden_size * args.seq_len
+    achieved = per_token * tokens.numel() / seconds
+    peak = next((flops for name, flops in DATASHEET_BF16_DENSE_FLOPS.items()
+                 if torch.cuda.is_available() and name in torch.cuda.get_device_name()), None)
+    return {"step_s": seconds, "tokens_per_s": tokens.numel() / seconds, "matmul_parameters": parameters,
+            "achieved_tflops": achieved / 1e12, "mfu_vs_datasheet": achieved / peak if peak else None,
+            "datasheet_bf16_tflops": peak / 1e12 if peak else None, "mfu_vs_measured_matmul": achieved / matmul_rate,
+            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None}
+
+
+def measure_generation(model: torch.nn.Module, args: argparse.Namespace) -> dict[str, Any]:
+    """hybridrl's HF rollout on the FSDP2 module: sampled responses of ``new_tokens`` to random prompts."""
+    from hybridrl.protocol import Batch, Fields
+    from hybridrl.rollout.base import SamplingParams
+    from hybridrl.rollout.hf import HFRollout
+
+    vocab = model.config.vocab_size
+    pad, eos = vocab - 1, vocab - 2
+    ids = torch.randint(0, vocab - 2, (args.prompts, args.prompt_len))
+    prompts = Batch(tensors={Fields.INPUT_IDS: ids, Fields.ATTENTION_MASK: torch.ones_like(ids)},
+                    non_tensors={Fields.UID: [str(i) for i in range(args.prompts)]}).to(next(model.parameters()).device)
+    engine = HFRollout(model, pad_token_id=pad, eos_token_ids=[eos])
+    params = SamplingParams(n=args.n, max_new_tokens=args.new_tokens, temperature=1.0, seed=0)
+    engine.generate(prompts, params)  # warm-up
+    times, generated = [], 0
+    for repeat in range(args.repeats):
+        rollouts = []
+        times.append(timed(lambda: rollouts.append(engine.generate(prompts, params.with_seed(repeat + 1)))))
+        generated = int(rollouts[0][Fields.RESPONSE_MASK].sum())
+    seconds = statistics.median(times)
+    return {"sequences": args.prompts * args.n, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+            "median_s": seconds, "generated_tokens": generated, "tokens_per_s": generated / seconds}
+
+
+def measure_weight_sync(model: torch.nn.Module, repeats: int = 5) -> dict[str, Any]:
+    """``WeightResharder.stream()`` to bf16, fully drained, vs one device copy of the same number of bytes."""
+    from hybridrl.hybrid_engine import WeightResharder, bucket_bytes_from_mb
+
+    resharder = WeightResharder(model, tp_size=1, bucket_bytes=bucket_bytes_from_mb(256), dtype=torch.bfloat16)
+    delivered = 0
+
+    def drain() -> None:
+        nonlocal delivered
+        delivered = sum(tensor.numel() * tensor.element_size() for _, tensor in resharder.stream())
+
+    drain()
+    seconds = statistics.median(timed(drain) for _ in range(repeats))
+    source = torch.empty(delivered // 2, dtype=torch.bfloat16, device=next(model.parameters()).device)
+    copy_s = min(timed(lambda: source.clone()) for _ in range(repeats))
+    return {"bytes": delivered, "median_s": seconds, "gb_per_s": delivered / seconds / 1e9,
+            "device_copy_gb_per_s": delivered / copy_s / 1e9, "ratio_to_one_copy": seconds / copy_s,
+            "buffer_bound_bytes": resharder.buffer_bound_bytes}
+
+
+def guarded(report: dict[str, Any], name: str, function: Callable[[], Any]) -> Any:
+    started = time.perf_counter()
+    try:
+        report[name] = function()
+    except Exception as error:  # noqa: BLE001 - recorded; the next section still runs
+        report[name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-3000:]}
+    report[name]["section_s"] = time.perf_counter() - started
+    print(f"[gpu_suite] {name}: {json.dumps(report[name], default=str)[:600]}", flush=True)
+    return report[name]
+
+
+def main() -> int:
+    args = parse_args()
+    if not torch.cuda.is_available() and not args.cpu_smoke:
+        print(f"gpu_suite: no GPU — torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is "
+              "False); nothing measured. Run it on a machine with a CUDA GPU.", file=sys.stderr)
+        return 2
+    device, shape = ("cpu", SMOKE_SHAPE) if args.cpu_smoke else ("cuda", MODEL_SHAPE)
+    started = time.perf_counter()
+    report: dict[str, Any] = {"device": "cpu (smoke run: figures meaningless)" if args.cpu_smoke
+                              else torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "cuda": torch.version.cuda, "python": platform.python_version(), "model_shape": shape}
+    if not args.cpu_smoke:
+        report["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+    if args.wheels:
+        report["wheels"] = install_wheels(args.wheels)
+    report["optional"] = backends = optional_backends()
+    import transformers
+
+    report["transformers"] = transformers.__version__
+    report["attn_implementation"] = attn = "flash_attention_2" if backends["flash_attn"] and not args.cpu_smoke \
+        else "sdpa"
+    if args.skip_tests or not backends["pytest"]:
+        report["tests"] = {"summary": "skipped" if args.skip_tests else "pytest is not installed (see --wheels)"}
+    else:
+        guarded(report, "tests", lambda: run_tests(args.tests_timeout))
+    report["matmul_bf16_tflops"] = device_matmul_flops(device, torch.bfloat16, 512 if args.cpu_smoke else 8192) / 1e12
+    models: list[torch.nn.Module] = []
+
+    def build() -> dict[str, Any]:
+        models.append(build_model(attn, device, shape))
+        return {"parameters": sum(parameter.numel() for parameter in models[0].parameters())}
+
+    guarded(report, "build", build)
+    if models:
+        model = models[0]
+        guarded(report, "train", lambda: measure_training(model, args, report["matmul_bf16_tflops"] * 1e12))
+        release_cache()
+        guarded(report, "generate", lambda: measure_generation(model, args))
+        release_cache()
+        guarded(report, "weight_sync", lambda: measure_weight_sync(model, 1 if args.cpu_smoke else 5))
+    report["total_s"] = time.perf_counter() - started
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, default=str))
+    failed = [name for name in ("tests", "build", "train", "generate", "weight_sync")
+              if "error" in report.get(name, {})]
+    print(f"[gpu_suite] {report['device']}: done in {report['total_s']:.0f} s; failed sections: {failed or 'none'}; "
+          f"wrote {out}")
+    return 1 if failed else 0
+
+
+def release_cache() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
