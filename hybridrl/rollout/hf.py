@@ -1,8 +1,9 @@
 """``rollout.name=hf``: transformers ``generate`` on the actor's own module — the debugging and small-scale path.
 
 It shares the training module (FSDP2-sharded or not), so there are no weights to sync: ``update_weights`` is a no-op
-and generation always sees the latest update. With several data-parallel ranks every forward is a collective, so
-``synced_gpus`` keeps all ranks stepping until the slowest finishes.
+and generation always sees the latest update. With several data-parallel ranks each layer's parameters are gathered
+once per ``generate`` and kept until it returns (:func:`~hybridrl.workers.fsdp.parameters_kept_gathered`), not once
+per decode step; ``synced_gpus`` keeps all ranks stepping until the slowest finishes.
 """
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ class HFRollout:
         if params.seed is not None:
             torch.manual_seed(params.seed)
         repeated = prompts.repeat_interleave(params.n)
-        pieces = [self._generate_chunk(chunk, params)
-                  for chunk in repeated.split_every(self.micro_batch_size or max(len(repeated), 1))]
+        from hybridrl.workers.fsdp import parameters_kept_gathered
+
+        with parameters_kept_gathered(self.model):  # one all-gather per layer, not one per decode step
+            pieces = [self._generate_chunk(chunk, params)
+                      for chunk in repeated.split_every(self.micro_batch_size or max(len(repeated), 1))]
         self.model.train(was_training)
         width = params.max_new_tokens
         responses = torch.cat([_pad_right(ids, width, self.pad_token_id) for ids, _ in pieces])

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard,
+                                    register_fsdp_forward_method)
 
 from hybridrl.workers.model_builder import decoder_layers
 
@@ -56,3 +58,29 @@ def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
     """Turn cross-rank gradient reduction on (last micro-batch) or off (the others) for an FSDP2 model."""
     if hasattr(model, "set_requires_gradient_sync"):
         model.set_requires_gradient_sync(enabled)
+
+
+def _reshards_after_forward(module: FSDPModule) -> bool:
+    group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+    return group is None or group.post_forward_mesh_info is not None
+
+
+@contextmanager
+def parameters_kept_gathered(model: nn.Module) -> Iterator[None]:
+    """Inside, each FSDP2 group of ``model`` all-gathers its parameters once (at its first forward) and keeps them;
+    on exit they are freed and every group's ``reshard_after_forward`` is what it was.
+
+    For autoregressive generation on the training module: ``T`` decode steps cost one all-gather per group instead
+    of ``T``, for the memory of one unsharded copy in the compute dtype while generating (what a separate rollout
+    engine holds anyway). A model that is not FSDP2-sharded passes through unchanged.
+    """
+    modules = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    saved = [_reshards_after_forward(module) for module in modules]
+    for module in modules:
+        module.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for module, reshard in zip(modules, saved):
+            module.reshard()
+            module.set_reshard_after_forward(reshard, recurse=False)

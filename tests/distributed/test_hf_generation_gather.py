@@ -1,0 +1,78 @@
+"""HF generation on an FSDP2-sharded actor gathers each layer once per ``generate`` (not once per decode step) and
+produces exactly what the unsharded model produces; afterwards the parameters are sharded again as configured."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from gloo_spawn import run_on_gloo
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from hybridrl.config.schema import ModelConfig
+from hybridrl.protocol import Batch
+from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.hf import HFRollout
+from hybridrl.utils.tiny_model import save_tiny_model
+from hybridrl.workers.fsdp import ShardingOptions, parameters_kept_gathered, shard_model
+from hybridrl.workers.model_builder import build_model
+
+pytestmark = pytest.mark.distributed
+NEW_TOKENS = 6
+
+
+def prompts() -> Batch:
+    ids = torch.randint(4, 60, (3, 5), generator=torch.Generator().manual_seed(0))
+    return Batch(tensors={"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+
+
+def greedy(model) -> Batch:
+    engine = HFRollout(model, pad_token_id=0, eos_token_ids=[1])
+    return engine.generate(prompts(), SamplingParams(n=1, max_new_tokens=NEW_TOKENS, do_sample=False))
+
+
+def generate_counting_all_gathers(rank, world, model_dir, out_path):
+    calls = []
+    original = dist.all_gather_single
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    dist.all_gather_single = counted
+    results = {}
+    for reshard in (True, False):
+        model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor")
+        shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions(reshard_after_forward=reshard))
+        groups = sum(1 for _ in filter(lambda m: hasattr(m, "reshard"), model.modules()))
+        calls.clear()
+        out = greedy(model)
+        gathers = len(calls)
+        sharded = all(isinstance(p, DTensor) for p in model.parameters())   # freed again after generate
+        with parameters_kept_gathered(model):   # the setting is restored on exit: another forward behaves as before
+            pass
+        calls.clear()
+        model(input_ids=prompts()["input_ids"])
+        model(input_ids=prompts()["input_ids"])
+        results[reshard] = dict(responses=out["responses"], log_probs=out["rollout_log_probs"], gathers=gathers,
+                                groups=groups, gathers_two_forwards=len(calls),
+                                sharded=sharded)
+    dist.all_gather_single = original
+    if rank == 0:
+        torch.save(results, out_path)
+
+
+def test_generation_gathers_once_per_group_and_matches_the_unsharded_model(tmp_path):
+    model_dir = save_tiny_model(tmp_path / "model")
+    run_on_gloo(2, generate_counting_all_gathers, model_dir, tmp_path / "out.pt")
+    results = torch.load(tmp_path / "out.pt", weights_only=True)
+    reference = greedy(build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor"))
+    for reshard, result in results.items():
+        assert torch.equal(result["responses"], reference["responses"]), reshard
+        assert torch.allclose(result["log_probs"], reference["rollout_log_probs"], atol=1e-5), reshard
+        assert result["gathers"] == result["groups"], (reshard, result)   # once per FSDP group, not per token
+        assert result["sharded"]
+    # reshard_after_forward restored: True re-gathers every group on each forward, False keeps them after the first
+    assert results[True]["gathers_two_forwards"] == 2 * results[True]["groups"]
+    assert results[False]["gathers_two_forwards"] == results[False]["groups"]
