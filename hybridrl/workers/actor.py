@@ -24,7 +24,7 @@ from hybridrl.workers.accumulation import (
 )
 from hybridrl.workers.anti_forgetting import EWCRegularizer, PtxMixer, combine_hooks
 from hybridrl.workers.adaptive_accumulation import AccumulationControl
-from hybridrl.workers.grad_noise import GradientNoiseScale, GradientSample, MicroBatchGradNorms, summarize
+from hybridrl.workers.grad_noise import NoiseScaleMonitor
 from hybridrl.workers.sequences import response_log_probs
 
 
@@ -75,8 +75,7 @@ class PolicyEngine:
         self.model = model
         self.grad_clip = grad_clip
         self.accumulation: Optional[AccumulationControl] = None
-        self.grad_norms = MicroBatchGradNorms(model) if grad_noise_scale else None
-        self.noise_scale = GradientNoiseScale() if grad_noise_scale else None
+        self.noise_monitor: Optional[NoiseScaleMonitor] = NoiseScaleMonitor(model, dp) if grad_noise_scale else None
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.dp = dp
@@ -93,8 +92,8 @@ class PolicyEngine:
     def use_adaptive_accumulation(self, control: AccumulationControl) -> None:
         """Let ``control`` (built on this engine's optimizer and scheduler) choose ``update_policy``'s accumulation
         steps; turns the noise-scale measurement on, which it feeds on."""
-        if self.grad_norms is None:
-            self.grad_norms, self.noise_scale = MicroBatchGradNorms(self.model), GradientNoiseScale()
+        if self.noise_monitor is None:
+            self.noise_monitor = NoiseScaleMonitor(self.model, self.dp)
         self.accumulation = control
 
     def compute_log_prob(self, data: Batch, micro_batching: MicroBatching, *, with_entropy: bool = True) -> Batch:
@@ -175,8 +174,9 @@ class PolicyEngine:
         if self.optimizer is None:
             raise RuntimeError("this PolicyEngine has no optimizer (a reference policy cannot be updated)")
         loss_fn = self.micro_batch_loss(settings, sampling_temperature(data))
-        if self.grad_norms is not None:
-            loss_fn = self.grad_norms.wrap(loss_fn, settings.loss_agg_mode, self.dp.size)
+        monitor = self.noise_monitor
+        if monitor is not None:
+            loss_fn = monitor.wrap(loss_fn, settings.loss_agg_mode)
         control, scheduler = self.accumulation, self.scheduler
         if control is not None:
             local_mini_batch_size, scheduler = control.local_mini_batch_size, control.schedule
@@ -189,20 +189,10 @@ class PolicyEngine:
         metrics = train_epochs(self.model, self.optimizer, scheduler, data, loss_fn,
                                loss_agg_mode=settings.loss_agg_mode, micro_batching=micro_batching, dp=self.dp,
                                grad_clip=self.grad_clip, local_mini_batch_size=local_mini_batch_size, epochs=epochs,
-                               shuffle=shuffle, seed=seed, after_step=self._noise_scale_metrics,
+                               shuffle=shuffle, seed=seed, after_step=None if monitor is None else monitor.after_step,
                                before_step=combine_hooks(mixer, None if ewc is None else lambda _: ewc.add_gradient()))
         if control is not None:
             metrics.update(control.metrics())
-            if self.grad_norms.global_batch_size is not None:
-                control.update(self.grad_norms.global_batch_size, self.noise_scale.latest)
+            if monitor.norms.global_batch_size is not None:
+                control.update(monitor.norms.global_batch_size, monitor.estimator.latest)
         return metrics
-
-    def _noise_scale_metrics(self, step_metrics: dict[str, float]) -> dict[str, float]:
-        """Fold this optimizer step's micro-batch gradient norms into the noise-scale estimate (if enabled)."""
-        if self.grad_norms is None or self.noise_scale is None:
-            return {}
-        summary = summarize(self.grad_norms.finish(), self.dp)
-        if step_metrics["skipped_step"] or summary.count < 2:  # one micro-batch on one rank: no second batch size
-            return {}
-        big = GradientSample(self.grad_norms.global_batch_size, step_metrics["grad_norm"] ** 2)
-        return self.noise_scale.update(summary, big).metrics()
