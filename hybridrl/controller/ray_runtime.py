@@ -32,6 +32,7 @@ _RAY_IMPORTED_FIRST = "ray" in sys.modules and any(key not in os.environ for key
 apply_ray_env_defaults()
 
 import logging  # noqa: E402
+import socket  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any, Optional  # noqa: E402
 
@@ -88,8 +89,28 @@ def start_ray(config: Optional[RayConfig] = None) -> RayRuntime:
     if ray.is_initialized():
         logger.warning("Ray is already initialised in this process; reusing it (trainer.ray start-up settings unused)")
         return RayRuntime(config, owns_ray=False)
-    ray.init(**ray_init_kwargs(config))
+    check_reachable(config.address)
+    try:
+        ray.init(**ray_init_kwargs(config))
+    except ConnectionError as error:  # address=auto with no cluster running, or a cluster that went away
+        raise ValueError(f"trainer.ray.address={config.address!r}: cannot connect to a Ray cluster: {error}") from None
     return RayRuntime(config, owns_ray=True)
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """For a ``host:port`` address, fail within ``timeout_s`` when nothing accepts connections there.
+
+    ``ray.init`` itself retries an unreachable address for minutes; this probe turns that into one clear error.
+    (An open port that is not a Ray head is not detected here.)
+    """
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():  # "local", "auto": nothing to probe
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise ValueError(f"trainer.ray.address={address!r}: nothing answers there ({error}); start the cluster "
+                         "with `ray start --head`, or use trainer.ray.address=local for a private instance") from None
 
 
 def ray_init_kwargs(config: RayConfig) -> dict[str, Any]:

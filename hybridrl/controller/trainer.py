@@ -32,6 +32,7 @@ from hybridrl.controller.variants import (GROUP_FILTERS, concat_rollouts, first_
                                           prompt_rows, shape_rewards)
 from hybridrl.data.loader import build_prompt_loaders
 from hybridrl.protocol import Batch, Fields
+from hybridrl.rewards.custom import load_custom_reward_fn
 from hybridrl.rewards.registry import check_data_sources
 from hybridrl.rewards.scorer import build_reward_scorer
 from hybridrl.rollout.base import SamplingParams
@@ -73,6 +74,8 @@ class RLTrainer:
         if config.custom_reward_function.path is None:  # every prompt's data_source needs a reward function, now
             for loader in filter(None, self.loaders):
                 check_data_sources(sorted({prompt.data_source for prompt in loader.dataset}))
+        else:  # a bad reward file or name fails now, before Ray starts
+            load_custom_reward_fn(config.custom_reward_function.path, config.custom_reward_function.name)
         self.total_steps = config.trainer.total_training_steps or \
             config.trainer.total_epochs * self.loaders.train.steps_per_epoch
         self.kl_controller = _kl_controller(config, self.total_steps)
