@@ -3,7 +3,8 @@
 Overrides use Hydra's syntax (``rollout.n=8``, ``algorithm=gae`` to pick a preset, ``+extra.x=1`` to add a key).
 User mistakes print one clear message and exit with status 2 — never a traceback. A user mistake is a ``ValueError``
 (``ConfigError`` included: DESIGN.md §7 — bad files, rows, paths, checkpoints) or a request the cluster can never
-hold (``ResourceUnavailableError``); ``HYBRIDRL_TRACEBACK=1`` re-raises them to show where they came from.
+hold (``ResourceUnavailableError``); a run stopped by a health alarm (``TrainingHealthError``) is reported the same
+way. ``HYBRIDRL_TRACEBACK=1`` re-raises them to show where they came from.
 """
 
 from __future__ import annotations
@@ -198,11 +199,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
 
 
+# Controller errors a user acts on (not bugs): looked up only if their module was loaded, since importing it here
+# would import Ray for every command.
+LATE_USER_ERRORS = (("hybridrl.controller.errors", "ResourceUnavailableError"),
+                    ("hybridrl.controller.health", "TrainingHealthError"))
+
+
 def _user_errors() -> tuple[type[Exception], ...]:
-    """``ValueError``, plus the controller's "the cluster can never hold this" error if the controller was loaded
-    (importing it here would import Ray for every command)."""
-    controller_errors = sys.modules.get("hybridrl.controller.errors")
-    return (ValueError,) + ((controller_errors.ResourceUnavailableError,) if controller_errors else ())
+    loaded = tuple(getattr(sys.modules[module], name) for module, name in LATE_USER_ERRORS if module in sys.modules)
+    return (ValueError, *loaded)
 
 
 if __name__ == "__main__":

@@ -206,14 +206,11 @@ def _check_choices(config: TrainConfig, error: ConfigError) -> None:
         _choice(error, f"{role}.strategy", getattr(role_config, "strategy", "fsdp2"), ("fsdp2",))
         _choice(error, f"{role}.optim.state_precision", role_config.optim.state_precision, OPTIMIZER_STATE_PRECISIONS)
     error.extend(config.trainer.monitoring.problems())
-    try:
-        config.trainer.ray.validate()
-    except ValueError as ray_error:
-        error.add("trainer.ray", PREFORMATTED, str(ray_error))
-    try:
-        config.trainer.fault_injection.validate()
-    except ValueError as fault_error:
-        error.add("trainer.fault_injection", PREFORMATTED, str(fault_error))
+    for name in ("ray", "fault_injection", "health"):
+        try:
+            getattr(config.trainer, name).validate()
+        except ValueError as nested_error:
+            error.add(f"trainer.{name}", PREFORMATTED, str(nested_error))
 
 
 def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:

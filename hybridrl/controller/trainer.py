@@ -24,6 +24,7 @@ from hybridrl.controller import PoolSpec, ResourcePool, WorkerError, WorkerGroup
 from hybridrl.controller.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
 from hybridrl.controller.continual import PromptReplay, PtxBatches
 from hybridrl.controller.faults import FaultInjector, NonFiniteGuard
+from hybridrl.controller.health import HealthMonitor
 from hybridrl.controller.restarts import RESTARTABLE, RestartRecord, Supervisor
 from hybridrl.controller.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
 from hybridrl.controller.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
@@ -87,6 +88,7 @@ class RLTrainer:
         self.initial_state = self._controller_state()  # what a restart before the first checkpoint goes back to
         self.restart_point: Optional[Path] = None  # the checkpoint a restart resumes from (last loaded or committed)
         self.faults = FaultInjector(config.trainer.fault_injection)
+        self.health = HealthMonitor(config.trainer.health)
         self.pool: Optional[ResourcePool] = None
         self.actor: Optional[WorkerGroup[ActorRolloutRefWorker]] = None
         self.critic: Optional[WorkerGroup[CriticWorker]] = None
@@ -142,11 +144,13 @@ class RLTrainer:
             if self._due(trainer.test_freq) or self.global_step == self.total_steps:
                 result.last_validation = self.validate() if self.loaders.val is not None else None
                 metrics.update(result.last_validation or {})
+            metrics.update(self.health.observe(self.global_step, metrics))
             tracker.log(metrics, step=self.global_step)
             result.history.append(metrics)
             guard.observe(self.global_step, metrics, self.restart_point)
             if self._due(trainer.save_freq) or (self.global_step == self.total_steps and trainer.save_at_end):
                 self.save_checkpoint()
+            self.health.raise_if_stopping()
 
     def train_step(self, prompts: Batch) -> dict[str, float]:
         """One PPO/GRPO step on a batch of prompts; returns the step's metrics."""
