@@ -86,6 +86,8 @@ def start_ray(config: Optional[RayConfig] = None) -> RayRuntime:
         logger.warning("ray was imported before hybridrl.controller, so some of %s may not apply (e.g. the local "
                        "instance may advertise a network address instead of 127.0.0.1); import hybridrl.controller "
                        "first or export them", ", ".join(RAY_ENV_DEFAULTS))
+    if config.address == "local":
+        _bind_local_instance_to_loopback()
     if ray.is_initialized():
         logger.warning("Ray is already initialised in this process; reusing it (trainer.ray start-up settings unused)")
         return RayRuntime(config, owns_ray=False)
@@ -95,6 +97,16 @@ def start_ray(config: Optional[RayConfig] = None) -> RayRuntime:
     except ConnectionError as error:  # address=auto with no cluster running, or a cluster that went away
         raise ValueError(f"trainer.ray.address={config.address!r}: cannot connect to a Ray cluster: {error}") from None
     return RayRuntime(config, owns_ray=True)
+
+
+def _bind_local_instance_to_loopback() -> None:
+    """Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` once, when it is imported, and otherwise has its servers listen
+    on every interface. If ``ray`` was imported before this module, apply the value now (a private constant: this
+    is the one place hybridrl touches it; tested in tests/reliability/test_ray_local_only.py)."""
+    from ray._private import ray_constants
+
+    if os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0" and hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
+        ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
