@@ -1,7 +1,10 @@
 """The ``hybridrl`` command line: ``hybridrl <command> [--config-name NAME] [key=value ...]``.
 
 Overrides use Hydra's syntax (``rollout.n=8``, ``algorithm=gae`` to pick a preset, ``+extra.x=1`` to add a key).
-User mistakes print one clear message and exit with status 2 — never a traceback.
+User mistakes print one clear message and exit with status 2 — never a traceback. A user mistake is a ``ValueError``
+(``ConfigError`` included: DESIGN.md §7 — bad files, rows, paths, checkpoints) or a request the cluster can never
+hold (``ResourceUnavailableError``); a run stopped by a health alarm (``TrainingHealthError``) is reported the same
+way. ``HYBRIDRL_TRACEBACK=1`` re-raises them to show where they came from.
 """
 
 from __future__ import annotations
@@ -188,9 +191,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _, _, handler = COMMANDS[args.command]
     try:
         return handler(args)
-    except ConfigError as error:
-        print(f"hybridrl {args.command}: {error}", file=sys.stderr)
+    except _user_errors() as error:
+        if os.environ.get("HYBRIDRL_TRACEBACK") or not str(error):
+            raise
+        hint = "" if isinstance(error, ConfigError) else "\n(set HYBRIDRL_TRACEBACK=1 to see where it was raised)"
+        print(f"hybridrl {args.command}: {error}{hint}", file=sys.stderr)
         return 2
+
+
+# Controller errors a user acts on (not bugs): looked up only if their module was loaded, since importing it here
+# would import Ray for every command.
+LATE_USER_ERRORS = (("hybridrl.controller.errors", "ResourceUnavailableError"),
+                    ("hybridrl.controller.health", "TrainingHealthError"))
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    loaded = tuple(getattr(sys.modules[module], name) for module, name in LATE_USER_ERRORS if module in sys.modules)
+    return (ValueError, *loaded)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hybridrl.utils.secrets import REDACTED, is_secret_key
+
 # A problem whose message already names its key and value (e.g. re-raised from a nested validator).
 PREFORMATTED = object()
 
@@ -32,7 +34,7 @@ class ConfigError(ValueError):
         return bool(self.problems)
 
     def __str__(self) -> str:
-        lines = [f"  - {message}" if value is PREFORMATTED else f"  - {key}={value!r}: {message}"
+        lines = [f"  - {message}" if value is PREFORMATTED else f"  - {key}={_shown(key, value)!r}: {message}"
                  for key, value, message in self.problems]
         noun = "problem" if len(lines) == 1 else "problems"
         return f"invalid config ({len(lines)} {noun}):\n" + "\n".join(lines)
@@ -40,3 +42,8 @@ class ConfigError(ValueError):
     def raise_if_any(self) -> None:
         if self.problems:
             raise ConfigError(self.problems)
+
+
+def _shown(key: str, value: Any) -> Any:
+    """The value as an error message shows it: credentials (``*_token``, ``*_api_key``, …) redacted."""
+    return REDACTED if is_secret_key(key) and value else value

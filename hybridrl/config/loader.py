@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, TypeVar
@@ -20,14 +19,13 @@ from hybridrl.config.errors import ConfigError
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.rm_schema import RMConfig
 from hybridrl.config.sft_schema import SFTConfig
+from hybridrl.utils.secrets import REDACTED, is_secret_key
 
 ConfigT = TypeVar("ConfigT")
 
 DEFAULT_CONFIG_NAME = "ppo_trainer"
 # Primary config name → the dataclass that types it. Later trainers (SFT, reward model) add theirs here.
 SCHEMAS: dict[str, type] = {DEFAULT_CONFIG_NAME: TrainConfig, "sft_trainer": SFTConfig, "rm_trainer": RMConfig}
-# Keys whose values never reach a log or a dumped file (tracking-service credentials).
-SECRET_KEY_PATTERN = re.compile(r"(^|_)(token|api_key|apikey|password|secret)$", re.IGNORECASE)
 
 
 def config_dir() -> Path:
@@ -203,7 +201,7 @@ def _unknown_key(raw: DictConfig | dict, schema: type, prefix: str = "") -> Opti
 
 def _redact(tree: Any) -> Any:
     if isinstance(tree, dict):
-        return {key: ("***" if SECRET_KEY_PATTERN.search(str(key)) and isinstance(value, str) and value else _redact(value))
+        return {key: (REDACTED if is_secret_key(key) and isinstance(value, str) and value else _redact(value))
                 for key, value in tree.items()}
     if isinstance(tree, list):
         return [_redact(item) for item in tree]

@@ -18,6 +18,7 @@ from hybridrl.config.anti_forgetting_schema import EWCConfig, PtxConfig, ReplayC
 from hybridrl.config.frozen import FreezableConfig
 from hybridrl.config.faults import FaultInjectionConfig
 from hybridrl.config.monitoring import MonitoringConfig
+from hybridrl.config.health import HealthConfig
 from hybridrl.config.ray import RayConfig
 
 
@@ -452,6 +453,8 @@ class TrainerConfig(FreezableConfig):
     """FOR TESTS ONLY: make a worker or the controller fail at a chosen step (see ``hybridrl.config.faults``)."""
     monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
     """Prometheus endpoint and cost estimate."""
+    health: HealthConfig = field(default_factory=HealthConfig)
+    """Training-health alarms (KL band, reward collapse, entropy collapse)."""
 
 
 @dataclass

@@ -206,14 +206,11 @@ def _check_choices(config: TrainConfig, error: ConfigError) -> None:
         _choice(error, f"{role}.strategy", getattr(role_config, "strategy", "fsdp2"), ("fsdp2",))
         _choice(error, f"{role}.optim.state_precision", role_config.optim.state_precision, OPTIMIZER_STATE_PRECISIONS)
     error.extend(config.trainer.monitoring.problems())
-    try:
-        config.trainer.ray.validate()
-    except ValueError as ray_error:
-        error.add("trainer.ray", PREFORMATTED, str(ray_error))
-    try:
-        config.trainer.fault_injection.validate()
-    except ValueError as fault_error:
-        error.add("trainer.fault_injection", PREFORMATTED, str(fault_error))
+    for name in ("ray", "fault_injection", "health"):
+        try:
+            getattr(config.trainer, name).validate()
+        except ValueError as nested_error:
+            error.add(f"trainer.{name}", PREFORMATTED, str(nested_error))
 
 
 def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
@@ -333,8 +330,15 @@ def _check_this_machine(config: TrainConfig, error: ConfigError) -> None:
     if config.model.lora.rank > 0 and importlib.util.find_spec("peft") is None:
         error.add("model.lora.rank", config.model.lora.rank, "LoRA needs PEFT: pip install 'hybridrl[lora]'")
     device = resolved_device(config)
-    if config.trainer.device == "cuda" and device != "cuda" and config.trainer.ray.address == "local":
-        error.add("trainer.device", "cuda", "no CUDA device is visible on this machine; use trainer.device=cpu or auto")
+    if device == "cuda" and config.trainer.ray.address == "local":  # a private instance has this machine's devices
+        import torch
+
+        visible, wanted = torch.cuda.device_count(), config.trainer.n_gpus_per_node
+        if visible == 0:
+            error.add("trainer.device", "cuda", "no CUDA device is visible on this machine; use trainer.device=cpu or auto")
+        elif config.trainer.nnodes * wanted > visible:
+            error.add("trainer.n_gpus_per_node", wanted, f"asks for {config.trainer.nnodes * wanted} GPUs but this "
+                                                         f"machine has {visible} (a private Ray instance uses only them)")
     if config.trainer.device == "auto" and device == "cpu":
         _check_cpu_limits(config, error)
     _check_precision_here(config, device, error)
@@ -383,8 +387,12 @@ def _check_paths(config: TrainConfig, error: ConfigError) -> None:
         _require(error, "custom_reward_function.path", reward_path,
                  Path(reward_path).is_file() and reward_path.endswith(".py"), "must be an existing .py file")
     if config.trainer.resume_mode == "resume_path" and config.trainer.resume_from_path:
+        resume_dir = Path(config.trainer.resume_from_path)
+        _require(error, "trainer.resume_from_path", config.trainer.resume_from_path, resume_dir.is_dir(),
+                 "is not a directory")
         _require(error, "trainer.resume_from_path", config.trainer.resume_from_path,
-                 Path(config.trainer.resume_from_path).is_dir(), "is not a directory")
+                 not resume_dir.is_dir() or (resume_dir / "trainer_state.pt").is_file(),
+                 "is not a hybridrl checkpoint (no trainer_state.pt); point it at checkpoints/global_step_<k>")
 
 
 def _check_model_dir(error: ConfigError, key: str, path: str) -> None:
@@ -394,6 +402,28 @@ def _check_model_dir(error: ConfigError, key: str, path: str) -> None:
         error.add(key, path, "does not exist or is not a directory")
     elif not (Path(path) / "config.json").is_file():
         error.add(key, path, "is not a Hugging Face model directory (no config.json)")
+    else:
+        problem = _model_dir_problem(Path(path))
+        if problem:
+            error.add(key, path, problem)
+
+
+WEIGHT_FILE_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.gguf")
+
+
+def _model_dir_problem(path: Path) -> Optional[str]:
+    """Why a directory with a ``config.json`` still cannot be loaded as a model (cheap checks only), else ``None``."""
+    import json
+
+    try:
+        model_config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (ValueError, OSError) as json_error:
+        return f"config.json is not valid JSON ({json_error})"
+    if not isinstance(model_config, dict) or "model_type" not in model_config:
+        return "config.json has no 'model_type': not a Hugging Face model config"
+    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILE_PATTERNS):
+        return f"holds no weights (none of {', '.join(WEIGHT_FILE_PATTERNS)})"
+    return None
 
 
 def _check_data_file(error: ConfigError, key: str, path: str) -> None:

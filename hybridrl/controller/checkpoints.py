@@ -23,6 +23,8 @@ from typing import Any, Optional
 
 import torch
 
+from hybridrl.workers.safe_load import load_tensors
+
 STEP_PATTERN = re.compile(r"^global_step_(\d+)$")
 TRAINER_STATE = "trainer_state.pt"
 
@@ -120,7 +122,7 @@ def load_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"{checkpoint} is not a hybridrl checkpoint (no {TRAINER_STATE}); point "
                          "trainer.resume_from_path at a checkpoints/global_step_<k> directory")
-    return torch.load(path, weights_only=True)
+    return load_tensors(path)  # weights-only: a pickle payload is refused
 
 
 def resume_checkpoint(resume_mode: str, run_dir: str | Path, resume_from_path: Optional[str]) -> Optional[Path]:

@@ -29,6 +29,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from hybridrl.controller.resource_pool import ResourcePool, Slot
 from hybridrl.controller.worker import RankSpec, Worker, WorkerHost
 from hybridrl.utils.distributed import cpu_threads_per_worker, worker_process_env
+from hybridrl.utils.secrets import split_secrets
 
 
 class RankFailure(Exception):
@@ -99,7 +100,8 @@ class RayExecutor:
             raise ValueError(f"bundle_share must be in (0, 1], got {bundle_share}")
         spec, config = pool.spec, pool.runtime.config
         remote_host = _remote_host_class()
-        env = worker_process_env(spec.device, config.worker_env)
+        # Ray's runtime-env agent logs env_vars verbatim: credentials go to the worker as an argument instead.
+        env, secret_env = split_secrets(worker_process_env(spec.device, config.worker_env))
         self.actors = [
             remote_host.options(
                 num_cpus=spec.bundle.get("CPU", 0.0) * bundle_share,
@@ -107,7 +109,7 @@ class RayExecutor:
                 scheduling_strategy=_bundle_strategy(slot),
                 runtime_env={"env_vars": env},
                 max_restarts=0, max_task_retries=0,
-            ).remote(f"{role} rank {slot.rank}/{pool.world_size}", cpu_threads_per_worker(spec.device))
+            ).remote(f"{role} rank {slot.rank}/{pool.world_size}", cpu_threads_per_worker(spec.device), secret_env)
             for slot in pool.slots()
         ]
         self.role = role

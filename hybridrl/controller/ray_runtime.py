@@ -32,6 +32,7 @@ _RAY_IMPORTED_FIRST = "ray" in sys.modules and any(key not in os.environ for key
 apply_ray_env_defaults()
 
 import logging  # noqa: E402
+import socket  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any, Optional  # noqa: E402
 
@@ -85,11 +86,43 @@ def start_ray(config: Optional[RayConfig] = None) -> RayRuntime:
         logger.warning("ray was imported before hybridrl.controller, so some of %s may not apply (e.g. the local "
                        "instance may advertise a network address instead of 127.0.0.1); import hybridrl.controller "
                        "first or export them", ", ".join(RAY_ENV_DEFAULTS))
+    if config.address == "local":
+        _bind_local_instance_to_loopback()
     if ray.is_initialized():
         logger.warning("Ray is already initialised in this process; reusing it (trainer.ray start-up settings unused)")
         return RayRuntime(config, owns_ray=False)
-    ray.init(**ray_init_kwargs(config))
+    check_reachable(config.address)
+    try:
+        ray.init(**ray_init_kwargs(config))
+    except ConnectionError as error:  # address=auto with no cluster running, or a cluster that went away
+        raise ValueError(f"trainer.ray.address={config.address!r}: cannot connect to a Ray cluster: {error}") from None
     return RayRuntime(config, owns_ray=True)
+
+
+def _bind_local_instance_to_loopback() -> None:
+    """Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` once, when it is imported, and otherwise has its servers listen
+    on every interface. If ``ray`` was imported before this module, apply the value now (a private constant: this
+    is the one place hybridrl touches it; tested in tests/reliability/test_ray_local_only.py)."""
+    from ray._private import ray_constants
+
+    if os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0" and hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
+        ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """For a ``host:port`` address, fail within ``timeout_s`` when nothing accepts connections there.
+
+    ``ray.init`` itself retries an unreachable address for minutes; this probe turns that into one clear error.
+    (An open port that is not a Ray head is not detected here.)
+    """
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():  # "local", "auto": nothing to probe
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise ValueError(f"trainer.ray.address={address!r}: nothing answers there ({error}); start the cluster "
+                         "with `ray start --head`, or use trainer.ray.address=local for a private instance") from None
 
 
 def ray_init_kwargs(config: RayConfig) -> dict[str, Any]:

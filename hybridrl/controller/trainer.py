@@ -24,6 +24,7 @@ from hybridrl.controller import PoolSpec, ResourcePool, WorkerError, WorkerGroup
 from hybridrl.controller.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
 from hybridrl.controller.continual import PromptReplay, PtxBatches
 from hybridrl.controller.faults import FaultInjector, NonFiniteGuard
+from hybridrl.controller.health import HealthMonitor
 from hybridrl.controller.restarts import RESTARTABLE, RestartRecord, Supervisor
 from hybridrl.controller.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
 from hybridrl.controller.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
@@ -32,6 +33,7 @@ from hybridrl.controller.variants import (GROUP_FILTERS, concat_rollouts, first_
                                           prompt_rows, shape_rewards)
 from hybridrl.data.loader import build_prompt_loaders
 from hybridrl.protocol import Batch, Fields
+from hybridrl.rewards.custom import load_custom_reward_fn
 from hybridrl.rewards.registry import check_data_sources
 from hybridrl.rewards.scorer import build_reward_scorer
 from hybridrl.rollout.base import SamplingParams
@@ -73,6 +75,8 @@ class RLTrainer:
         if config.custom_reward_function.path is None:  # every prompt's data_source needs a reward function, now
             for loader in filter(None, self.loaders):
                 check_data_sources(sorted({prompt.data_source for prompt in loader.dataset}))
+        else:  # a bad reward file or name fails now, before Ray starts
+            load_custom_reward_fn(config.custom_reward_function.path, config.custom_reward_function.name)
         self.total_steps = config.trainer.total_training_steps or \
             config.trainer.total_epochs * self.loaders.train.steps_per_epoch
         self.kl_controller = _kl_controller(config, self.total_steps)
@@ -84,6 +88,7 @@ class RLTrainer:
         self.initial_state = self._controller_state()  # what a restart before the first checkpoint goes back to
         self.restart_point: Optional[Path] = None  # the checkpoint a restart resumes from (last loaded or committed)
         self.faults = FaultInjector(config.trainer.fault_injection)
+        self.health = HealthMonitor(config.trainer.health)
         self.pool: Optional[ResourcePool] = None
         self.actor: Optional[WorkerGroup[ActorRolloutRefWorker]] = None
         self.critic: Optional[WorkerGroup[CriticWorker]] = None
@@ -139,11 +144,13 @@ class RLTrainer:
             if self._due(trainer.test_freq) or self.global_step == self.total_steps:
                 result.last_validation = self.validate() if self.loaders.val is not None else None
                 metrics.update(result.last_validation or {})
+            metrics.update(self.health.observe(self.global_step, metrics))
             tracker.log(metrics, step=self.global_step)
             result.history.append(metrics)
             guard.observe(self.global_step, metrics, self.restart_point)
             if self._due(trainer.save_freq) or (self.global_step == self.total_steps and trainer.save_at_end):
                 self.save_checkpoint()
+            self.health.raise_if_stopping()
 
     def train_step(self, prompts: Batch) -> dict[str, float]:
         """One PPO/GRPO step on a batch of prompts; returns the step's metrics."""

@@ -38,6 +38,10 @@ class Scoring:
         texts = self.decode(batch)
         scores, info = self.scorer.score(list(batch[DataFields.DATA_SOURCE]), texts,
                                          list(batch[DataFields.GROUND_TRUTH]), list(batch[DataFields.EXTRA_INFO]))
+        if info.messages and info.num_failed == len(texts):  # one bad sample scores 0; a whole bad batch is a bug
+            source = getattr(self.scorer.source, "describe", lambda: "the reward function")()
+            raise ValueError(f"custom_reward_function: all {len(texts)} samples of the batch failed in {source}, "
+                             f"so it cannot be trusted to score this run; first: {info.messages[0]}")
         if info.messages:
             logger.warning("reward: %d sample(s) scored 0 after a failure, e.g. %s", len(info.messages),
                            info.messages[0])

@@ -136,7 +136,9 @@ _local_group_owned = False
 class WorkerHost:
     """One rank of a worker group: process set-up, the worker object, and method execution."""
 
-    def __init__(self, label: str = "", num_threads: Optional[int] = None) -> None:
+    def __init__(self, label: str = "", num_threads: Optional[int] = None,
+                 secret_env: Optional[dict[str, str]] = None) -> None:
+        os.environ.update(secret_env or {})  # credentials from trainer.ray.worker_env (kept out of Ray's runtime_env)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self._label = label

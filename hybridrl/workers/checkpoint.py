@@ -25,6 +25,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from hybridrl.workers.safe_load import SafeFileSystemReader, check_dcp_metadata, load_tensors
+
 
 logger = logging.getLogger(__name__)
 
@@ -103,19 +105,20 @@ def load_sharded(directory: str | Path, model: nn.Module, optimizer: Optional[to
     directory = Path(directory)
     if not (directory / "dcp" / ".metadata").is_file():
         raise ValueError(f"{directory} is not a hybridrl checkpoint (no dcp/.metadata)")
+    check_dcp_metadata(directory / "dcp" / ".metadata")  # a clear error here; the reader below re-checks what it reads
     options = _state_options(trainable_only)
     state = _sharded_state(model, optimizer, options)
-    dcp.load(state, checkpoint_id=str(directory / "dcp"))
+    dcp.load(state, storage_reader=SafeFileSystemReader(str(directory / "dcp")))  # refuses pickle payloads
     set_state_dict(model, optimizer if optimizer is not None else (), model_state_dict=state["model"],
                    optim_state_dict=state.get("optimizer", {}), options=options)
     if scheduler is not None:
         scheduler_path = directory / "scheduler.pt"
         if not scheduler_path.is_file():
             raise ValueError(f"{directory} has no scheduler.pt: it was saved without an LR scheduler")
-        scheduler.load_state_dict(torch.load(scheduler_path, weights_only=True))
+        scheduler.load_state_dict(load_tensors(scheduler_path))
     rng_path = directory / f"rng_rank{_rank()}.pt"
     if restore_rng and rng_path.is_file():
-        set_rng_state(torch.load(rng_path, weights_only=True)["rng"])
+        set_rng_state(load_tensors(rng_path)["rng"])
     elif restore_rng:
         logger.warning("rank %d: %s was saved by fewer ranks; this rank keeps a fresh RNG state (sampling and "
                        "shuffling are re-seeded per step, so the run stays deterministic)", _rank(), directory)

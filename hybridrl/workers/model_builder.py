@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -21,6 +22,8 @@ from hybridrl.workers.precision import apply_fp8_compute
 logger = logging.getLogger(__name__)
 
 ModelRole = Literal["actor", "reference", "critic", "reward_model"]
+# Any one of these makes a directory a tokenizer directory (fast, sentencepiece, BPE vocab).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -122,7 +125,15 @@ def load_tokenizer(model_config: ModelConfig):
     from transformers import AutoTokenizer
 
     path = model_config.tokenizer_path or model_config.path
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
+    key = "model.tokenizer_path" if model_config.tokenizer_path else "model.path"
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"{key}={path!r}: holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                         "save one there or set model.tokenizer_path")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_config.trust_remote_code)
+    except (OSError, ValueError, TypeError) as error:  # broken files: transformers' message, first line
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ValueError(f"{key}={path!r}: cannot load its tokenizer: {first_line}") from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
