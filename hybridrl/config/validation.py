@@ -6,16 +6,18 @@ this module checks values, choices, cross-field rules and files.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from typing import Any, Iterable, Optional
-
+from hybridrl.config.checks import _choice, _positive, _require, critic_enabled
 from hybridrl.config.errors import PREFORMATTED, ConfigError
-from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS, check_precision_on_device
+from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS
 from hybridrl.config.rm_schema import RMConfig
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sft_schema import SFTConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH, role_plan, world_size
+from hybridrl.config.validation_machine import (DATA_FILE_SUFFIXES, _check_cpu_limits, _check_data_file,
+                                                _check_model_dir, _check_paths, _check_this_machine, resolved_device)
+
+__all__ = ["DATA_FILE_SUFFIXES", "critic_enabled", "resolved_device", "validate_config", "validate_rm_config",
+           "validate_sft_config"]
 
 # Choices owned by the config layer. Names owned by a registry (estimators, losses, …) are read from that registry.
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
@@ -27,16 +29,8 @@ RESUME_MODES = ("auto", "disable", "resume_path")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow", "prometheus")
 LR_SCHEDULERS = ("constant", "cosine")
 REDUCE_DTYPES = ("float32", "bfloat16")
-DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json")
 # Estimators whose baseline comes from the other responses to the same prompt.
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
-
-
-def critic_enabled(config: TrainConfig) -> bool:
-    """Whether a value model is trained: ``critic.enable`` if set, else only for GAE."""
-    if config.critic.enable is not None:
-        return config.critic.enable
-    return config.algorithm.adv_estimator == "gae"
 
 
 def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
@@ -55,23 +49,6 @@ def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
     if not error:  # the batch identity is only meaningful once the individual sizes are sane
         _check_batch_plans(config, error)
     error.raise_if_any()
-
-
-def _require(error: ConfigError, key: str, value: Any, ok: bool, message: str) -> None:
-    if not ok:
-        error.add(key, value, message)
-
-
-def _positive(error: ConfigError, items: Iterable[tuple[str, Optional[int | float]]], allow_none: bool = True) -> None:
-    for key, value in items:
-        if value is None and allow_none:
-            continue
-        _require(error, key, value, value is not None and value > 0, "must be a positive number")
-
-
-def _choice(error: ConfigError, key: str, value: Any, choices: Iterable[str]) -> None:
-    choices = tuple(choices)
-    _require(error, key, value, value in choices, f"unknown; expected one of {', '.join(choices)}")
 
 
 def _check_sizes(config: TrainConfig, error: ConfigError) -> None:
@@ -271,21 +248,6 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
         _check_cpu_limits(config, error)
 
 
-def _check_cpu_limits(config: TrainConfig, error: ConfigError) -> None:
-    """What a CPU run cannot do: float16 training, fp8 compute, or ``auto`` micro-batches without a budget."""
-    if config.model.dtype == "float16":
-        error.add("model.dtype", "float16", "float16 training is not supported on CPU; use bfloat16 or float32")
-    if config.model.fp8_compute:
-        error.add("model.fp8_compute", True, "fp8 compute needs a Hopper GPU (compute capability >= 9.0), not a CPU")
-    for role in ["actor"] + (["critic"] if critic_enabled(config) else []):
-        role_config = getattr(config, role)
-        if role_config.ppo_micro_batch_size_per_gpu == AUTO_MICRO_BATCH and not role_config.use_dynamic_bsz \
-                and role_config.micro_batch_sizing.memory_budget_mb is None:
-            error.add(f"{role}.micro_batch_sizing.memory_budget_mb", None,
-                      f"is required on CPU with {role}.ppo_micro_batch_size_per_gpu=auto (CPU has no allocator "
-                      "statistics to read a budget from)")
-
-
 def _check_micro_batch_sizing(config: TrainConfig, error: ConfigError) -> None:
     """``ppo_micro_batch_size_per_gpu: auto`` and ``actor.adaptive_accumulation``."""
     for role in ("actor", "critic"):
@@ -316,121 +278,6 @@ def _check_micro_batch_sizing(config: TrainConfig, error: ConfigError) -> None:
     if world_size(config) == 1 and adaptive.min_steps < 2:
         error.add(f"{key}.min_steps", adaptive.min_steps, "must be >= 2 on a single rank: one micro-batch on one "
                                                           "rank gives one batch size, and the noise scale needs two")
-
-
-def _check_this_machine(config: TrainConfig, error: ConfigError) -> None:
-    """What only this machine can tell: installed backends and visible devices (skipped for recipes composed
-    elsewhere with ``check_paths=False``)."""
-    if config.rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
-        error.add("rollout.name", "vllm", "vLLM is not installed: pip install 'hybridrl[vllm]' (GPU) or "
-                                          "'hybridrl[cpu]' (CPU build), or use rollout.name=hf")
-    if config.model.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
-        error.add("model.attn_implementation", "flash_attention_2",
-                  "flash-attn is not installed (pip install 'hybridrl[gpu]' on a CUDA machine); sdpa is the portable choice")
-    if config.model.lora.rank > 0 and importlib.util.find_spec("peft") is None:
-        error.add("model.lora.rank", config.model.lora.rank, "LoRA needs PEFT: pip install 'hybridrl[lora]'")
-    device = resolved_device(config)
-    if device == "cuda" and config.trainer.ray.address == "local":  # a private instance has this machine's devices
-        import torch
-
-        visible, wanted = torch.cuda.device_count(), config.trainer.n_gpus_per_node
-        if visible == 0:
-            error.add("trainer.device", "cuda", "no CUDA device is visible on this machine; use trainer.device=cpu or auto")
-        elif config.trainer.nnodes * wanted > visible:
-            error.add("trainer.n_gpus_per_node", wanted, f"asks for {config.trainer.nnodes * wanted} GPUs but this "
-                                                         f"machine has {visible} (a private Ray instance uses only them)")
-    if config.trainer.device == "auto" and device == "cpu":
-        _check_cpu_limits(config, error)
-    _check_precision_here(config, device, error)
-
-
-def _check_precision_here(config: TrainConfig, device: str, error: ConfigError) -> None:
-    """8-bit optimizer backends and fp8 compute (Hopper) on this machine's device."""
-    capability = None
-    if device == "cuda" and config.model.fp8_compute:
-        import torch
-
-        capability = torch.cuda.get_device_capability(0) if torch.cuda.is_available() else None
-    optim_keys = {f"{role}.optim.state_precision": getattr(config, role).optim.state_precision
-                  for role in ("actor", "critic") if role == "actor" or critic_enabled(config)}
-    # fp8 on a CPU is reported by _check_cpu_limits; a GPU that is not visible here (a remote cluster) is checked
-    # when the model is built.
-    check_precision_on_device(optim_keys, config.model.fp8_compute and capability is not None, device, capability,
-                              error)
-
-
-def resolved_device(config: TrainConfig) -> str:
-    """``trainer.device`` with ``auto`` resolved on this machine: ``cuda`` when a CUDA device is visible, else ``cpu``."""
-    if config.trainer.device != "auto":
-        return config.trainer.device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _check_paths(config: TrainConfig, error: ConfigError) -> None:
-    _check_model_dir(error, "model.path", config.model.path)
-    if config.model.tokenizer_path is not None:
-        _require(error, "model.tokenizer_path", config.model.tokenizer_path, Path(config.model.tokenizer_path).is_dir(),
-                 "is not a directory")
-    if critic_enabled(config) and config.critic.model_path is not None:
-        _check_model_dir(error, "critic.model_path", config.critic.model_path)
-    if config.reward_model.enable and config.reward_model.model_path:
-        _check_model_dir(error, "reward_model.model_path", config.reward_model.model_path)
-    for key in ("train_files", "val_files"):
-        for path in getattr(config.data, key):
-            _check_data_file(error, f"data.{key}", path)
-    for path in config.actor.ptx.train_files:
-        _check_data_file(error, "actor.ptx.train_files", path)
-    reward_path = config.custom_reward_function.path
-    if reward_path is not None:
-        _require(error, "custom_reward_function.path", reward_path,
-                 Path(reward_path).is_file() and reward_path.endswith(".py"), "must be an existing .py file")
-    if config.trainer.resume_mode == "resume_path" and config.trainer.resume_from_path:
-        resume_dir = Path(config.trainer.resume_from_path)
-        _require(error, "trainer.resume_from_path", config.trainer.resume_from_path, resume_dir.is_dir(),
-                 "is not a directory")
-        _require(error, "trainer.resume_from_path", config.trainer.resume_from_path,
-                 not resume_dir.is_dir() or (resume_dir / "trainer_state.pt").is_file(),
-                 "is not a hybridrl checkpoint (no trainer_state.pt); point it at checkpoints/global_step_<k>")
-
-
-def _check_model_dir(error: ConfigError, key: str, path: str) -> None:
-    if path in ("???", "", None):
-        error.add(key, path, "is required: a local Hugging Face model directory")
-    elif not Path(path).is_dir():
-        error.add(key, path, "does not exist or is not a directory")
-    elif not (Path(path) / "config.json").is_file():
-        error.add(key, path, "is not a Hugging Face model directory (no config.json)")
-    else:
-        problem = _model_dir_problem(Path(path))
-        if problem:
-            error.add(key, path, problem)
-
-
-WEIGHT_FILE_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.gguf")
-
-
-def _model_dir_problem(path: Path) -> Optional[str]:
-    """Why a directory with a ``config.json`` still cannot be loaded as a model (cheap checks only), else ``None``."""
-    import json
-
-    try:
-        model_config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (ValueError, OSError) as json_error:
-        return f"config.json is not valid JSON ({json_error})"
-    if not isinstance(model_config, dict) or "model_type" not in model_config:
-        return "config.json has no 'model_type': not a Hugging Face model config"
-    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILE_PATTERNS):
-        return f"holds no weights (none of {', '.join(WEIGHT_FILE_PATTERNS)})"
-    return None
-
-
-def _check_data_file(error: ConfigError, key: str, path: str) -> None:
-    if not Path(path).is_file():
-        error.add(key, path, "file does not exist")
-    elif not path.endswith(DATA_FILE_SUFFIXES):
-        error.add(key, path, f"unsupported format; expected one of {', '.join(DATA_FILE_SUFFIXES)}")
 
 
 def _check_batch_plans(config: TrainConfig, error: ConfigError) -> None:
