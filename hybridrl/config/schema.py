@@ -288,6 +288,10 @@ class RewardFusionConfig(FreezableConfig):
     """Weight of the reward model's score (``reward/rm/*``)."""
     normalize: list[str] = field(default_factory=list)
     """Components normalised by a running mean/std before weighting, e.g. ``[rm]`` (``rule``, ``rm``)."""
+    weighting: str = "fixed"
+    """``fixed``: the weights above. ``inverse_std`` (dynamic): the rule and RM weights are divided by each one's
+    running standard deviation over all batches so far, so each contributes by its weight whatever its spread; the
+    effective weights are logged as ``reward/<name>/weight``. Guards keep their coefficients."""
     length_penalty_coef: float = 0.0
     """Length guard: adds ``−coef · response_length / data.max_response_length`` (0 disables)."""
     diversity_penalty_coef: float = 0.0

@@ -29,6 +29,7 @@ RESUME_MODES = ("auto", "disable", "resume_path")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow", "prometheus")
 LR_SCHEDULERS = ("constant", "cosine")
 REDUCE_DTYPES = ("float32", "bfloat16")
+FUSION_WEIGHTINGS = ("fixed", "inverse_std")
 # Estimators whose baseline comes from the other responses to the same prompt.
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
 
@@ -211,6 +212,7 @@ def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
                   "GSPO clips a sequence-level ratio: use clip ranges of order 1e-4 (the paper: 3e-4 / 4e-4)")
     for name in config.reward_fusion.normalize:
         _choice(error, "reward_fusion.normalize", name, ("rule", "rm"))
+    _choice(error, "reward_fusion.weighting", config.reward_fusion.weighting, FUSION_WEIGHTINGS)
     for key in ("length_penalty_coef", "diversity_penalty_coef"):
         value = getattr(config.reward_fusion, key)
         _require(error, f"reward_fusion.{key}", value, value >= 0, "must be >= 0 (it is subtracted as a penalty)")

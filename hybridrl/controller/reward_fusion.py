@@ -53,15 +53,18 @@ class FusedScoring:
         self.rm_group = rm_group
         self.rm_tokenizer = rm_tokenizer  # None: same vocabulary as the policy, score its token ids
         self.normalizers = {name: RunningMeanStd() for name in config.reward_fusion.normalize}
+        dynamic = config.reward_fusion.weighting == "inverse_std"
+        self.scales = {name: RunningMeanStd() for name in ("rule", "rm")} if dynamic else {}
 
     def state_dict(self) -> dict[str, dict[str, float]]:
-        """The running normalisation statistics (saved with a checkpoint so a resumed run normalises alike)."""
-        return {name: normalizer.state_dict() for name, normalizer in self.normalizers.items()}
+        """The running statistics (saved with a checkpoint so a resumed run normalises and weights alike)."""
+        return {**{name: stats.state_dict() for name, stats in self.normalizers.items()},
+                **{f"scale/{name}": stats.state_dict() for name, stats in self.scales.items()}}
 
     def load_state_dict(self, state: dict[str, dict[str, float]]) -> None:
-        for name, normalizer in self.normalizers.items():
-            if name in state:
-                normalizer.load_state_dict(state[name])
+        for key, stats in [*self.normalizers.items(), *((f"scale/{n}", s) for n, s in self.scales.items())]:
+            if key in state:
+                stats.load_state_dict(state[key])
 
     def score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], list[str]]:
         """The rule score (validation's accuracy), unchanged."""
@@ -98,6 +101,6 @@ class FusedScoring:
     def token_level_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         """The fused reward on each response's last valid token ``[B, R]``, plus per-component metrics."""
         components, weights, metrics = self.components(batch)
-        fused, fusion_metrics = fuse_rewards(components, weights, normalizers=self.normalizers,
+        fused, fusion_metrics = fuse_rewards(components, weights, normalizers=self.normalizers, scales=self.scales,
                                              cap=self.config.reward_fusion.cap)
         return scores_to_token_level(fused, batch[Fields.RESPONSE_MASK]), {**metrics, **fusion_metrics}

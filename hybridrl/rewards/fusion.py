@@ -7,7 +7,11 @@
 - ``norm_k``: optional per-component normalisation by a running mean/std over all batches seen so far
   (:class:`RunningMeanStd`, updated with the batch before it is normalised) — a reward model's arbitrary offset and
   scale then cannot swamp a 0/1 rule score;
-- ``cap``: an upper bound on the fused reward (a reward model that found an exploit cannot pay more than this).
+- ``cap``: an upper bound on the fused reward (a reward model that found an exploit cannot pay more than this);
+- dynamic weighting (``scales``): a component listed there has its weight divided by the running standard deviation
+  of its raw values (``w_k / σ_k``, all batches so far, this one included; ``w_k`` while ``σ_k`` is still 0), so each
+  contributes in proportion to its weight whatever its native spread — a component that turns noisy is damped, one
+  that settles is not drowned. The effective weights are logged (``reward/<name>/weight``).
 
 Guards (pure functions of the batch):
 
@@ -95,27 +99,34 @@ def diversity_penalty(texts: Sequence[str], group_ids: Sequence[object], coef: f
 
 def fuse_rewards(components: Mapping[str, torch.Tensor], weights: Mapping[str, float], *,
                  normalizers: Optional[Mapping[str, RunningMeanStd]] = None,
+                 scales: Optional[Mapping[str, RunningMeanStd]] = None,
                  cap: Optional[float] = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The fused reward ``[B]`` of ``components`` (name → ``[B]``) and per-component metrics.
 
-    A component listed in ``normalizers`` is normalised by its running statistics after they see this batch. Every
-    component needs a weight. Metrics: ``reward/<name>/mean`` (raw), ``reward/<name>/std``, ``reward/fused/mean`` and
-    ``reward/capped_fraction``.
+    A component listed in ``normalizers`` is normalised by its running statistics after they see this batch; one
+    listed in ``scales`` has its weight divided by the running std of its raw values (dynamic weighting). Every
+    component needs a weight. Metrics: ``reward/<name>/mean`` (raw), ``reward/<name>/std``, ``reward/<name>/weight``
+    (effective), ``reward/fused/mean`` and ``reward/capped_fraction``.
     """
     missing = sorted(set(components) - set(weights))
     if missing:
         raise ValueError(f"reward components {missing} have no weight")
-    normalizers = normalizers or {}
+    normalizers, scales = normalizers or {}, scales or {}
     fused = None
     metrics: dict[str, float] = {}
     for name, values in components.items():
         values = values.float()
         metrics[f"reward/{name}/mean"] = float(values.mean())
         metrics[f"reward/{name}/std"] = float(values.std(unbiased=False)) if values.numel() > 1 else 0.0
+        weight = weights[name]
+        if name in scales:
+            scales[name].update(values)
+            weight = weight / scales[name].std if scales[name].std > 0 else weight
         if name in normalizers:
             normalizers[name].update(values)
             values = normalizers[name].normalize(values).float()
-        term = weights[name] * values
+        metrics[f"reward/{name}/weight"] = weight
+        term = weight * values
         fused = term if fused is None else fused + term
     if fused is None:
         raise ValueError("no reward components to fuse")

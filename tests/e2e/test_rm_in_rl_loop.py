@@ -39,7 +39,7 @@ def test_grpo_with_a_reward_model_group_and_a_fused_reward(model_dirs, tmp_path)
         "rollout.n=2", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size_per_gpu=2",
         "data.max_response_length=3", "reward_model.enable=true", f"reward_model.model_path={reward}",
         "reward_fusion.rm_weight=0.5", "reward_fusion.normalize=[rm]", "reward_fusion.length_penalty_coef=0.1",
-        "reward_fusion.diversity_penalty_coef=0.2", "reward_fusion.cap=1.0",
+        "reward_fusion.diversity_penalty_coef=0.2", "reward_fusion.cap=1.0", "reward_fusion.weighting=inverse_std",
     ])
     result = RLTrainer(config).fit()
     assert result.global_step == 2
@@ -50,3 +50,4 @@ def test_grpo_with_a_reward_model_group_and_a_fused_reward(model_dirs, tmp_path)
         assert row["reward/rm/std"] > 0  # the reward model really scored (distinct sequences, distinct scores)
         assert row["critic/score/mean"] == pytest.approx(row["reward/fused/mean"], abs=1e-6)
         assert row["reward/length_penalty/mean"] < 0 and row["critic/score/max"] <= 1.0
+        assert row["reward/rm/weight"] > 0 and row["reward/length_penalty/weight"] == 1.0   # guards keep theirs

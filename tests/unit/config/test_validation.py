@@ -62,6 +62,7 @@ BAD_CONFIGS = [
     (["data.replay.alpha=-1"], "data.replay.alpha", ">= 0"),
     (["data.replay.enable=true", "data.replay.fraction=1.0"], "data.replay.fraction", "(0, 1)"),
     (["data.replay.enable=true", "data.replay.fraction=0.01"], "data.replay.fraction", "at least one"),
+    (["reward_fusion.weighting=by_magic"], "reward_fusion.weighting", "inverse_std"),
     # type and key errors come from the schema merge
     (["data.train_batch_size=lots"], "data.train_batch_size", ""),
     (["actor.ppo_mini_batch_sizee=4"], "actor.ppo_mini_batch_sizee", "did you mean 'actor.ppo_mini_batch_size'"),

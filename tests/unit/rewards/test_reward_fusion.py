@@ -78,3 +78,38 @@ def test_fused_scoring_state_round_trips_the_normalisers():
     first.normalizers["rule"].update(torch.tensor([0.0, 1.0, 1.0]))
     second.load_state_dict(first.state_dict())
     assert second.normalizers["rule"].state_dict() == first.normalizers["rule"].state_dict()
+
+
+def test_dynamic_weighting_divides_each_weight_by_the_running_std_of_its_raw_component():
+    rule_batches = [torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.tensor([1.0, 1.0, 0.0, 1.0])]
+    rm_batches = [torch.tensor([30.0, -10.0, 50.0, 0.0]), torch.tensor([5.0, 7.0, 6.0, 9.0])]
+    scales = {"rule": RunningMeanStd(), "rm": RunningMeanStd()}
+    seen_rule, seen_rm = [], []
+    for rule, rm in zip(rule_batches, rm_batches):
+        fused, metrics = fuse_rewards({"rule": rule, "rm": rm}, {"rule": 1.0, "rm": 0.5}, scales=scales)
+        seen_rule.append(rule)
+        seen_rm.append(rm)
+        rule_std = float(torch.cat(seen_rule).std(unbiased=False))
+        rm_std = float(torch.cat(seen_rm).std(unbiased=False))
+        expected = [r / rule_std + 0.5 * m / rm_std for r, m in zip(rule.tolist(), rm.tolist())]
+        assert fused.tolist() == pytest.approx(expected, rel=1e-5)
+        assert metrics["reward/rm/weight"] == pytest.approx(0.5 / rm_std)
+    # the reward model's 20x larger spread no longer drowns the rule score: both terms now have comparable spread
+    assert abs(metrics["reward/rule/weight"] * rule_std - 1.0) < 1e-9
+
+
+def test_dynamic_weighting_keeps_the_weight_until_there_is_a_spread():
+    scales = {"rule": RunningMeanStd()}
+    fused, metrics = fuse_rewards({"rule": torch.tensor([1.0])}, {"rule": 2.0}, scales=scales)
+    assert fused.tolist() == [2.0] and metrics["reward/rule/weight"] == 2.0
+
+
+def test_fused_scoring_saves_the_dynamic_weighting_statistics():
+    from hybridrl.config import load_config
+    from hybridrl.controller.reward_fusion import FusedScoring
+
+    config = load_config(["reward_fusion.enable=true", "reward_fusion.weighting=inverse_std"], check_paths=False)
+    first, second = FusedScoring(None, config), FusedScoring(None, config)
+    first.scales["rule"].update(torch.tensor([0.0, 1.0, 1.0]))
+    second.load_state_dict(first.state_dict())
+    assert second.scales["rule"].state_dict() == first.scales["rule"].state_dict()
