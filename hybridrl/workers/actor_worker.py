@@ -212,7 +212,7 @@ class ActorRolloutRefWorker(Worker):
                                            epochs=actor.ppo_epochs, shuffle=actor.shuffle,
                                            seed=self.config.trainer.seed * 100_003 + step, ptx=ptx,
                                            ptx_coef=actor.ptx.coef)
-        return {**metrics, **memory_metrics(self.device)}
+        return {**metrics, **memory_metrics(self.device, self.actor.dp)}
 
     @dp_split(pad=False)
     def update_sft(self, batch: Batch) -> dict[str, float]:

@@ -65,7 +65,7 @@ class CriticWorker(Worker):
                                             local_mini_batch_size=self.plan.local_mini_batch_sequences,
                                             epochs=self.config.critic.ppo_epochs, shuffle=True,
                                             seed=self.config.trainer.seed * 100_019 + step)
-        return {**metrics, **memory_metrics(self.device)}
+        return {**metrics, **memory_metrics(self.device, self.engine.dp)}
 
     @one_to_all(collect="first")
     def batch_plan(self) -> tuple[BatchPlan, str]:
