@@ -3,7 +3,8 @@
 1. Build a tiny Llama and a character tokenizer from a config (nothing is downloaded).
 2. SFT it briefly on the synthetic arithmetic task (``conf/demo_sft.yaml``) → a Hugging Face checkpoint.
 3. GRPO from that checkpoint through the full stack (``conf/demo_grpo.yaml``): Ray single controller, FSDP2 actor on
-   2 CPU ranks, colocated rollout, rule reward; validation on a held-out set before and after.
+   2 CPU ranks, colocated vLLM-CPU rollout with resharded weight sync (transformers ``generate`` where vLLM is not
+   installed), rule reward; validation on a held-out set before and after.
 4. Print the summary (held-out accuracy after SFT vs after RL, wall time, step-time breakdown) and write the plot.
 
 Overrides on the command line apply to the GRPO stage (``hybridrl demo trainer.total_training_steps=20``).
@@ -11,6 +12,7 @@ Overrides on the command line apply to the GRPO stage (``hybridrl demo trainer.t
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from pathlib import Path
 from typing import Sequence
@@ -49,8 +51,11 @@ def run_demo(overrides: Sequence[str] = (), demo_dir: Path = DEMO_DIR, *, sft_ov
     sft = SFTTrainer(sft_config).fit()
     sft_seconds = time.perf_counter() - started
     print(f"[demo] 2/3 SFT done in {sft_seconds:.0f} s → {sft.export_dir}")
+    rollout = [] if importlib.util.find_spec("vllm") else ["rollout=hf"]
+    if rollout:
+        print("[demo] vLLM is not installed: generating with transformers on the actor's module (rollout=hf)")
     rl_config = load_config([f"model.path={sft.export_dir}", f"trainer.default_local_dir={demo_dir / 'grpo'}",
-                             *overrides], "demo_grpo")
+                             *rollout, *overrides], "demo_grpo")
     rl_started = time.perf_counter()
     result = RLTrainer(rl_config).fit()
     rl_seconds = time.perf_counter() - rl_started

@@ -42,6 +42,9 @@ def worker_process_env(device: str, extra: Optional[Mapping[str, str]] = None) -
         # transformers' per-load progress bars, times ranks, bury the trainer's own progress display.
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         "PYTHONUNBUFFERED": "1",
+        # vLLM logs ~40 lines of engine set-up per rank at INFO/WARNING (missing triton, tcmalloc, ...); errors only.
+        # trainer.ray.worker_env.VLLM_LOGGING_LEVEL=INFO brings them back for debugging.
+        "VLLM_LOGGING_LEVEL": "ERROR",
         # NCCL: fail a stuck collective with an error instead of hanging forever; warnings only.
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "NCCL_DEBUG": "WARN",
