@@ -276,6 +276,10 @@ class RewardModelConfig(FreezableConfig):
     """Reward-model directory (``AutoModelForSequenceClassification``)."""
     micro_batch_size_per_gpu: int = 4
     """Sequences per reward-model forward on one device."""
+    n_gpus: int = 0
+    """Where the reward-model group runs: ``0`` colocated on the actor's devices (its own process on each, sharing
+    the device); ``N > 0`` its own pool of ``N`` devices on one node (``trainer.device``'s type), so a large reward
+    model need not share memory with the policy."""
 
 
 @dataclass

@@ -239,6 +239,8 @@ def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
         error.add("trainer.resume_from_path", None, "is required when trainer.resume_mode=resume_path")
     if config.reward_model.enable and not config.reward_model.model_path:
         error.add("reward_model.model_path", None, "is required when reward_model.enable=true")
+    _require(error, "reward_model.n_gpus", config.reward_model.n_gpus, config.reward_model.n_gpus >= 0,
+             "must be >= 0 (0: colocated with the actor; N: its own pool of N devices)")
 
 
 def _check_layout(config: TrainConfig, error: ConfigError) -> None:

@@ -90,6 +90,7 @@ class RLTrainer:
         self.faults = FaultInjector(config.trainer.fault_injection)
         self.health = HealthMonitor(config.trainer.health)
         self.pool: Optional[ResourcePool] = None
+        self.reward_pool: Optional[ResourcePool] = None  # reward_model.n_gpus > 0: the reward model's own devices
         self.actor: Optional[WorkerGroup[ActorRolloutRefWorker]] = None
         self.critic: Optional[WorkerGroup[CriticWorker]] = None
         self.reward_model: Optional[WorkerGroup[RewardModelWorker]] = None
@@ -269,14 +270,20 @@ class RLTrainer:
         self.pool = pool = ResourcePool.create(PoolSpec("global", nnodes=config.trainer.nnodes,
                                                         devices_per_node=config.trainer.n_gpus_per_node,
                                                         device=device), runtime)
-        share = 1.0 / (1 + critic_enabled(config) + config.reward_model.enable)
+        colocated_rm = config.reward_model.enable and config.reward_model.n_gpus == 0
+        share = 1.0 / (1 + critic_enabled(config) + colocated_rm)
         self.actor = WorkerGroup(ActorRolloutRefWorker, pool, name="actor_rollout_ref", bundle_share=share,
                                  args=(config, self.total_steps, self.with_reference))
         if critic_enabled(config):
             self.critic = WorkerGroup(CriticWorker, pool, name="critic", bundle_share=share,
                                       args=(config, self.total_steps))
         if config.reward_model.enable:
-            self.reward_model = WorkerGroup(RewardModelWorker, pool, name="reward_model", bundle_share=share,
+            rm_pool, rm_share = pool, share
+            if not colocated_rm:
+                self.reward_pool = rm_pool = ResourcePool.create(
+                    PoolSpec("reward_model", devices_per_node=config.reward_model.n_gpus, device=device), runtime)
+                rm_share = 1.0
+            self.reward_model = WorkerGroup(RewardModelWorker, rm_pool, name="reward_model", bundle_share=rm_share,
                                             args=(config,))
         if fusion_enabled(config):
             self.scoring = FusedScoring(self.rule_scoring, config, self.reward_model, self._rm_tokenizer())
@@ -301,8 +308,9 @@ class RLTrainer:
         for group in (self.actor, self.critic, self.reward_model):
             if group is not None:
                 group.shutdown()
-        if self.pool is not None:
-            self.pool.release()
+        for pool in (self.pool, self.reward_pool):
+            if pool is not None:
+                pool.release()
 
     def save_checkpoint(self) -> Path:
         """Checkpoint actor (+ critic) shards and the controller state; atomic, ``latest`` updated last.

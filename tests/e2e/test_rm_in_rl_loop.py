@@ -29,7 +29,8 @@ def model_dirs(tmp_path_factory):
     return policy, root / "reward"
 
 
-def test_grpo_with_a_reward_model_group_and_a_fused_reward(model_dirs, tmp_path):
+@pytest.mark.parametrize("rm_gpus", [0, 1], ids=["colocated", "own-pool"])
+def test_grpo_with_a_reward_model_group_and_a_fused_reward(model_dirs, tmp_path, rm_gpus):
     policy, reward = model_dirs
     config = load_config([
         f"model.path={policy}", "model.dtype=float32", f"trainer.default_local_dir={tmp_path / 'run'}",
@@ -40,9 +41,13 @@ def test_grpo_with_a_reward_model_group_and_a_fused_reward(model_dirs, tmp_path)
         "data.max_response_length=3", "reward_model.enable=true", f"reward_model.model_path={reward}",
         "reward_fusion.rm_weight=0.5", "reward_fusion.normalize=[rm]", "reward_fusion.length_penalty_coef=0.1",
         "reward_fusion.diversity_penalty_coef=0.2", "reward_fusion.cap=1.0", "reward_fusion.weighting=inverse_std",
+        f"reward_model.n_gpus={rm_gpus}",
     ])
-    result = RLTrainer(config).fit()
+    trainer = RLTrainer(config)
+    result = trainer.fit()
     assert result.global_step == 2
+    assert (trainer.reward_pool is not None) == (rm_gpus > 0)   # own pool: its own placement, not the actor's devices
+    assert trainer.reward_model.world_size == (rm_gpus or 2)
     rows = read_metrics(tmp_path / "run")
     for row in rows:
         for component in ("rule", "rm", "length_penalty", "diversity_penalty", "fused"):
