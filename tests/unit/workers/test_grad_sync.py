@@ -30,3 +30,20 @@ def test_workers_micro_batching_carries_each_roles_mode():
     assert training_micro_batching(config.critic, 2) == MicroBatching(micro_batch_size=2, grad_sync="micro_batch")
     default = load_config(["algorithm=gae"], check_paths=False)
     assert training_micro_batching(default.critic, 2).grad_sync == "step"
+
+
+def test_auto_micro_batch_sizing_drops_the_unsharded_gradients_with_micro_batch_sync():
+    from hybridrl.planner.known_models import KNOWN_SHAPES
+    from hybridrl.workers.auto_micro_batch import sizing_options
+    from hybridrl.workers.memory_sizing import estimate_micro_batch_bytes
+
+    shape = KNOWN_SHAPES["qwen2.5-0.5b"]
+    estimates = {}
+    for grad_sync in ("step", "micro_batch"):
+        config = load_config([f"actor.fsdp.grad_sync={grad_sync}"], check_paths=False)
+        options = sizing_options(config, "actor", world_size=4)
+        assert options["accumulating"] == (grad_sync == "step")
+        estimates[grad_sync] = estimate_micro_batch_bytes(shape, 2, 256, **options)
+    saved = estimates["step"].total - estimates["micro_batch"].total
+    in_flight = 4 * (shape.root_parameters() + shape.layer_parameters())
+    assert saved == 4 * shape.num_parameters() - 4 * -(-shape.num_parameters() // 4) - in_flight
