@@ -359,6 +359,7 @@ def validate_rm_config(config: RMConfig, *, check_paths: bool = True) -> None:
     _choice(error, "model.attn_implementation", config.model.attn_implementation, ATTENTION_IMPLEMENTATIONS)
     _choice(error, "optim.lr_scheduler", config.optim.lr_scheduler, LR_SCHEDULERS)
     _choice(error, "fsdp.reduce_dtype", config.fsdp.reduce_dtype, REDUCE_DTYPES)
+    _choice(error, "fsdp.grad_sync", config.fsdp.grad_sync, GRAD_SYNC_MODES)
     _choice(error, "trainer.device", trainer.device, DEVICES)
     _choice(error, "trainer.resume_mode", trainer.resume_mode, ("auto", "disable"))
     for logger in trainer.logger:
