@@ -1,10 +1,13 @@
 """What does the gradient-accumulation path cost per optimizer step, and how many collectives does it issue?
 
 On 2 gloo ranks (spawned, one thread each), a Llama of hidden 256 × 4 layers (FSDP2: one shard group per layer plus
-the root) takes one optimizer step over ``K × m`` sequences per rank with the actor's PPO loss, three ways:
+the root) takes one optimizer step over ``K × m`` sequences per rank with the actor's PPO loss, four ways:
 
 - ``accumulate``  — ``train_mini_batch``: split into K micro-batches of m, all-reduce the global token count,
-  backward each with gradient sync only on the last, all-reduce the metrics, clip, step (what the actor runs);
+  backward each with gradient sync only on the last, all-reduce the metrics, clip, step (what the actor runs with
+  ``fsdp.grad_sync=step``, the default);
+- ``accumulate micro_batch`` — the same with ``fsdp.grad_sync=micro_batch``: a reduce-scatter after every
+  micro-batch into the sharded gradients (K per group per step; less memory, more communication);
 - ``bare no-sync`` — the same K forward/backwards and sync pattern, written as a bare loop on pre-split micro-batches
   with a precomputed normaliser and no metrics: the floor for this sync pattern;
 - ``bare sync-each`` — the bare loop with FSDP2's default, a gradient reduce-scatter after *every* backward: K
@@ -18,6 +21,8 @@ collectives' latency.
 Collectives are counted in a separate untimed step by wrapping the ``torch.distributed`` functions (and the functional
 collectives DTensor uses) in the worker processes only; ``peak MiB`` is the live-tensor peak of that step on rank 0
 (``LiveTensorPeak``), which shows FSDP2's unsharded gradient buffers held during no-sync accumulation.
+``micro_batch ratio`` = accumulate micro_batch ÷ accumulate: what the extra reduce-scatters cost here (gloo on
+loopback: memory copies, no network — a lower bound for a real interconnect).
 
 Run from the repository root: ``PYTHONPATH=. python benchmarks/grad_accum.py [--micro 4 --ks 1,2,4,8 --repeats 5]``.
 Writes ``benchmarks/results/grad_accum.json``. No timing is asserted anywhere.
@@ -26,8 +31,6 @@ Writes ``benchmarks/results/grad_accum.json``. No timing is asserted anywhere.
 from __future__ import annotations
 
 import argparse
-import collections
-import functools
 import json
 import os
 import platform
@@ -38,11 +41,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 import torch.multiprocessing as mp
 
 from hybridrl.config.schema import ModelConfig, OptimConfig
 from hybridrl.protocol import Batch
+from hybridrl.utils.collectives import CollectiveCounter
 from hybridrl.utils.distributed import find_free_port
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
 from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching, global_normalizer, train_mini_batch
@@ -56,10 +59,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "grad_accum.json"
 WORLD = 2
 SPEC = TinyModelSpec(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=688)
 PROMPT, RESPONSE = 32, 96
-PATHS = ("accumulate", "bare no-sync", "bare sync-each")
-COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor",
-               "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all_single")
-FUNCTIONAL = ("all_reduce", "all_gather_tensor", "reduce_scatter_tensor")
+PATHS = ("accumulate", "accumulate micro_batch", "bare no-sync", "bare sync-each")
 
 
 def hardware() -> dict:
@@ -90,34 +90,14 @@ def make_rows(num_rows: int, seed: int) -> Batch:
                               old_log_probs=-4.4 * response_mask.float()))
 
 
-class CollectiveCounter:
-    """Wraps the collective functions of ``torch.distributed`` (and the functional ones) to count calls by name."""
-
-    def __init__(self) -> None:
-        self.counts: collections.Counter = collections.Counter()
-        self.enabled = False
-        for module, names, prefix in ((dist, COLLECTIVES, ""), (funcol, FUNCTIONAL, "functional.")):
-            for name in names:
-                if hasattr(module, name):
-                    setattr(module, name, self._wrap(getattr(module, name), prefix + name))
-
-    def _wrap(self, function, name):
-        @functools.wraps(function)
-        def counted(*args, **kwargs):
-            if self.enabled:
-                self.counts[name] += 1
-            return function(*args, **kwargs)
-
-        return counted
-
-
 def run_path(path: str, engine: PolicyEngine, loss_fn, batch: Batch, micro: int, dp: DataParallelGroup,
              prepared: tuple) -> None:
     """One optimizer step over ``batch`` the way ``path`` does it (bare loops use the ``prepared`` normaliser and
     micro-batches)."""
-    if path == "accumulate":
+    if path.startswith("accumulate"):
+        micro_batching = MicroBatching(micro_batch_size=micro, grad_sync=path.split(" ")[1] if " " in path else "step")
         train_mini_batch(engine.model, engine.optimizer, engine.scheduler, batch, loss_fn, loss_agg_mode="token-mean",
-                         micro_batching=MicroBatching(micro_batch_size=micro), dp=dp, grad_clip=1.0)
+                         micro_batching=micro_batching, dp=dp, grad_clip=1.0)
         return
     normalizer, micro_batches = prepared
     for index, micro_batch in enumerate(micro_batches):
@@ -145,7 +125,6 @@ def rank_main(rank: int, model_dir: str, port: int, micro: int, ks: list[int], r
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     from torch.distributed.device_mesh import init_device_mesh
 
-    counter = CollectiveCounter()
     model = build_model(ModelConfig(path=model_dir), "actor")
     shard_model(model, init_device_mesh("cpu", (WORLD,)), ShardingOptions())
     optim = OptimConfig(lr=1e-6)
@@ -172,11 +151,8 @@ def rank_main(rank: int, model_dir: str, port: int, micro: int, ks: list[int], r
                "collectives": {}, "peak_mib_rank0": {}}
         for path in PATHS:
             dist.barrier()
-            counter.counts.clear()
-            counter.enabled = True
-            with LiveTensorPeak() as tracker:
+            with CollectiveCounter() as counter, LiveTensorPeak() as tracker:
                 run_path(path, engine, loss_fn, batch, micro, dp, prepared)
-            counter.enabled = False
             row["collectives"][path] = dict(sorted(counter.counts.items()))
             row["peak_mib_rank0"][path] = tracker.peak_bytes / 2 ** 20
         results.append(row)
@@ -185,23 +161,38 @@ def rank_main(rank: int, model_dir: str, port: int, micro: int, ks: list[int], r
     dist.destroy_process_group()
 
 
+RATIOS = (  # (name, numerator path, denominator path)
+    ("acc/no-sync", "accumulate", "bare no-sync"),
+    ("acc/sync-each", "accumulate", "bare sync-each"),
+    ("mb/acc", "accumulate micro_batch", "accumulate"),
+    ("mb/sync-each", "accumulate micro_batch", "bare sync-each"),
+)
+
+
+def add_ratios(row: dict) -> None:
+    """``row["ratios"][name] = {"wall", "best", "cpu"}``: numerator ÷ denominator of each of ``RATIOS``."""
+    row["ratios"] = {name: {kind: row[key][top] / row[key][bottom]
+                            for kind, key in (("wall", "seconds"), ("best", "seconds_best"), ("cpu", "cpu_seconds"))}
+                     for name, top, bottom in RATIOS}
+
+
+def format_ratios(ratios: dict) -> str:
+    return ", ".join(f"{ratios[kind]:.3f}" for kind in ("wall", "best", "cpu"))
+
+
 def print_table(rows: list[dict]) -> None:
-    print(f"{'K':>2} {'m':>2} {'tok/rank':>8} | " + " | ".join(f"{path:>14}" for path in PATHS)
-          + " | ratio vs no-sync: wall, best, CPU | ratio vs sync-each: wall, best, CPU"
-            " | reduce-scatters acc/sync-each | all-gathers | all-reduces | peak MiB acc/sync-each")
+    counted = ("reduce_scatter", "all_gather", "all_reduce")
+    print(f"{'K':>2} {'m':>2} {'tok/rank':>8} | " + " | ".join(f"{path:>22}" for path in PATHS)
+          + " | " + " | ".join(f"{name} wall/best/CPU" for name, _, _ in RATIOS)
+          + " | per step: reduce-scatters, all-gathers, all-reduces (" + " / ".join(PATHS) + ") | peak MiB")
     for row in rows:
-        seconds = row["seconds"]
-        count = {path: row["collectives"][path] for path in PATHS}
-        reduce_scatters = [sum(v for n, v in count[p].items() if "reduce_scatter" in n) for p in PATHS]
-        all_gathers = sum(v for n, v in count["accumulate"].items() if "all_gather" in n)
-        all_reduces = sum(v for n, v in count["accumulate"].items() if "all_reduce" in n)
-        ratios = [", ".join(f"{row[f'{prefix}ratio_vs_bare_{baseline}']:.3f}" for prefix in ("", "best_", "cpu_"))
-                  for baseline in ("no_sync", "sync_each")]
+        counts = {kind: " / ".join(str(sum(value for name, value in row["collectives"][path].items() if kind in name))
+                                   for path in PATHS) for kind in counted}
+        ratios = " | ".join(f"{format_ratios(row['ratios'][name]):>26}" for name, _, _ in RATIOS)
         print(f"{row['K']:>2} {row['micro_batch_size']:>2} {row['tokens_per_rank']:>8} | "
-              + " | ".join(f"{seconds[path] * 1e3:>11.1f} ms" for path in PATHS)
-              + f" | {ratios[0]:>33} | {ratios[1]:>35} | {reduce_scatters[0]:>7} / {reduce_scatters[2]:<19}"
-              + f" | {all_gathers:>11} | {all_reduces:>11} | {row['peak_mib_rank0']['accumulate']:>7.1f} / "
-              + f"{row['peak_mib_rank0']['bare sync-each']:.1f}")
+              + " | ".join(f"{row['seconds'][path] * 1e3:>19.1f} ms" for path in PATHS) + f" | {ratios} | "
+              + ", ".join(counts[kind] for kind in counted) + " | "
+              + " / ".join(f"{row['peak_mib_rank0'][path]:.1f}" for path in PATHS))
 
 
 def main() -> None:
@@ -219,9 +210,7 @@ def main() -> None:
                            nprocs=WORLD, join=True, start_method="spawn")
         rows = json.loads(Path(out_path).read_text())
     for row in rows:
-        for prefix, seconds in (("", row["seconds"]), ("best_", row["seconds_best"]), ("cpu_", row["cpu_seconds"])):
-            row[f"{prefix}ratio_vs_bare_no_sync"] = seconds["accumulate"] / seconds["bare no-sync"]
-            row[f"{prefix}ratio_vs_bare_sync_each"] = seconds["accumulate"] / seconds["bare sync-each"]
+        add_ratios(row)
     machine["load_average_1m_at_end"] = os.getloadavg()[0]
     print(f"machine: {machine['cpu']}, {machine['logical_cpus']} logical CPUs, {WORLD} gloo ranks x 1 thread, "
           f"torch {machine['torch']}; model: hidden {SPEC.hidden_size}, {SPEC.num_layers} layers (5 FSDP groups)")

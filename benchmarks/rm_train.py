@@ -34,11 +34,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grad_accum import CollectiveCounter, hardware  # noqa: E402  (the sibling benchmark's counter and machine info)
+from grad_accum import hardware  # noqa: E402  (the sibling benchmark's machine info)
 
 from hybridrl.config.schema import ModelConfig, OptimConfig  # noqa: E402
 from hybridrl.data.preference import PairFields  # noqa: E402
 from hybridrl.protocol import Batch  # noqa: E402
+from hybridrl.utils.collectives import CollectiveCounter  # noqa: E402
 from hybridrl.utils.distributed import find_free_port  # noqa: E402
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model  # noqa: E402
 from hybridrl.workers.accumulation import DataParallelGroup  # noqa: E402
@@ -89,7 +90,6 @@ def rank_main(rank: int, model_dir: str, port: int, global_pairs: int, ks: list[
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     from torch.distributed.device_mesh import init_device_mesh
 
-    counter = CollectiveCounter()
     model = build_model(ModelConfig(path=model_dir), "reward_model")
     shard_model(model, init_device_mesh("cpu", (WORLD,)), ShardingOptions())
     optim = OptimConfig(lr=1e-6)
@@ -104,10 +104,8 @@ def rank_main(rank: int, model_dir: str, port: int, global_pairs: int, ks: list[
         engine.update(pairs, PreferenceLossSettings(), micro)  # warm-up
         timings = [timed_step(engine, pairs, micro) for _ in range(repeats)]
         dist.barrier()
-        counter.counts.clear()
-        counter.enabled = True
-        engine.update(pairs, PreferenceLossSettings(), micro)
-        counter.enabled = False
+        with CollectiveCounter() as counter:
+            engine.update(pairs, PreferenceLossSettings(), micro)
         counts = dict(sorted(counter.counts.items()))
         walls = [wall for wall, _ in timings]
         results.append({

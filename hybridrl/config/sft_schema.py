@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from hybridrl.config.frozen import FreezableConfig
 from hybridrl.config.ray import RayConfig
-from hybridrl.config.schema import ModelConfig, OptimConfig
+from hybridrl.config.schema import FSDPConfig, ModelConfig, OptimConfig
 
 
 @dataclass
@@ -68,5 +68,8 @@ class SFTConfig(FreezableConfig):
     """Supervised pairs."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4, weight_decay=0.0))
     """Optimizer and schedule."""
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP2 settings of the fine-tuned model (e.g. ``fsdp.grad_sync=micro_batch`` to hold only sharded gradients
+    while accumulating)."""
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
     """Devices, steps, logging."""

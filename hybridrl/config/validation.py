@@ -30,6 +30,7 @@ LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow", "prometheus")
 LR_SCHEDULERS = ("constant", "cosine")
 REDUCE_DTYPES = ("float32", "bfloat16")
 FUSION_WEIGHTINGS = ("fixed", "inverse_std")
+GRAD_SYNC_MODES = ("step", "micro_batch")
 # Estimators whose baseline comes from the other responses to the same prompt.
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
 
@@ -181,6 +182,7 @@ def _check_choices(config: TrainConfig, error: ConfigError) -> None:
         role_config = getattr(config, role)
         _choice(error, f"{role}.optim.lr_scheduler", role_config.optim.lr_scheduler, LR_SCHEDULERS)
         _choice(error, f"{role}.fsdp.reduce_dtype", role_config.fsdp.reduce_dtype, REDUCE_DTYPES)
+        _choice(error, f"{role}.fsdp.grad_sync", role_config.fsdp.grad_sync, GRAD_SYNC_MODES)
         _choice(error, f"{role}.strategy", getattr(role_config, "strategy", "fsdp2"), ("fsdp2",))
         _choice(error, f"{role}.optim.state_precision", role_config.optim.state_precision, OPTIMIZER_STATE_PRECISIONS)
     error.extend(config.trainer.monitoring.problems())
@@ -318,6 +320,8 @@ def validate_sft_config(config: SFTConfig, *, check_paths: bool = True) -> None:
     ])
     _choice(error, "model.dtype", config.model.dtype, MODEL_DTYPES)
     _choice(error, "trainer.device", trainer.device, DEVICES)
+    _choice(error, "fsdp.reduce_dtype", config.fsdp.reduce_dtype, REDUCE_DTYPES)
+    _choice(error, "fsdp.grad_sync", config.fsdp.grad_sync, GRAD_SYNC_MODES)
     for logger in trainer.logger:
         _choice(error, "trainer.logger", logger, LOGGERS)
     if not data.train_files and data.synthetic_task is None:
@@ -357,6 +361,7 @@ def validate_rm_config(config: RMConfig, *, check_paths: bool = True) -> None:
     _choice(error, "model.attn_implementation", config.model.attn_implementation, ATTENTION_IMPLEMENTATIONS)
     _choice(error, "optim.lr_scheduler", config.optim.lr_scheduler, LR_SCHEDULERS)
     _choice(error, "fsdp.reduce_dtype", config.fsdp.reduce_dtype, REDUCE_DTYPES)
+    _choice(error, "fsdp.grad_sync", config.fsdp.grad_sync, GRAD_SYNC_MODES)
     _choice(error, "trainer.device", trainer.device, DEVICES)
     _choice(error, "trainer.resume_mode", trainer.resume_mode, ("auto", "disable"))
     for logger in trainer.logger:

@@ -39,7 +39,8 @@ def worker_config(config: SFTConfig) -> TrainConfig:
     return TrainConfig(
         model=config.model,
         actor=ActorConfig(ppo_mini_batch_size=data.train_batch_size,
-                          ppo_micro_batch_size_per_gpu=data.micro_batch_size_per_gpu, optim=config.optim),
+                          ppo_micro_batch_size_per_gpu=data.micro_batch_size_per_gpu, optim=config.optim,
+                          fsdp=config.fsdp),
         rollout=RolloutConfig(n=1),
         data=DataConfig(train_batch_size=data.train_batch_size,
                         max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length),

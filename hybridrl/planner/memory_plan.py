@@ -10,7 +10,9 @@ keeps resident plus what the running phase adds:
   HF ``generate``: the KV cache of this rank's sequences on the actor's own module).
 - ``log_probs``: states + no-grad forwards of the actor/reference and the critic (they run concurrently).
 - ``update_actor`` / ``update_critic``: states + that role's gradients and one micro-batch's activation peak (the
-  analytic model of :mod:`hybridrl.workers.memory_sizing`, validated against measured allocations).
+  analytic model of :mod:`hybridrl.workers.memory_sizing`, validated against measured allocations). With
+  ``fsdp.grad_sync=step`` and several micro-batches the gradients are the whole model's, unsharded, in the reduce dtype
+  (FSDP2 holds them between micro-batches); with ``micro_batch`` only this rank's shard.
 
 With ``rollout.free_cache_engine`` the engine sleeps outside generation (vLLM drops its KV cache and moves its weights
 to host memory), so it costs nothing in the other phases. FSDP2 ``param_offload`` keeps parameters, gradients and
@@ -79,12 +81,15 @@ class Setup:
     optimizer_offload: bool
     param_offload: bool
     gpu_memory_utilization: float
+    actor_grad_sync: str = "step"
+    critic_grad_sync: str = "step"
 
 
 def setup_from(config: TrainConfig) -> Setup:
     actor, critic = config.actor, config.critic
     return Setup(actor_micro_batch=actor.ppo_micro_batch_size_per_gpu or 1,
                  critic_micro_batch=critic.ppo_micro_batch_size_per_gpu or 1,
+                 actor_grad_sync=actor.fsdp.grad_sync, critic_grad_sync=critic.fsdp.grad_sync,
                  checkpointing=config.model.enable_gradient_checkpointing,
                  actor_state_precision=actor.optim.state_precision, critic_state_precision=critic.optim.state_precision,
                  optimizer_offload=actor.fsdp.optimizer_offload, param_offload=actor.fsdp.param_offload,
@@ -140,6 +145,12 @@ def forward_only_bytes(shape: DecoderShape, layout: ForwardLayout, compute_bytes
     return logits + layer + mask
 
 
+def holds_unsharded_gradients(grad_sync: str, local_mini_batch: int, micro_batch: int) -> bool:
+    """Whether FSDP2 keeps the whole model's unsharded gradients between micro-batches: ``grad_sync=step`` with more
+    than one micro-batch per optimizer step (``micro_batch`` reduce-scatters each one into the shards)."""
+    return grad_sync == "step" and local_mini_batch > micro_batch
+
+
 def trained_role(name: str, shape: DecoderShape, layout: ForwardLayout, *, world: int, mode: PrecisionMode,
                  accumulating: bool, checkpointing: bool, param_offload: bool) -> RoleMemory:
     """An FSDP2-trained role (actor or critic) during its own update: states + one micro-batch's activation peak
@@ -149,13 +160,16 @@ def trained_role(name: str, shape: DecoderShape, layout: ForwardLayout, *, world
     states = model_state_bytes(shape, world_size=world, precision=precision, accumulating=accumulating)
     activations = activation_bytes(head_output_shape(name, shape), layout, compute_bytes=mode.compute_bytes,
                                    logits_bytes=FP32, checkpointing=checkpointing).peak
-    gradients = states.gradients + states.accumulated_gradients
+    # Gradients in flight to their reduce-scatter exist only in backward: gradients, not buffers held in every phase.
+    gradients = states.gradients + states.accumulated_gradients + states.gathered_gradients
+    held = "grad_sync=step: unsharded gradients held while accumulating" if states.accumulated_gradients else ""
     if param_offload:  # CPUOffloadPolicy: parameters, gradients and the optimizer step live on the host
-        return RoleMemory(name, gradients=states.accumulated_gradients, activations=activations,
+        return RoleMemory(name, gradients=states.accumulated_gradients + states.gathered_gradients,
+                          activations=activations,
                           buffers=states.gathered, offloaded=states.parameters + states.gradients + states.optimizer,
-                          note="FSDP2 param_offload: states on the host")
+                          note="; ".join(filter(None, ("FSDP2 param_offload: states on the host", held))))
     return RoleMemory(name, parameters=states.parameters, gradients=gradients, optimizer=states.optimizer,
-                      activations=activations, buffers=states.gathered)
+                      activations=activations, buffers=states.gathered, note=held)
 
 
 def frozen_role(name: str, shape: DecoderShape, layout: ForwardLayout, *, world: int, compute_bytes: int,
@@ -230,7 +244,8 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
     actor_plan = role_plan(config, "actor")
     roles = {"actor": trained_role(
         "actor", shapes.policy, training_layout(config, "actor", setup.actor_micro_batch), world=world,
-        mode=modes["actor"], accumulating=actor_plan.local_mini_batch_sequences > setup.actor_micro_batch,
+        mode=modes["actor"], accumulating=holds_unsharded_gradients(
+            setup.actor_grad_sync, actor_plan.local_mini_batch_sequences, setup.actor_micro_batch),
         checkpointing=setup.checkpointing, param_offload=setup.param_offload)}
     log_prob_rows = config.actor.log_prob_micro_batch_size_per_gpu or setup.actor_micro_batch
     forward_layout = training_layout(config, "actor", log_prob_rows)
@@ -244,7 +259,8 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
         critic_plan = role_plan(config, "critic")
         roles["critic"] = trained_role(
             "critic", critic_shape, training_layout(config, "critic", setup.critic_micro_batch), world=world,
-            mode=modes["critic"], accumulating=critic_plan.local_mini_batch_sequences > setup.critic_micro_batch,
+            mode=modes["critic"], accumulating=holds_unsharded_gradients(
+                setup.critic_grad_sync, critic_plan.local_mini_batch_sequences, setup.critic_micro_batch),
             checkpointing=setup.checkpointing, param_offload=config.critic.fsdp.param_offload)
     if config.reward_model.enable:
         rm_layout = ForwardLayout.padded(config.reward_model.micro_batch_size_per_gpu, forward_layout.row_length)

@@ -4,8 +4,9 @@ One optimizer step = one mini-batch. On each data-parallel rank the local part o
 micro-batches (a fixed count of sequences, or a token budget balanced by Karmarkar–Karp). Before the first
 micro-batch, the mini-batch's **global** normaliser (valid tokens or sequences over all micro-batches and all ranks)
 is all-reduced; every micro-batch loss is divided by it and multiplied by the DP size (FSDP2 averages gradients over
-ranks, which turns that back into the sum), and gradients are reduced once, on the last micro-batch. The result equals one big batch on one device, which the invariance tests
-check against a plain PyTorch reference.
+ranks, which turns that back into the sum), and gradients are reduced once, on the last micro-batch (``grad_sync=step``)
+or after every micro-batch into the sharded gradients (``micro_batch``: less memory, more reduce-scatters). The
+result equals one big batch on one device, which the invariance tests check against a plain PyTorch reference.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from torch import nn
 from hybridrl.algorithms import loss_normalizer
 from hybridrl.data.partition import partition_by_token_budget
 from hybridrl.protocol import Batch
-from hybridrl.workers.fsdp import set_gradient_sync
+from hybridrl.config.validation import GRAD_SYNC_MODES
+from hybridrl.workers.fsdp import set_gradient_sync, syncs_gradients
 from hybridrl.workers.optim import clipped_step
 
 # (micro_batch, global_normalizer) -> (loss to backpropagate, metrics of this micro-batch as floats)
@@ -53,14 +55,20 @@ class DataParallelGroup:
 
 @dataclass(frozen=True)
 class MicroBatching:
-    """How a rank cuts its part of a mini-batch: ``micro_batch_size`` sequences, or ``max_tokens`` per micro-batch."""
+    """How a rank cuts its part of a mini-batch: ``micro_batch_size`` sequences, or ``max_tokens`` per micro-batch;
+    and when training reduces gradients across ranks: ``grad_sync`` (``*.fsdp.grad_sync``, see
+    :func:`~hybridrl.workers.fsdp.syncs_gradients`; forward-only passes ignore it)."""
 
     micro_batch_size: Optional[int] = None
     max_tokens: Optional[int] = None
+    grad_sync: str = "step"
 
     def __post_init__(self) -> None:
         if (self.micro_batch_size is None) == (self.max_tokens is None):
             raise ValueError("MicroBatching needs exactly one of micro_batch_size or max_tokens")
+        if self.grad_sync not in GRAD_SYNC_MODES:
+            raise ValueError(f"MicroBatching.grad_sync must be one of {', '.join(GRAD_SYNC_MODES)}, "
+                             f"got {self.grad_sync!r}")
 
 
 def split_micro_batches(batch: Batch, micro_batching: MicroBatching,
@@ -125,7 +133,8 @@ ADDITIVE_METRICS = frozenset({"pg_loss", "vf_loss", "loss"})
 
 def accumulate_gradients(model: nn.Module, mini_batch: Batch, loss_fn: MicroBatchLoss, *, loss_agg_mode: str,
                          micro_batching: MicroBatching, dp: DataParallelGroup) -> dict[str, float]:
-    """Forward/backward every micro-batch of this rank's part of ``mini_batch``; gradients reduce on the last one.
+    """Forward/backward every micro-batch of this rank's part of ``mini_batch``; gradients reduce on the last one
+    (or on each, with ``micro_batching.grad_sync == "micro_batch"``).
 
     Returns metrics over the whole mini-batch: loss shares (``ADDITIVE_METRICS``) summed over micro-batches and
     ranks — the mini-batch loss itself — and every other metric averaged, weighted by valid response tokens (pairs
@@ -136,7 +145,7 @@ def accumulate_gradients(model: nn.Module, mini_batch: Batch, loss_fn: MicroBatc
     totals: dict[str, float] = {}
     weight_sum = 0.0
     for index, micro_batch in enumerate(micro_batches):
-        set_gradient_sync(model, index == len(micro_batches) - 1)
+        set_gradient_sync(model, syncs_gradients(micro_batching.grad_sync, index, len(micro_batches)))
         loss, metrics = loss_fn(micro_batch, normalizer)
         (loss * dp.size).backward()
         weight = metric_weight(micro_batch, loss_agg_mode)

@@ -61,6 +61,15 @@ def log_prob_micro_batching(config: TrainConfig, micro_batch_size: int | None,
     return MicroBatching(micro_batch_size=micro_batch_size or ppo_micro_batch_size)
 
 
+def training_micro_batching(role_config, micro_batch_size: int | None) -> MicroBatching:
+    """Micro-batches of a role's update (``ActorConfig`` / ``CriticConfig``): its token budget with
+    ``use_dynamic_bsz``, else ``micro_batch_size`` sequences; gradients synced as its ``fsdp.grad_sync`` says."""
+    grad_sync = role_config.fsdp.grad_sync
+    if role_config.use_dynamic_bsz:
+        return MicroBatching(max_tokens=role_config.ppo_max_token_len_per_gpu, grad_sync=grad_sync)
+    return MicroBatching(micro_batch_size=micro_batch_size, grad_sync=grad_sync)
+
+
 class ActorRolloutRefWorker(Worker):
     """One rank of the hybrid engine.
 
@@ -198,10 +207,7 @@ class ActorRolloutRefWorker(Worker):
         ``actor.ewc.coef > 0`` the first call anchors EWC at the current weights, its Fisher estimated on ``batch``.
         """
         actor = self.config.actor
-        if actor.use_dynamic_bsz:
-            micro_batching = MicroBatching(max_tokens=actor.ppo_max_token_len_per_gpu)
-        else:
-            micro_batching = MicroBatching(micro_batch_size=self.plan.micro_batch_size_per_gpu)
+        micro_batching = training_micro_batching(actor, self.plan.micro_batch_size_per_gpu)
         step = int(batch.meta.get("global_step", 0))
         self._reload_optimizer()
         if actor.ewc.coef > 0 and self.actor.ewc is None:
@@ -218,7 +224,8 @@ class ActorRolloutRefWorker(Worker):
     def update_sft(self, batch: Batch) -> dict[str, float]:
         """One supervised optimizer step on this rank's share of ``batch`` (prompt + target rows, rollout layout)."""
         micro_batch_size = self.plan.micro_batch_size_per_gpu or len(batch)
-        return self.actor.update_sft(batch, MicroBatching(micro_batch_size=micro_batch_size))
+        return self.actor.update_sft(batch, MicroBatching(micro_batch_size=micro_batch_size,
+                                                          grad_sync=self.config.actor.fsdp.grad_sync))
 
     @one_to_all(collect="first")
     def batch_plan(self) -> tuple[BatchPlan, str]:

@@ -6,7 +6,7 @@ max_response_length``, every row full, every token scored) stays under ``budget 
 steps follow from ``global = micro × accumulation × world``. What "needs" means depends on the device:
 
 - **CUDA, actor**: a real probe (:func:`~hybridrl.workers.memory_probe.probe_peak_bytes`, two micro-batches as in
-  training, the maximum over ranks) of the whole process's allocated peak, plus AdamW's moments while the optimizer
+  training — synced as ``actor.fsdp.grad_sync`` says — the maximum over ranks) of the whole process's allocated peak, plus AdamW's moments while the optimizer
   has not yet stepped (they are allocated lazily). The budget defaults to what the process can allocate now (free +
   its own reserved memory, the least over ranks). A candidate whose analytic estimate already exceeds the budget is
   not probed: an out-of-memory error on one rank in the middle of a sharded forward would strand the others.
@@ -71,15 +71,15 @@ class AutoMicroBatch:
 
 
 def sizing_options(config: TrainConfig, role: str, world_size: int) -> dict:
-    """Keyword options of the analytic model for ``role`` under ``config`` (dtypes, checkpointing, packing)."""
-    model = config.model
-    reduce_dtype = getattr(config, role).fsdp.reduce_dtype
+    """Keyword options of the analytic model for ``role`` under ``config`` (dtypes, checkpointing, packing, and
+    whether FSDP2 holds unsharded gradients between micro-batches: ``fsdp.grad_sync=step``)."""
+    model, fsdp = config.model, getattr(config, role).fsdp
     precision = Precision(compute_bytes=torch_dtype(model.dtype).itemsize,
-                          grad_bytes=torch_dtype(reduce_dtype).itemsize)
+                          grad_bytes=torch_dtype(fsdp.reduce_dtype).itemsize)
     # FSDP2's root returns fp32 outputs (hybridrl.workers.fsdp), so the loss sees fp32 logits.
     return dict(world_size=world_size, precision=precision, checkpointing=model.enable_gradient_checkpointing,
-                packed=model.use_remove_padding, attention=model.attn_implementation, accumulating=True,
-                logits_bytes=FP32)
+                packed=model.use_remove_padding, attention=model.attn_implementation,
+                accumulating=fsdp.grad_sync == "step", logits_bytes=FP32)
 
 
 def memory_budget(budget_mb: Optional[int], device: torch.device, dp: DataParallelGroup) -> tuple[float, str]:
@@ -96,9 +96,12 @@ def memory_budget(budget_mb: Optional[int], device: torch.device, dp: DataParall
 
 
 def cuda_measure_fn(model: nn.Module, shape: DecoderShape, options: dict, *, budget_bytes: float,
-                    dp: DataParallelGroup, optimizer: Optional[torch.optim.Optimizer]) -> MeasureFn:
-    """Probe the process's peak on the device, screened by the analytic model (see the module docstring)."""
-    probe = make_probe(model, packed=options["packed"], accumulating=True, optimizer=optimizer, dp=dp)
+                    dp: DataParallelGroup, optimizer: Optional[torch.optim.Optimizer],
+                    grad_sync: str = "step") -> MeasureFn:
+    """Probe the process's peak on the device (two micro-batches synced as ``grad_sync`` says), screened by the
+    analytic model (see the module docstring)."""
+    probe = make_probe(model, packed=options["packed"], accumulating=True, grad_sync=grad_sync, optimizer=optimizer,
+                       dp=dp)
     lazy_moments = 0 if optimizer is not None and optimizer.state else model_state_bytes(
         shape, world_size=options["world_size"], precision=options["precision"]).optimizer
 
@@ -126,7 +129,8 @@ def size_micro_batch(config: TrainConfig, role: str, model: nn.Module, plan: Bat
     budget, source = memory_budget(sizing.memory_budget_mb, device, dp)
     if device.type == "cuda" and role == "actor":
         method = "measured on the device"
-        measure = cuda_measure_fn(model, shape, options, budget_bytes=budget, dp=dp, optimizer=optimizer)
+        measure = cuda_measure_fn(model, shape, options, budget_bytes=budget, dp=dp, optimizer=optimizer,
+                                  grad_sync=getattr(config, role).fsdp.grad_sync)
     else:
         method = "analytic model"
 

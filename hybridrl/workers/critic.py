@@ -1,6 +1,7 @@
 """The value model's engine on one rank: values of response states and clipped value-loss updates.
 
-Same accumulation loop as the actor (``accumulation.py``): global normalisation, one gradient reduction per step.
+Same accumulation loop as the actor (``accumulation.py``): global normalisation, gradients reduced once per step or
+per micro-batch (``critic.fsdp.grad_sync``).
 """
 
 from __future__ import annotations

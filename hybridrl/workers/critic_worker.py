@@ -13,7 +13,7 @@ from hybridrl.config.sizes import BatchPlan, role_plan
 from hybridrl.controller import Worker, dp_split, one_to_all
 from hybridrl.protocol import Batch
 from hybridrl.workers.accumulation import MicroBatching
-from hybridrl.workers.actor_worker import data_parallel_group
+from hybridrl.workers.actor_worker import data_parallel_group, training_micro_batching
 from hybridrl.workers.auto_micro_batch import resolve_plan
 from hybridrl.workers.checkpoint import load_sharded, save_sharded
 from hybridrl.workers.critic import ValueEngine, ValueLossSettings
@@ -47,10 +47,7 @@ class CriticWorker(Worker):
         self.settings = ValueLossSettings.from_config(critic, config.data.max_response_length)
 
     def _micro_batching(self) -> MicroBatching:
-        critic = self.config.critic
-        if critic.use_dynamic_bsz:
-            return MicroBatching(max_tokens=critic.ppo_max_token_len_per_gpu)
-        return MicroBatching(micro_batch_size=self.plan.micro_batch_size_per_gpu)
+        return training_micro_batching(self.config.critic, self.plan.micro_batch_size_per_gpu)
 
     @dp_split
     def compute_values(self, batch: Batch) -> Batch:

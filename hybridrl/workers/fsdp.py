@@ -54,6 +54,16 @@ def shard_model(model: nn.Module, mesh: Optional[DeviceMesh], options: ShardingO
     return model
 
 
+def syncs_gradients(grad_sync: str, index: int, num_micro_batches: int) -> bool:
+    """Whether micro-batch ``index`` of ``num_micro_batches`` reduce-scatters gradients under ``grad_sync``.
+
+    ``step``: only the last one — one reduce-scatter per optimizer step, but FSDP2 holds the whole model's unsharded
+    gradients (in the reduce dtype) between micro-batches. ``micro_batch``: every one — K reduce-scatters per step,
+    each rank accumulating into its gradient shard only. Both give the same update.
+    """
+    return grad_sync == "micro_batch" or index == num_micro_batches - 1
+
+
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
     """Turn cross-rank gradient reduction on (last micro-batch) or off (the others) for an FSDP2 model."""
     if hasattr(model, "set_requires_gradient_sync"):

@@ -16,7 +16,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from hybridrl.workers.fsdp import set_gradient_sync
+from hybridrl.workers.fsdp import set_gradient_sync, syncs_gradients
 from hybridrl.workers.precision import plain_tensors
 from hybridrl.workers.sequences import response_log_probs
 
@@ -96,15 +96,17 @@ def resident_bytes(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] 
 
 
 def probe_peak_bytes(model: nn.Module, micro_batch_size: int, seq_len: int, *, packed: bool = False,
-                     accumulating: bool = True, optimizer: Optional[torch.optim.Optimizer] = None,
-                     dp=None) -> float:
+                     accumulating: bool = True, grad_sync: str = "step",
+                     optimizer: Optional[torch.optim.Optimizer] = None, dp=None) -> float:
     """Peak bytes of a forward+backward of ``micro_batch_size`` random sequences of ``seq_len`` tokens on this rank.
 
     The batch is the worst case of a padded RL batch: every row full length except one pad token (so sdpa gets a mask,
     as with real padding), every token after a 2-token prompt scored with a token-mean NLL through the same
-    ``response_log_probs`` path as the actor. With ``accumulating`` two micro-batches run as in training — the first
-    without gradient sync (FSDP2 then holds unsharded gradients), the second with it — so the peak includes the
-    gradients already accumulated; otherwise one synced micro-batch. CUDA: ``max_memory_allocated`` (absolute,
+    ``response_log_probs`` path as the actor. With ``accumulating`` two micro-batches run as in training under
+    ``grad_sync`` (:func:`~hybridrl.workers.fsdp.syncs_gradients`): with ``step`` the first runs without gradient sync
+    (FSDP2 then holds the whole model's unsharded gradients), the second with it; with ``micro_batch`` both sync, so
+    only the sharded gradients accumulate. The peak includes the gradients already accumulated; without
+    ``accumulating`` one synced micro-batch. CUDA: ``max_memory_allocated`` (absolute,
     states included; an out-of-memory error returns ``math.inf``). CPU: :func:`resident_bytes` +
     :class:`LiveTensorPeak` over the whole probe.
 
@@ -123,7 +125,7 @@ def probe_peak_bytes(model: nn.Module, micro_batch_size: int, seq_len: int, *, p
 
     def forward_backward() -> None:
         for index in range(num_micro_batches):
-            set_gradient_sync(model, index == num_micro_batches - 1)
+            set_gradient_sync(model, syncs_gradients(grad_sync, index, num_micro_batches))
             log_probs, _ = response_log_probs(model, input_ids, attention_mask, seq_len - 2, packed=packed)
             (-log_probs.sum() / log_probs.numel()).backward()
             del log_probs

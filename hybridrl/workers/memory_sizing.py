@@ -23,9 +23,11 @@ counter (``tests/unit/workers/test_memory_sizing.py``: saved bytes within 0.2 %,
   plus the LM head's ``[V, h]`` weight gradient. At a 150k vocabulary this, not the layers, is often what overflows.
 - model states per rank under FSDP2 over ``W`` ranks: fp32 master parameters, fp32 gradients and AdamW's two fp32
   moments, each ``/ W``; plus the all-gathered compute-dtype parameters in flight (the root group and two layers —
-  the current one and the prefetched one) and their unsharded gradients; plus, **while accumulating**
-  (``set_requires_gradient_sync(False)``), the unsharded gradients of the *whole* model in the reduce dtype, which
-  FSDP2 keeps between micro-batches. That last term is the memory price of one reduce-scatter per step.
+  the current one and the prefetched one) and their unsharded gradients; plus, **while accumulating with
+  ``fsdp.grad_sync=step``** (``set_requires_gradient_sync(False)`` on all but the last micro-batch), the unsharded
+  gradients of the *whole* model in the reduce dtype, which FSDP2 keeps between micro-batches. That last term is the
+  memory price of one reduce-scatter per step; ``grad_sync=micro_batch`` reduce-scatters every micro-batch instead
+  and holds only the sharded gradients (``accumulating=False`` here).
 
 **Measuring.** CUDA: ``max_memory_allocated()`` after ``reset_peak_memory_stats()``. CPU has no allocator statistics:
 :class:`LiveTensorPeak` follows every tensor storage created in forward and backward (a lower bound of what an
@@ -235,40 +237,47 @@ class Precision:
 
 @dataclass(frozen=True)
 class ModelStateBytes:
-    """Per-rank bytes of parameters, gradients and optimizer state (see the module docstring)."""
+    """Per-rank bytes of parameters, gradients and optimizer state (see the module docstring). ``gathered``: the
+    all-gathered compute-dtype parameters in flight; ``gathered_gradients``: the unsharded gradients in flight to
+    their reduce-scatter (backward only); ``accumulated_gradients``: the whole model's unsharded gradients held
+    between micro-batches (``grad_sync=step``)."""
 
     parameters: int
     gradients: int
     optimizer: int
     gathered: int
     accumulated_gradients: int
+    gathered_gradients: int = 0
 
     @property
     def total(self) -> int:
-        return self.parameters + self.gradients + self.optimizer + self.gathered + self.accumulated_gradients
+        return (self.parameters + self.gradients + self.optimizer + self.gathered + self.gathered_gradients
+                + self.accumulated_gradients)
 
 
 def model_state_bytes(shape: DecoderShape, *, world_size: int = 1, precision: Precision = Precision(),
                       accumulating: bool = False) -> ModelStateBytes:
     """Parameters, gradients, optimizer states per rank under FSDP2 over ``world_size`` ranks (1: no sharding).
 
-    ``accumulating``: gradient accumulation with sync only on the last micro-batch, so FSDP2 holds the whole
-    model's unsharded gradients between micro-batches (one ``reduce_scatter`` per step instead of one per micro-batch).
+    ``accumulating``: gradient accumulation with sync only on the last micro-batch (``fsdp.grad_sync=step`` and
+    more than one micro-batch), so FSDP2 holds the whole model's unsharded gradients between micro-batches (one
+    ``reduce_scatter`` per step instead of one per micro-batch). ``grad_sync=micro_batch`` is ``False`` here: the
+    gradients stay sharded.
     Those replace, rather than add to, the sharded gradients (set to ``None`` after each optimizer step and produced
     layer by layer by the final reduce-scatter) and the in-flight unsharded gradients.
     """
     total = shape.num_parameters()
     sharded = -(-total // world_size)
-    gradients, gathered, accumulated = precision.grad_bytes * sharded, 0, 0
+    gradients, gathered, in_flight, accumulated = precision.grad_bytes * sharded, 0, 0, 0
     if world_size > 1:
         gathered = precision.compute_bytes * (shape.root_parameters() + 2 * shape.layer_parameters())
         if accumulating:
             gradients, accumulated = 0, precision.grad_bytes * total
         else:
-            gathered += precision.grad_bytes * (shape.root_parameters() + shape.layer_parameters())
+            in_flight = precision.grad_bytes * (shape.root_parameters() + shape.layer_parameters())
     return ModelStateBytes(parameters=precision.master_bytes * sharded, gradients=gradients,
                            optimizer=precision.optimizer_bytes_per_param * sharded, gathered=gathered,
-                           accumulated_gradients=accumulated)
+                           accumulated_gradients=accumulated, gathered_gradients=in_flight)
 
 
 @dataclass(frozen=True)

@@ -83,9 +83,11 @@ class PreferenceEngine:
 
         return loss_fn
 
-    def update(self, data: Batch, settings: PreferenceLossSettings, micro_batch_size: int) -> dict[str, float]:
+    def update(self, data: Batch, settings: PreferenceLossSettings, micro_batch_size: int, *,
+               grad_sync: str = "step") -> dict[str, float]:
         """One optimizer step over this rank's pairs (its share of the mini-batch), ``micro_batch_size`` pairs per
-        forward/backward. Returns the mini-batch's metrics (loss summed, the rest pair-weighted means over ranks)."""
+        forward/backward, gradients reduced per step or per micro-batch (``grad_sync``: ``fsdp.grad_sync``).
+        Returns the mini-batch's metrics (loss summed, the rest pair-weighted means over ranks)."""
         if self.optimizer is None:
             raise RuntimeError("this PreferenceEngine has no optimizer")
         self.model.train()
@@ -93,8 +95,9 @@ class PreferenceEngine:
         if self.noise_monitor is not None:
             loss_fn = self.noise_monitor.wrap(loss_fn, PAIR_MEAN)
         metrics = train_mini_batch(self.model, self.optimizer, self.scheduler, data, loss_fn, loss_agg_mode=PAIR_MEAN,
-                                   micro_batching=MicroBatching(micro_batch_size=micro_batch_size), dp=self.dp,
-                                   grad_clip=self.grad_clip)
+                                   micro_batching=MicroBatching(micro_batch_size=micro_batch_size,
+                                                                grad_sync=grad_sync),
+                                   dp=self.dp, grad_clip=self.grad_clip)
         if self.noise_monitor is not None:
             metrics.update(self.noise_monitor.after_step(metrics))
         return metrics

@@ -55,7 +55,8 @@ class RewardModelTrainWorker(Worker):
     @dp_split(pad=False)
     def update(self, pairs: Batch) -> dict[str, float]:
         """One optimizer step on this rank's share of the step's pairs; metrics of the whole mini-batch."""
-        return self.engine.update(pairs, self.settings, self.config.data.micro_batch_size_per_gpu)
+        return self.engine.update(pairs, self.settings, self.config.data.micro_batch_size_per_gpu,
+                                  grad_sync=self.config.fsdp.grad_sync)
 
     @dp_split
     def compute_rewards(self, pairs: Batch) -> Batch:

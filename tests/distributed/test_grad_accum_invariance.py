@@ -3,6 +3,8 @@
 DP ∈ {1, 2} (real FSDP2 over gloo) × micro-batch ∈ {1, 2, whole, token budget} × {padded, packed} × every
 ``loss_agg_mode``, for the actor's PPO loss (with entropy bonus and KL loss) and the critic's clipped value loss —
 each compared with a plain single-process, single-batch PyTorch reference written out below (relative error ≤ 1e-5).
+Gradients reduce once per step (``fsdp.grad_sync=step``); a few optimizer steps also run with ``micro_batch`` (a
+reduce-scatter after every micro-batch, counted) and must give the same update.
 This is the gradient-accumulation bug peer frameworks shipped; here it is a test.
 """
 
@@ -17,7 +19,14 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 from hybridrl.config.schema import ModelConfig
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients, train_mini_batch
+from hybridrl.utils.collectives import CollectiveCounter
+from hybridrl.workers.accumulation import (
+    DataParallelGroup,
+    MicroBatching,
+    accumulate_gradients,
+    split_micro_batches,
+    train_mini_batch,
+)
 from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
 from hybridrl.workers.critic import ValueEngine, ValueLossSettings
 from hybridrl.workers.fsdp import ShardingOptions, shard_model
@@ -149,31 +158,38 @@ def loss_fn_for(engine, role, mode):
                                                      loss_scale_factor=HORIZON))
 
 
-def micro_batching_for(micro, local_size):
+def micro_batching_for(micro, local_size, grad_sync="step"):
     if micro == "tokens":
-        return MicroBatching(max_tokens=14)  # rows hold 2..11 tokens: 2-4 rows per micro-batch
-    return MicroBatching(micro_batch_size=local_size if micro == "whole" else int(micro))
+        return MicroBatching(max_tokens=14, grad_sync=grad_sync)  # rows hold 2..11 tokens: 2-4 rows per micro-batch
+    return MicroBatching(micro_batch_size=local_size if micro == "whole" else int(micro), grad_sync=grad_sync)
 
 
 def run_cases(rank, world, dirs, data, cases, out_path):
     local = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     batch = Batch(tensors={name: tensor[local] for name, tensor in data.items()})
-    results = {}
-    for role, mode, micro, packed, full_step in cases:
+    results, communication = {}, {}
+    for case in cases:
+        role, mode, micro, packed, full_step, grad_sync = case
         engine = engine_for(role, dirs[role], rank, world, packed)
         loss_fn = loss_fn_for(engine, role, mode)
-        micro_batching = micro_batching_for(micro, len(batch))
+        micro_batching = micro_batching_for(micro, len(batch), grad_sync)
+        num_micro_batches = len(split_micro_batches(batch, micro_batching, engine.dp)[0])
+        with CollectiveCounter() as counter:
+            if full_step:
+                train_mini_batch(engine.model, engine.optimizer, engine.scheduler, batch, loss_fn, loss_agg_mode=mode,
+                                 micro_batching=micro_batching, dp=engine.dp, grad_clip=1.0)
+            else:
+                accumulate_gradients(engine.model, batch, loss_fn, loss_agg_mode=mode, micro_batching=micro_batching,
+                                     dp=engine.dp)
         if full_step:
-            train_mini_batch(engine.model, engine.optimizer, engine.scheduler, batch, loss_fn, loss_agg_mode=mode,
-                             micro_batching=micro_batching, dp=engine.dp, grad_clip=1.0)
             tensors = {name: param.detach().full_tensor() for name, param in engine.model.named_parameters()}
         else:
-            accumulate_gradients(engine.model, batch, loss_fn, loss_agg_mode=mode, micro_batching=micro_batching,
-                                 dp=engine.dp)
             tensors = {name: param.grad.full_tensor() for name, param in engine.model.named_parameters()}
-        results[(role, mode, micro, packed, full_step)] = tensors
+        results[case] = tensors
+        shard_groups = engine.model.config.num_hidden_layers + 1  # fully_shard on each layer and on the root
+        communication[case] = (counter.total("reduce_scatter"), num_micro_batches, shard_groups)
     if rank == 0:
-        torch.save(results, out_path)
+        torch.save((results, communication), out_path)
 
 
 def relative_error(tensors, reference):
@@ -182,18 +198,29 @@ def relative_error(tensors, reference):
     return (numerator / denominator) ** 0.5
 
 
-GRADIENT_CASES = [(role, mode, micro, packed, False)
+# (role, loss_agg_mode, micro-batching, packed, full optimizer step, grad_sync)
+GRADIENT_CASES = [(role, mode, micro, packed, False, "step")
                   for role, mode, micro, packed in itertools.product(("actor", "critic"), MODES, MICRO, (False, True))]
-STEP_CASES = [("actor", "token-mean", "2", True, True), ("critic", "seq-mean-token-mean", "tokens", False, True)]
+STEP_CASES = [("actor", "token-mean", "2", True, True, "step"),
+              ("critic", "seq-mean-token-mean", "tokens", False, True, "step")]
+# A reduce-scatter after every micro-batch: only sharded gradients accumulate, the update must not change.
+SYNC_EACH_CASES = [("actor", "seq-mean-token-sum-norm", "1", False, True, "micro_batch"),
+                   ("critic", "token-mean", "tokens", True, True, "micro_batch")]
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
-def engine_results(request, setup, tmp_path_factory):
+def engine_run(request, setup, tmp_path_factory):
     actor_dir, critic_dir, data = setup
     out_path = tmp_path_factory.mktemp(f"dp{request.param}") / "results.pt"
     run_on_gloo(request.param, run_cases, {"actor": actor_dir, "critic": critic_dir}, data,
-                GRADIENT_CASES + STEP_CASES, out_path)
-    return torch.load(out_path)
+                GRADIENT_CASES + STEP_CASES + SYNC_EACH_CASES, out_path)
+    results, communication = torch.load(out_path)
+    return request.param, results, communication
+
+
+@pytest.fixture(scope="module")
+def engine_results(engine_run):
+    return engine_run[1]
 
 
 @pytest.mark.parametrize("role", ["actor", "critic"])
@@ -202,13 +229,14 @@ def test_gradient_equals_single_batch_reference(engine_results, setup, role, mod
     actor_dir, critic_dir, data = setup
     _, reference = reference_gradients(role, actor_dir if role == "actor" else critic_dir, data, mode)
     assert sum(float(g.abs().sum()) for g in reference.values()) > 0
-    errors = {(micro, packed): relative_error(engine_results[(role, mode, micro, packed, False)], reference)
+    errors = {(micro, packed): relative_error(engine_results[(role, mode, micro, packed, False, "step")], reference)
               for micro in MICRO for packed in (False, True)}
     worst = max(errors.values())
     assert worst <= 1e-5, errors
 
 
-@pytest.mark.parametrize("case", STEP_CASES, ids=lambda case: f"{case[0]}-{case[1]}-micro{case[2]}")
+@pytest.mark.parametrize("case", STEP_CASES + SYNC_EACH_CASES,
+                         ids=lambda case: f"{case[0]}-{case[1]}-micro{case[2]}-sync_{case[5]}")
 def test_optimizer_step_equals_reference(engine_results, setup, case):
     role, mode = case[0], case[1]
     actor_dir, critic_dir, data = setup
@@ -221,6 +249,17 @@ def test_optimizer_step_equals_reference(engine_results, setup, case):
     update = {name: after[name] - before[name] for name in after}
     engine_update = {name: engine_results[case][name] - before[name] for name in after}
     assert relative_error(engine_update, update) <= 1e-5
+
+
+def test_grad_sync_sets_the_reduce_scatters_per_step(engine_run):
+    """``step``: one gradient reduce-scatter per shard group per optimizer step; ``micro_batch``: one per group per
+    micro-batch (so the ``micro_batch`` cases above really ran sharded accumulation). One rank reduces nothing."""
+    world, _, communication = engine_run
+    for case in STEP_CASES + SYNC_EACH_CASES:
+        reduce_scatters, num_micro_batches, groups = communication[case]
+        assert num_micro_batches >= 2, case  # accumulation happens
+        expected = groups * (num_micro_batches if case[5] == "micro_batch" else 1)
+        assert reduce_scatters == (expected if world > 1 else 0), case
 
 
 def test_scaled_loss_is_caught(setup):

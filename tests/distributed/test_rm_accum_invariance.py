@@ -3,7 +3,8 @@ way of cutting the pair batch.
 
 DP ∈ {1, 2} (real FSDP2 over gloo) × micro-batch ∈ {1, 2, whole} pairs × {padded, packed}, with per-pair margins and
 the centring regulariser — each compared with a plain single-process PyTorch reference written out below that scores
-every sequence on its own, unpadded (relative error ≤ 1e-5).
+every sequence on its own, unpadded (relative error ≤ 1e-5). The optimizer step also runs with
+``fsdp.grad_sync=micro_batch`` (a reduce-scatter after every micro-batch, counted): same update.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from transformers import AutoModelForSequenceClassification
 from hybridrl.config.schema import ModelConfig, OptimConfig
 from hybridrl.data.preference import PairFields
 from hybridrl.protocol import Batch
-from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.accumulation import PAIR_MEAN, DataParallelGroup, MicroBatching, accumulate_gradients, train_mini_batch
+from hybridrl.utils.collectives import CollectiveCounter
+from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
+from hybridrl.workers.accumulation import PAIR_MEAN, DataParallelGroup, MicroBatching, accumulate_gradients
 from hybridrl.workers.fsdp import ShardingOptions, shard_model
 from hybridrl.workers.model_builder import build_model
 from hybridrl.workers.optim import build_optimizer, build_scheduler
@@ -30,6 +32,7 @@ pytestmark = pytest.mark.distributed
 PAIRS, PROMPT, RESPONSE = 8, 5, 6
 MICRO = ("1", "2", "whole")
 SETTINGS = PreferenceLossSettings(margin=0.1, center_coef=0.05)
+NUM_LAYERS = TinyModelSpec().num_layers  # the model save_tiny_model builds by default
 OPTIM = OptimConfig(lr=1e-3, weight_decay=0.01, eps=1e-6)  # eps as in test_grad_accum_invariance: see the note there
 
 
@@ -87,7 +90,7 @@ def run_cases(rank, world, model_dir, data, cases, out_path):
     local = slice(rank * PAIRS // world, (rank + 1) * PAIRS // world)
     batch = Batch(tensors={name: tensor[local] for name, tensor in data.items()})
     results = {}
-    for micro, packed, full_step in cases:
+    for micro, packed, full_step, grad_sync in cases:
         model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "reward_model")
         shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions())
         optimizer = build_optimizer(model, OPTIM)
@@ -95,15 +98,16 @@ def run_cases(rank, world, model_dir, data, cases, out_path):
                                   optimizer=optimizer, scheduler=build_scheduler(optimizer, OPTIM, 10))
         micro_batching = MicroBatching(micro_batch_size=len(batch) if micro == "whole" else int(micro))
         loss_fn = engine.micro_batch_loss(SETTINGS)
-        if full_step:
-            train_mini_batch(model, optimizer, engine.scheduler, batch, loss_fn, loss_agg_mode=PAIR_MEAN,
-                             micro_batching=micro_batching, dp=engine.dp, grad_clip=1.0)
+        if full_step:  # through the engine's own step, as the RM worker runs it
+            with CollectiveCounter() as counter:
+                engine.update(batch, SETTINGS, micro_batching.micro_batch_size, grad_sync=grad_sync)
+            results[("reduce_scatters", micro, packed, full_step, grad_sync)] = counter.total("reduce_scatter")
             tensors = {name: param.detach().full_tensor() for name, param in model.named_parameters()}
         else:
             accumulate_gradients(model, batch, loss_fn, loss_agg_mode=PAIR_MEAN, micro_batching=micro_batching,
                                  dp=engine.dp)
             tensors = {name: param.grad.full_tensor() for name, param in model.named_parameters()}
-        results[(micro, packed, full_step)] = tensors
+        results[(micro, packed, full_step, grad_sync)] = tensors
     if rank == 0:
         torch.save(results, out_path)
 
@@ -114,28 +118,31 @@ def relative_error(tensors, reference):
     return (numerator / denominator) ** 0.5
 
 
-GRADIENT_CASES = [(micro, packed, False) for micro, packed in itertools.product(MICRO, (False, True))]
-STEP_CASE = ("2", True, True)
+GRADIENT_CASES = [(micro, packed, False, "step") for micro, packed in itertools.product(MICRO, (False, True))]
+STEP_CASES = [("2", True, True, "step"), ("1", False, True, "micro_batch")]  # fsdp.grad_sync: once, or every micro
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
 def engine_results(request, setup, tmp_path_factory):
     model_dir, data = setup
     out_path = tmp_path_factory.mktemp(f"rm_dp{request.param}") / "results.pt"
-    run_on_gloo(request.param, run_cases, model_dir, data, GRADIENT_CASES + [STEP_CASE], out_path)
-    return torch.load(out_path)
+    run_on_gloo(request.param, run_cases, model_dir, data, GRADIENT_CASES + STEP_CASES, out_path)
+    return request.param, torch.load(out_path)
 
 
 def test_gradient_equals_single_batch_reference(engine_results, setup):
+    _, engine_results = engine_results
     model_dir, data = setup
     _, reference = reference_model_and_gradients(model_dir, data)
     assert sum(float(g.abs().sum()) for g in reference.values()) > 0
-    errors = {(micro, packed): relative_error(engine_results[(micro, packed, False)], reference)
-              for micro, packed, _ in GRADIENT_CASES}
+    errors = {(micro, packed): relative_error(engine_results[(micro, packed, False, "step")], reference)
+              for micro, packed, _, _ in GRADIENT_CASES}
     assert max(errors.values()) <= 1e-5, errors
 
 
-def test_optimizer_step_equals_reference(engine_results, setup):
+@pytest.mark.parametrize("case", STEP_CASES, ids=lambda case: f"micro{case[0]}-sync_{case[3]}")
+def test_optimizer_step_equals_reference(engine_results, setup, case):
+    world, engine_results = engine_results
     model_dir, data = setup
     model, _ = reference_model_and_gradients(model_dir, data)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -143,8 +150,13 @@ def test_optimizer_step_equals_reference(engine_results, setup):
     before = {name: param.detach().clone() for name, param in model.named_parameters()}
     optimizer.step()
     update = {name: param.detach() - before[name] for name, param in model.named_parameters()}
-    engine_update = {name: engine_results[STEP_CASE][name] - before[name] for name in update}
+    engine_update = {name: engine_results[case][name] - before[name] for name in update}
     assert relative_error(engine_update, update) <= 1e-5
+    # one reduce-scatter per shard group (layers + root) per step, or per micro-batch with micro_batch
+    micro, grad_sync = int(case[0]), case[3]
+    steps = PAIRS // world // micro if grad_sync == "micro_batch" else 1
+    expected = (NUM_LAYERS + 1) * steps if world > 1 else 0
+    assert engine_results[("reduce_scatters", *case)] == expected
 
 
 def test_per_micro_batch_normalisation_is_caught(setup):

@@ -137,3 +137,14 @@ def test_recipe_scripts_name_existing_configs():
     for script in scripts:
         for name in re.findall(r"--config-name\s+(\S+)", script.read_text()):
             assert (CONF / f"{name}.yaml").is_file(), f"{script.name} names a missing config {name}"
+
+
+def test_sft_fsdp_settings_reach_the_policy_worker():
+    from hybridrl.config import ConfigError
+    from hybridrl.controller.sft_trainer import worker_config
+
+    sft = load_config(["data.synthetic_task=arithmetic", "fsdp.grad_sync=micro_batch"], "sft_trainer",
+                      check_paths=False)
+    assert worker_config(sft).actor.fsdp.grad_sync == "micro_batch"
+    with pytest.raises(ConfigError, match="fsdp.grad_sync"):
+        load_config(["data.synthetic_task=arithmetic", "fsdp.grad_sync=sometimes"], "sft_trainer", check_paths=False)

@@ -27,6 +27,7 @@ BAD_CONFIGS = [
     (["algorithm.kl_ctrl.type=pid"], "algorithm.kl_ctrl.type", "expected one of"),
     (["rollout.name=sglang"], "rollout.name", "expected one of"),
     (["model.dtype=float64"], "model.dtype", "expected one of"),
+    (["critic.fsdp.grad_sync=layer"], "critic.fsdp.grad_sync", "expected one of"),
     (["data.truncation=middle"], "data.truncation", "expected one of"),
     (["trainer.logger=[console,neptune]"], "trainer.logger", "expected one of"),
     (["actor.clip_ratio_c=1.0"], "actor.clip_ratio_c", "> 1"),
@@ -134,6 +135,7 @@ BAD_RM_CONFIGS = [
     (["data.synthetic_task=arithmetic", "loss.center_coef=-0.1"], "loss.center_coef", ">= 0"),
     (["data.synthetic_task=arithmetic", "trainer.resume_mode=resume_path"], "trainer.resume_mode", "expected one of"),
     (["data.synthetic_task=arithmetic", "fsdp.optimizer_offload=true"], "fsdp.optimizer_offload", "only to the actor"),
+    (["data.synthetic_task=arithmetic", "fsdp.grad_sync=never"], "fsdp.grad_sync", "expected one of"),
 ]
 
 

@@ -182,3 +182,54 @@ def test_plan_command_refuses_an_unknown_missing_model_without_downloading(capsy
     err = capsys.readouterr().err
     assert "model.path" in err and "/nowhere/my-private-model" in err and "config.json" in err
     assert "Traceback" not in err
+
+
+def test_micro_batch_grad_sync_holds_only_the_gradient_shard():
+    shapes, device = Shapes(QWEN_7B), gpu_spec("a100-80").memory_bytes
+    step = plan_memory(big_job(), shapes, device)
+    each = plan_memory(big_job("actor.fsdp.grad_sync=micro_batch"), shapes, device)
+    total = QWEN_7B.num_parameters()
+    per_rank = -(-total // 8)
+    in_flight = 4 * (QWEN_7B.root_parameters() + QWEN_7B.layer_parameters())  # unsharded until their reduce-scatter
+    assert step.roles["actor"].gradients == 4 * total  # the whole model's fp32 gradients between micro-batches
+    assert each.roles["actor"].gradients == 4 * per_rank + in_flight
+    assert step.phases["update_actor"] - each.phases["update_actor"] == 4 * total - 4 * per_rank - in_flight
+    # gradients exist only in the update: generation and the log-prob forwards are unchanged
+    assert step.phases["generate"] == each.phases["generate"]
+    assert step.phases["log_probs"] == each.phases["log_probs"]
+    assert "unsharded" in step.roles["actor"].note and not each.roles["actor"].note
+
+
+def test_recommender_tries_micro_batch_grad_sync_first_within_a_node():
+    from hybridrl.planner.recommend import saver_ladder
+
+    device = gpu_spec("a100-80").memory_bytes
+    one_node = recommend(big_job("algorithm=gae"), Shapes(QWEN_7B), device)
+    assert one_node.fits
+    assert one_node.overrides[:2] == ["actor.fsdp.grad_sync=micro_batch", "critic.fsdp.grad_sync=micro_batch"]
+    # across nodes the reduce-scatters cross the slower network: checkpointing is tried first, and is enough here
+    two_nodes = recommend(big_job("algorithm=gae", "trainer.n_gpus_per_node=4", "trainer.nnodes=2"), Shapes(QWEN_7B),
+                          device)
+    assert two_nodes.fits and two_nodes.overrides[0] == "model.enable_gradient_checkpointing=true"
+    assert not any("grad_sync" in override for override in two_nodes.overrides)
+    no_critic = recommend(big_job(), Shapes(QWEN_7B), gpu_spec("a100-40").memory_bytes)
+    assert no_critic.overrides[0] == "actor.fsdp.grad_sync=micro_batch"
+    assert not any(override.startswith("critic.") for override in no_critic.overrides)
+    assert "grad_sync" not in saver_ladder(big_job("trainer.n_gpus_per_node=1", "actor.ppo_mini_batch_size=8",
+                                                   "data.train_batch_size=8"))  # one rank: nothing is sharded
+
+
+@pytest.mark.parametrize(("config_name", "gpu"), [("ppo_qwen2.5_7b_8xa100", "a100-80"),
+                                                  ("grpo_qwen2.5_0.5b_a10g", "a10g")])
+def test_recipes_fit_their_gpus_with_10_to_20_percent_headroom(config_name, gpu):
+    """The shipped GPU recipes as configured (shapes by model name; no weights needed)."""
+    job = plan_job(load_config(config_name=config_name, check_paths=False), gpu_spec(gpu))
+    plan = job.as_configured
+    assert plan.fits(0.15) and job.recommendation.reason == "fits"  # no saver needed on top
+    assert 0.80 <= plan.peak_bytes / plan.device_bytes <= 0.90  # and the GPU is not left idle either
+
+
+def test_the_7b_recipe_fits_because_of_micro_batch_grad_sync():
+    config = load_config(["actor.fsdp.grad_sync=step", "critic.fsdp.grad_sync=step"],
+                         config_name="ppo_qwen2.5_7b_8xa100", check_paths=False)
+    assert not plan_job(config, gpu_spec("a100-80")).as_configured.fits(0.15)

@@ -157,7 +157,8 @@ def test_model_states_by_hand():
     assert sharded.gradients == 0  # ...instead of the sharded one
     syncing = model_state_bytes(SHAPE_7B, world_size=8, precision=bf16, accumulating=False)
     assert syncing.accumulated_gradients == 0 and syncing.gradients == 4 * per_rank
-    assert syncing.gathered == 2 * (root + 2 * layer) + 4 * (root + layer)  # + the unsharded grads being reduced
+    assert syncing.gathered == 2 * (root + 2 * layer)
+    assert syncing.gathered_gradients == 4 * (root + layer)  # the unsharded grads being reduced
 
 
 def test_logits_dominate_at_a_real_vocabulary():
