@@ -71,8 +71,10 @@ def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
 
 
 def _reshards_after_forward(module: FSDPModule) -> bool:
+    """The module's current ``reshard_after_forward`` (FSDP2 keeps it only in private state; where that state is not
+    found, the default ``True`` is assumed)."""
     group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
-    return group is None or group.post_forward_mesh_info is not None
+    return group is None or getattr(group, "post_forward_mesh_info", True) is not None
 
 
 @contextmanager
