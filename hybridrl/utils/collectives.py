@@ -1,13 +1,17 @@
-"""Counting the collectives a piece of code issues — for benchmarks and tests of communication patterns (e.g. one
-gradient reduce-scatter per FSDP2 group per optimizer step, or one per micro-batch with ``fsdp.grad_sync=micro_batch``).
-Diagnostics only: nothing in training uses it.
+"""Watching the collectives a piece of code issues: counting them (benchmarks and tests of communication patterns,
+e.g. one gradient reduce-scatter per FSDP2 group per optimizer step, or one per micro-batch with
+``fsdp.grad_sync=micro_batch``) and timing them (the ``comm/*`` step metrics: how long the update spent reducing
+gradients).
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import time
+from typing import Callable
 
+import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
@@ -16,20 +20,18 @@ COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_gather_into_te
 FUNCTIONAL = ("all_reduce", "all_gather_tensor", "reduce_scatter_tensor")
 
 
-class CollectiveCounter:
-    """Inside ``with CollectiveCounter() as counter:``, calls of ``torch.distributed``'s collectives (and the
-    functional ones DTensor uses) are counted by name in ``counter.counts`` (functional ones prefixed
-    ``functional.``); the original functions are restored on exit.
+class _PatchedCollectives:
+    """Inside ``with``, ``torch.distributed``'s collectives (and the functional ones DTensor uses, prefixed
+    ``functional.``) are replaced by ``self._wrap(original, name)``; the originals are restored on exit.
 
-    The module attributes are swapped, so code that looks a function up at call time (FSDP2, DTensor) is counted,
-    a reference taken before entering is not. Counts are per process (this rank's calls).
+    The module attributes are swapped, so code that looks a function up at call time (FSDP2, DTensor) is seen, a
+    reference taken before entering is not. Everything is per process (this rank's calls).
     """
 
     def __init__(self) -> None:
-        self.counts: collections.Counter = collections.Counter()
         self._originals: list[tuple[object, str, object]] = []
 
-    def __enter__(self) -> "CollectiveCounter":
+    def __enter__(self):
         for module, names, prefix in ((dist, COLLECTIVES, ""), (funcol, FUNCTIONAL, "functional.")):
             for name in names:
                 if hasattr(module, name):
@@ -43,6 +45,17 @@ class CollectiveCounter:
             setattr(module, name, original)
         self._originals.clear()
 
+    def _wrap(self, function: Callable, name: str) -> Callable:
+        raise NotImplementedError
+
+
+class CollectiveCounter(_PatchedCollectives):
+    """``with CollectiveCounter() as counter:`` counts calls by name in ``counter.counts``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter = collections.Counter()
+
     def _wrap(self, function, name: str):
         @functools.wraps(function)
         def counted(*args, **kwargs):
@@ -54,3 +67,65 @@ class CollectiveCounter:
     def total(self, kind: str) -> int:
         """Calls whose name contains ``kind`` (e.g. ``"reduce_scatter"``, ``"all_gather"``)."""
         return sum(count for name, count in self.counts.items() if kind in name)
+
+
+class CollectiveTimer(_PatchedCollectives):
+    """``with CollectiveTimer() as timer:`` measures the seconds each kind of collective took on this rank:
+    ``timer.seconds()`` → ``{"reduce_scatter": s, "all_gather": s, "all_reduce": s, ...}`` (names without their
+    ``_single``/``_tensor``/``_into_tensor`` suffixes).
+
+    A blocking call on CPU tensors (gloo) is timed by the wall clock around it. A call on CUDA tensors is bracketed by
+    two timing events on the current stream — FSDP2 issues its gradient reduce-scatter blocking on its own reduce
+    stream, so the events measure the collective on the GPU, not the launch — read (one synchronisation) in
+    ``seconds()``. An ``async_op=True`` call is counted in ``untimed`` instead: its work finishes after the call returns.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cpu_seconds: collections.Counter = collections.Counter()
+        self._cuda_events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        self.untimed: collections.Counter = collections.Counter()
+
+    def _wrap(self, function, name: str):
+        kind = collective_kind(name)
+
+        @functools.wraps(function)
+        def timed(*args, **kwargs):
+            if kwargs.get("async_op"):
+                self.untimed[kind] += 1
+                return function(*args, **kwargs)
+            if _on_cuda(args, kwargs):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                result = function(*args, **kwargs)
+                end.record()
+                self._cuda_events.append((kind, start, end))
+                return result
+            began = time.perf_counter()
+            result = function(*args, **kwargs)
+            self._cpu_seconds[kind] += time.perf_counter() - began
+            return result
+
+        return timed
+
+    def seconds(self) -> dict[str, float]:
+        """Seconds per collective kind so far (CUDA events are waited for here)."""
+        totals = collections.Counter(self._cpu_seconds)
+        for kind, start, end in self._cuda_events:
+            end.synchronize()
+            totals[kind] += start.elapsed_time(end) / 1000.0
+        return dict(totals)
+
+
+def collective_kind(name: str) -> str:
+    """``reduce_scatter_single`` / ``functional.reduce_scatter_tensor`` → ``reduce_scatter``;
+    ``all_gather_into_tensor`` → ``all_gather``."""
+    name = name.removeprefix("functional.")
+    for suffix in ("_into_tensor", "_single", "_tensor"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def _on_cuda(args: tuple, kwargs: dict) -> bool:
+    tensors = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
+    return bool(tensors) and tensors[0].is_cuda

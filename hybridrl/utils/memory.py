@@ -36,10 +36,16 @@ def memory_metrics(device: torch.device, dp=None) -> dict[str, float]:
     if device.type == "cuda":
         metrics.update({key: getattr(torch.cuda, function)(device) / GIB for key, function in CUDA_MEMORY_KEYS})
         torch.cuda.reset_peak_memory_stats(device)
-    if dp is not None and dp.size > 1:
-        import torch.distributed as dist
+    return max_over_ranks(metrics, device, dp)
 
-        values = torch.tensor(list(metrics.values()), dtype=torch.float64, device=device)
-        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=dp.group)
-        metrics = dict(zip(metrics, values.tolist()))
-    return metrics
+
+def max_over_ranks(metrics: dict[str, float], device: torch.device, dp=None) -> dict[str, float]:
+    """Each figure's maximum over the data-parallel group ``dp`` (one all-reduce; unchanged without a group of several
+    ranks), so every rank returns the same metrics."""
+    if dp is None or dp.size <= 1 or not metrics:
+        return metrics
+    import torch.distributed as dist
+
+    values = torch.tensor(list(metrics.values()), dtype=torch.float64, device=device)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX, group=dp.group)
+    return dict(zip(metrics, values.tolist()))

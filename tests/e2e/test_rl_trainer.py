@@ -86,7 +86,10 @@ def test_resume_rejects_a_checkpoint_of_another_model(model_dir, tmp_path):
      "critic.fsdp.grad_sync=micro_batch", "actor.fsdp.grad_sync=micro_batch"],  # workers sync every micro-batch
     pytest.param(["actor.optim.state_precision=8bit"],  # torchao AdamW8bit on FSDP2 shards
                  marks=pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao")),
-], ids=["remax", "dapo", "ppo_gae", "adamw_8bit"])
+    # exactly on-policy (one mini-batch per step): the old-log-prob forward is skipped (actor.old_log_prob=auto);
+    # and parameters gathered per micro-batch (every other run here uses gather_once=auto, on for CPU)
+    ["actor.ppo_mini_batch_size=4", "actor.use_kl_loss=false", "actor.fsdp.gather_once=false"],
+], ids=["remax", "dapo", "ppo_gae", "adamw_8bit", "on_policy"])
 def test_algorithm_variants_run_end_to_end(model_dir, tmp_path, variant):
     result = RLTrainer(run_config(model_dir, tmp_path / "run", 2, "trainer.save_at_end=false", *variant)).fit()
     assert result.global_step == 2
@@ -95,6 +98,10 @@ def test_algorithm_variants_run_end_to_end(model_dir, tmp_path, variant):
     if "algorithm=gae" in variant:
         assert "critic/vf_loss" in rows[0] and "actor/pg_loss" not in rows[0]  # warm-up: critic only
         assert "actor/pg_loss" in rows[1]
+    on_policy = "actor.ppo_mini_batch_size=4" in variant
+    assert all(("timing_worker/compute_log_prob" in row) is not on_policy for row in rows)
+    if on_policy:  # π_old = π_θ: the ratio is exactly 1
+        assert all(row["actor/ppo_kl"] == 0 and row["actor/pg_clipfrac"] == 0 for row in rows)
     if "algorithm.filter_groups.enable=true" in variant:
         assert all(row["dapo/num_gen_batches"] >= 1 for row in rows)
         assert all("actor/grad_noise/b_simple" in row for row in rows)
@@ -135,8 +142,12 @@ def test_prometheus_endpoint_during_a_run_matches_the_dashboard(model_dir, tmp_p
     exported = set().union(*scrapes)
     for name in ("hybridrl_actor_grad_norm", "hybridrl_critic_score_mean", "hybridrl_actor_ppo_kl",
                  "hybridrl_timing_update_actor", "hybridrl_actor_memory_host_rss_gib", "hybridrl_time_eta_s",
-                 "hybridrl_cost_projected"):
+                 "hybridrl_cost_projected", "hybridrl_actor_comm_grad_reduce_s", "hybridrl_critic_comm_grad_reduce_s"):
         assert name in exported, name
+    for row in read_metrics(tmp_path / "run"):  # 2 ranks: FSDP2 reduce-scatters gradients inside every update
+        for role in ("actor", "critic"):
+            assert 0 < row[f"{role}/comm/grad_reduce_s"] < row[f"timing/update_{role}"], (role, row["step"])
+            assert 0 < row[f"{role}/comm/param_gather_s"] < row[f"timing/update_{role}"], (role, row["step"])
     gpu_only = {prometheus_name(f"actor/{key}") for key, _ in CUDA_MEMORY_KEYS}
     plotted = {target["expr"].split("{")[0] for panel in json.loads(DASHBOARD.read_text())["panels"]
                for target in panel["targets"]}
