@@ -19,7 +19,16 @@ from hybridrl.config.sft_schema import SFTConfig
 
 
 def field_docs(config_class: type) -> dict[str, str]:
-    """Map field name → attribute docstring for one dataclass (fields without one are absent)."""
+    """Map field name → attribute docstring for one dataclass, its dataclass bases' included (a subclass's docstring
+    wins); fields without one are absent."""
+    docs: dict[str, str] = {}
+    for klass in reversed(config_class.__mro__):
+        if "__dataclass_fields__" in vars(klass):
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(config_class: type) -> dict[str, str]:
     tree = ast.parse(inspect.getsource(config_class))
     class_node = tree.body[0]
     assert isinstance(class_node, ast.ClassDef)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hybridrl.config.frozen import FreezableConfig
-from hybridrl.config.ray import RayConfig
+from hybridrl.config.job_schema import JobTrainerConfig
 from hybridrl.config.schema import FSDPConfig, ModelConfig, OptimConfig
 
 
@@ -59,23 +59,9 @@ class RMLossConfig(FreezableConfig):
 
 
 @dataclass
-class RMTrainerConfig(FreezableConfig):
-    project_name: str = "hybridrl"
-    """Project name (tracking, run directory)."""
+class RMTrainerConfig(JobTrainerConfig):
     experiment_name: str = "rm"
     """Experiment name (tracking, run directory)."""
-    default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
-    """Run directory: resolved config, metrics, checkpoints, the exported reward model."""
-    export_dir: Optional[str] = None
-    """Where the trained reward model is written as a Hugging Face directory; ``null`` = ``<run dir>/hf``."""
-    device: str = "auto"
-    """``auto`` | ``cuda`` | ``cpu``."""
-    nnodes: int = 1
-    """Nodes in the job."""
-    n_gpus_per_node: int = 1
-    """Devices per node (CPU slots when ``device=cpu``)."""
-    total_training_steps: int = 100
-    """Optimizer steps."""
     test_freq: int = 10
     """Validate every this many steps (-1: only before and after training)."""
     val_before_train: bool = True
@@ -86,12 +72,6 @@ class RMTrainerConfig(FreezableConfig):
     """``auto`` (continue from the run directory's latest checkpoint) | ``disable``."""
     max_ckpt_to_keep: Optional[int] = None
     """Keep only the newest this many checkpoints (``null``: all)."""
-    seed: int = 1
-    """Model-side seed (the fresh score head's initialisation)."""
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    """Trackers: ``console``, ``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``."""
-    ray: RayConfig = field(default_factory=RayConfig)
-    """Ray start-up settings."""
 
 
 @dataclass

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hybridrl.config.frozen import FreezableConfig
-from hybridrl.config.ray import RayConfig
+from hybridrl.config.job_schema import JobTrainerConfig
 from hybridrl.config.schema import FSDPConfig, ModelConfig, OptimConfig
 
 
@@ -33,29 +33,9 @@ class SFTDataConfig(FreezableConfig):
 
 
 @dataclass
-class SFTTrainerConfig(FreezableConfig):
-    project_name: str = "hybridrl"
-    """Project name (tracking, run directory)."""
+class SFTTrainerConfig(JobTrainerConfig):
     experiment_name: str = "sft"
     """Experiment name (tracking, run directory)."""
-    default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
-    """Run directory: resolved config, metrics, the exported model."""
-    export_dir: Optional[str] = None
-    """Where the fine-tuned model is written as a Hugging Face directory; ``null`` = ``<run dir>/hf``."""
-    device: str = "auto"
-    """``auto`` | ``cuda`` | ``cpu``."""
-    nnodes: int = 1
-    """Nodes in the job."""
-    n_gpus_per_node: int = 1
-    """Devices per node (CPU slots when ``device=cpu``)."""
-    total_training_steps: int = 100
-    """Optimizer steps."""
-    seed: int = 1
-    """Model-side seed."""
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    """Trackers: ``console``, ``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``."""
-    ray: RayConfig = field(default_factory=RayConfig)
-    """Ray start-up settings."""
 
 
 @dataclass
