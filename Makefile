@@ -32,7 +32,7 @@ demo: setup
 	$(BIN)/hybridrl demo
 
 test: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not distributed and not e2e and not slow" $(PYTEST_ARGS)
