@@ -60,6 +60,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--trl-threads", type=int, default=0, help="torch threads for TRL (0: torch's default)")
     parser.add_argument("--trl-python", default=".venv-trl/bin/python")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per subprocess")
+    parser.add_argument("--hybridrl-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra config override for the hybridrl sides (repeatable), e.g. to try a setting")
     parser.add_argument("--name", default=None, help="results file name (default vs_trl_<scale>)")
     return parser.parse_args()
 
@@ -83,7 +85,8 @@ def prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "prompts": scale["prompts"], "n": scale["n"], "max_prompt_length": scale["max_prompt_length"],
             "max_response_length": scale["max_response_length"], "lr": scale["lr"], "temperature": 1.0,
             "micro_batch": args.micro, "accumulation": args.accumulation, "precision": args.precision, "seed": 1,
-            "dp": args.dp, "trl_threads": args.trl_threads, "kv_cache_mb": 64, "reward_file": str(HERE / "vs_trl_task.py")}
+            "dp": args.dp, "trl_threads": args.trl_threads, "kv_cache_mb": 64, "reward_file": str(HERE / "vs_trl_task.py"),
+            "hybridrl_overrides": args.hybridrl_override}
 
 
 def run_side(side: str, spec: dict[str, Any], workdir: Path, tag: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -41,7 +41,7 @@ def overrides(spec: dict, run_dir: Path) -> list[str]:
         f"trainer.total_training_steps={spec['steps']}", "trainer.val_before_train=false", "trainer.test_freq=-1",
         "trainer.save_at_end=false", "trainer.logger=[jsonl]", "trainer.resume_mode=disable",
         f"trainer.default_local_dir={run_dir}", "trainer.device=cpu", f"trainer.n_gpus_per_node={dp}",
-        f"trainer.seed={spec['seed']}",
+        f"trainer.seed={spec['seed']}", *spec.get("hybridrl_overrides", []),
     ]
 
 

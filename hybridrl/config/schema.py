@@ -20,6 +20,7 @@ from hybridrl.config.faults import FaultInjectionConfig
 from hybridrl.config.monitoring import MonitoringConfig
 from hybridrl.config.health import HealthConfig
 from hybridrl.config.ray import RayConfig
+from hybridrl.config.reward_schema import CustomRewardConfig, RewardFusionConfig, RewardModelConfig
 
 
 @dataclass
@@ -94,6 +95,11 @@ class FSDPConfig(FreezableConfig):
     """FSDP2 ``reshard_after_forward``: free gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
     reduce_dtype: str = "float32"
     """Dtype of the gradient reduce-scatter: ``float32`` (exact accumulation) or ``bfloat16``."""
+    gather_once: Union[bool, str] = "auto"
+    """All-gather the parameters once per optimizer step (and once per log-prob or value pass) and keep them through
+    its micro-batches, instead of twice per micro-batch (forward, and again in backward). Costs one unsharded copy
+    of the parameters in the compute dtype for the duration, like ZeRO-2. ``auto``: on for CPU workers (gloo
+    all-gathers are slow, memory is plentiful), off on GPUs (FSDP2 overlaps the all-gathers with compute)."""
     grad_sync: str = "step"
     """When gradient accumulation reduce-scatters gradients. ``step``: once per optimizer step (on the last
     micro-batch); between micro-batches FSDP2 keeps the *unsharded* gradients of the whole model in
@@ -151,6 +157,12 @@ class ActorConfig(FreezableConfig):
     """Sequences per forward in ``compute_log_prob`` (no gradients, so it can be larger); ``null`` = the PPO micro-batch."""
     ppo_epochs: int = 1
     """Passes over the rollout batch per training step."""
+    old_log_prob: str = "auto"
+    """``auto``: skip the old-log-prob forward when the update is exactly on-policy — one PPO epoch over one
+    mini-batch (``ppo_mini_batch_size == data.train_batch_size``), no KL in the reward, no adaptive accumulation —
+    and use the update's own log-probs, detached, as the old ones: the ratio is 1 by construction and the gradient
+    the same, for one forward pass less per step. ``recompute``: always run it (it also logs
+    ``rollout/log_prob_diff_*``, the check that the rollout engine's weights match the actor's)."""
     shuffle: bool = True
     """Shuffle sequences before forming mini-batches (seeded by ``trainer.seed`` and the step)."""
     policy_loss: str = "vanilla"
@@ -274,52 +286,6 @@ class CriticConfig(FreezableConfig):
     """Critic optimizer."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     """Critic FSDP2 settings."""
-
-
-@dataclass
-class RewardModelConfig(FreezableConfig):
-    enable: bool = False
-    """Score responses with a reward-model worker group (in addition to, or instead of, rule rewards)."""
-    model_path: Optional[str] = None
-    """Reward-model directory (``AutoModelForSequenceClassification``)."""
-    micro_batch_size_per_gpu: int = 4
-    """Sequences per reward-model forward on one device."""
-    n_gpus: int = 0
-    """Where the reward-model group runs: ``0`` colocated on the actor's devices (its own process on each, sharing
-    the device); ``N > 0`` its own pool of ``N`` devices on one node (``trainer.device``'s type), so a large reward
-    model need not share memory with the policy."""
-
-
-@dataclass
-class RewardFusionConfig(FreezableConfig):
-    enable: bool = False
-    """Fuse reward components (rule score, reward model, guards) into one score; on whenever the reward model is."""
-    rule_weight: float = 1.0
-    """Weight of the rule-function score (``reward/rule/*``)."""
-    rm_weight: float = 1.0
-    """Weight of the reward model's score (``reward/rm/*``)."""
-    normalize: list[str] = field(default_factory=list)
-    """Components normalised by a running mean/std before weighting, e.g. ``[rm]`` (``rule``, ``rm``)."""
-    weighting: str = "fixed"
-    """``fixed``: the weights above. ``inverse_std`` (dynamic): the rule and RM weights are divided by each one's
-    running standard deviation over all batches so far, so each contributes by its weight whatever its spread; the
-    effective weights are logged as ``reward/<name>/weight``. Guards keep their coefficients."""
-    length_penalty_coef: float = 0.0
-    """Length guard: adds ``−coef · response_length / data.max_response_length`` (0 disables)."""
-    diversity_penalty_coef: float = 0.0
-    """Diversity guard: adds ``−coef ×`` mean similarity to the other responses of the same prompt (0 disables)."""
-    cap: Optional[float] = None
-    """Upper bound on the fused reward (``null``: none)."""
-
-
-@dataclass
-class CustomRewardConfig(FreezableConfig):
-    path: Optional[str] = None
-    """Python file defining your reward function; ``null`` uses the built-in registry routed by ``data_source``."""
-    name: str = "compute_score"
-    """Function name inside ``path``: ``(data_source, solution_str, ground_truth, extra_info) -> float``."""
-    timeout_s: float = 10.0
-    """Per-sample timeout; a reward function that hangs or raises scores 0 and is counted as a warning."""
 
 
 @dataclass

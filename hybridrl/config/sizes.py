@@ -125,3 +125,18 @@ def role_plan(config: TrainConfig, role: str) -> BatchPlan:
         use_dynamic_bsz=role_config.use_dynamic_bsz,
         num_data_parallel_ranks=world_size(config),
     )
+
+
+def reuses_update_log_probs(config: TrainConfig) -> bool:
+    """Whether the actor update may stand in for the old-log-prob forward (``actor.old_log_prob=auto``): exactly one
+    optimizer step on fresh rollouts — one PPO epoch over one mini-batch, no adaptive accumulation (which re-cuts
+    the mini-batch) — and no consumer of old log-probs before the update (KL in the reward)."""
+    actor = config.actor
+    return (actor.old_log_prob == "auto" and actor.ppo_epochs == 1
+            and actor.ppo_mini_batch_size == config.data.train_batch_size
+            and not actor.adaptive_accumulation.enable and not config.algorithm.use_kl_in_reward)
+
+
+def gathers_once(setting: Union[bool, str], device_type: str) -> bool:
+    """``*.fsdp.gather_once`` resolved for workers on ``device_type``: ``auto`` is on for CPU, off on accelerators."""
+    return device_type == "cpu" if setting == "auto" else bool(setting)

@@ -176,6 +176,7 @@ def _check_choices(config: TrainConfig, error: ConfigError) -> None:
     _choice(error, "data.truncation", config.data.truncation, TRUNCATION_MODES)
     _choice(error, "trainer.device", config.trainer.device, DEVICES)
     _choice(error, "trainer.resume_mode", config.trainer.resume_mode, RESUME_MODES)
+    _choice(error, "actor.old_log_prob", config.actor.old_log_prob, ("auto", "recompute"))
     for logger in config.trainer.logger:
         _choice(error, "trainer.logger", logger, LOGGERS)
     for role in ("actor", "critic"):
@@ -183,6 +184,9 @@ def _check_choices(config: TrainConfig, error: ConfigError) -> None:
         _choice(error, f"{role}.optim.lr_scheduler", role_config.optim.lr_scheduler, LR_SCHEDULERS)
         _choice(error, f"{role}.fsdp.reduce_dtype", role_config.fsdp.reduce_dtype, REDUCE_DTYPES)
         _choice(error, f"{role}.fsdp.grad_sync", role_config.fsdp.grad_sync, GRAD_SYNC_MODES)
+        gather_once = role_config.fsdp.gather_once
+        _require(error, f"{role}.fsdp.gather_once", gather_once, isinstance(gather_once, bool) or gather_once == "auto",
+                 "expected true, false or auto")
         _choice(error, f"{role}.strategy", getattr(role_config, "strategy", "fsdp2"), ("fsdp2",))
         _choice(error, f"{role}.optim.state_precision", role_config.optim.state_precision, OPTIMIZER_STATE_PRECISIONS)
     error.extend(config.trainer.monitoring.problems())

@@ -19,7 +19,7 @@ import torch
 from hybridrl.algorithms import build_kl_controller
 from hybridrl.config import critic_enabled, dump_config, resolved_device, validate_config, world_size
 from hybridrl.config.schema import ModelConfig, TrainConfig
-from hybridrl.config.sizes import AUTO_MICRO_BATCH
+from hybridrl.config.sizes import AUTO_MICRO_BATCH, reuses_update_log_probs
 from hybridrl.controller import PoolSpec, ResourcePool, WorkerError, WorkerGroup, gather, start_ray
 from hybridrl.controller.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
 from hybridrl.controller.continual import PromptReplay, PtxBatches
@@ -240,9 +240,12 @@ class RLTrainer:
         return greedy[Fields.TOKEN_LEVEL_SCORES].sum(-1)[torch.as_tensor(group_of_row)]
 
     def _old_log_probs_ref_and_values(self, batch: Batch) -> Batch:
-        """Start the old-log-prob, reference and value forwards together, then merge their outputs."""
+        """Start the old-log-prob, reference and value forwards together, then merge their outputs. The old-log-prob
+        forward is skipped when the update is exactly on-policy (``actor.old_log_prob=auto``; the update then uses its
+        own log-probs, detached)."""
         actor = self._actor()
-        futures = [actor.call_async(ActorRolloutRefWorker.compute_log_prob, batch)]
+        futures = [] if reuses_update_log_probs(self.config) else [
+            actor.call_async(ActorRolloutRefWorker.compute_log_prob, batch)]
         if self.with_reference:
             futures.append(actor.call_async(ActorRolloutRefWorker.compute_ref_log_prob, batch))
         if self.critic is not None:

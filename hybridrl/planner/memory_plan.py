@@ -27,7 +27,7 @@ from typing import Optional
 
 from hybridrl.config.precision import DTYPE_BYTES, PrecisionMode, precision_mode
 from hybridrl.config.schema import TrainConfig
-from hybridrl.config.sizes import role_plan, world_size
+from hybridrl.config.sizes import gathers_once, role_plan, world_size
 from hybridrl.config.validation import critic_enabled
 from hybridrl.workers.memory_sizing import (
     FP32,
@@ -152,12 +152,13 @@ def holds_unsharded_gradients(grad_sync: str, local_mini_batch: int, micro_batch
 
 
 def trained_role(name: str, shape: DecoderShape, layout: ForwardLayout, *, world: int, mode: PrecisionMode,
-                 accumulating: bool, checkpointing: bool, param_offload: bool) -> RoleMemory:
+                 accumulating: bool, checkpointing: bool, param_offload: bool, gather_once: bool = False) -> RoleMemory:
     """An FSDP2-trained role (actor or critic) during its own update: states + one micro-batch's activation peak
     (a value model's activations follow :func:`head_output_shape`)."""
     precision = Precision(compute_bytes=mode.compute_bytes, master_bytes=mode.master_bytes, grad_bytes=mode.grad_bytes,
                           optimizer_bytes_per_param=mode.optimizer_bytes)
-    states = model_state_bytes(shape, world_size=world, precision=precision, accumulating=accumulating)
+    states = model_state_bytes(shape, world_size=world, precision=precision, accumulating=accumulating,
+                               gather_once=gather_once)
     activations = activation_bytes(head_output_shape(name, shape), layout, compute_bytes=mode.compute_bytes,
                                    logits_bytes=FP32, checkpointing=checkpointing).peak
     # Gradients in flight to their reduce-scatter exist only in backward: gradients, not buffers held in every phase.
@@ -246,7 +247,8 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
         "actor", shapes.policy, training_layout(config, "actor", setup.actor_micro_batch), world=world,
         mode=modes["actor"], accumulating=holds_unsharded_gradients(
             setup.actor_grad_sync, actor_plan.local_mini_batch_sequences, setup.actor_micro_batch),
-        checkpointing=setup.checkpointing, param_offload=setup.param_offload)}
+        checkpointing=setup.checkpointing, param_offload=setup.param_offload,
+        gather_once=gathers_once(config.actor.fsdp.gather_once, "cuda"))}
     log_prob_rows = config.actor.log_prob_micro_batch_size_per_gpu or setup.actor_micro_batch
     forward_layout = training_layout(config, "actor", log_prob_rows)
     if config.actor.use_kl_loss or config.algorithm.use_kl_in_reward:
@@ -261,7 +263,8 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
             "critic", critic_shape, training_layout(config, "critic", setup.critic_micro_batch), world=world,
             mode=modes["critic"], accumulating=holds_unsharded_gradients(
                 setup.critic_grad_sync, critic_plan.local_mini_batch_sequences, setup.critic_micro_batch),
-            checkpointing=setup.checkpointing, param_offload=config.critic.fsdp.param_offload)
+            checkpointing=setup.checkpointing, param_offload=config.critic.fsdp.param_offload,
+            gather_once=gathers_once(config.critic.fsdp.gather_once, "cuda"))
     if config.reward_model.enable:
         rm_layout = ForwardLayout.padded(config.reward_model.micro_batch_size_per_gpu, forward_layout.row_length)
         roles["reward_model"] = frozen_role("reward_model", value_shape(shapes.reward_model or shapes.policy),

@@ -11,6 +11,7 @@ result equals one big batch on one device, which the invariance tests check agai
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -23,7 +24,7 @@ from hybridrl.algorithms import loss_normalizer
 from hybridrl.data.partition import partition_by_token_budget
 from hybridrl.protocol import Batch
 from hybridrl.config.validation import GRAD_SYNC_MODES
-from hybridrl.workers.fsdp import set_gradient_sync, syncs_gradients
+from hybridrl.workers.fsdp import parameters_kept_gathered, set_gradient_sync, syncs_gradients
 from hybridrl.workers.optim import clipped_step
 
 # (micro_batch, global_normalizer) -> (loss to backpropagate, metrics of this micro-batch as floats)
@@ -57,11 +58,14 @@ class DataParallelGroup:
 class MicroBatching:
     """How a rank cuts its part of a mini-batch: ``micro_batch_size`` sequences, or ``max_tokens`` per micro-batch;
     and when training reduces gradients across ranks: ``grad_sync`` (``*.fsdp.grad_sync``, see
-    :func:`~hybridrl.workers.fsdp.syncs_gradients`; forward-only passes ignore it)."""
+    :func:`~hybridrl.workers.fsdp.syncs_gradients`; forward-only passes ignore it); ``gather_once``
+    (``*.fsdp.gather_once``): FSDP2 parameters all-gathered once for all the micro-batches of a step or pass, not
+    per micro-batch (:func:`~hybridrl.workers.fsdp.parameters_kept_gathered`)."""
 
     micro_batch_size: Optional[int] = None
     max_tokens: Optional[int] = None
     grad_sync: str = "step"
+    gather_once: bool = False
 
     def __post_init__(self) -> None:
         if (self.micro_batch_size is None) == (self.max_tokens is None):
@@ -144,15 +148,21 @@ def accumulate_gradients(model: nn.Module, mini_batch: Batch, loss_fn: MicroBatc
     micro_batches, _ = split_micro_batches(mini_batch, micro_batching, dp)
     totals: dict[str, float] = {}
     weight_sum = 0.0
-    for index, micro_batch in enumerate(micro_batches):
-        set_gradient_sync(model, syncs_gradients(micro_batching.grad_sync, index, len(micro_batches)))
-        loss, metrics = loss_fn(micro_batch, normalizer)
-        (loss * dp.size).backward()
-        weight = metric_weight(micro_batch, loss_agg_mode)
-        weight_sum += weight
-        for name, value in metrics.items():
-            totals[name] = totals.get(name, 0.0) + float(value) * (1.0 if name in ADDITIVE_METRICS else weight)
+    with gathered_if(model, micro_batching.gather_once, through_backward=True):
+        for index, micro_batch in enumerate(micro_batches):
+            set_gradient_sync(model, syncs_gradients(micro_batching.grad_sync, index, len(micro_batches)))
+            loss, metrics = loss_fn(micro_batch, normalizer)
+            (loss * dp.size).backward()
+            weight = metric_weight(micro_batch, loss_agg_mode)
+            weight_sum += weight
+            for name, value in metrics.items():
+                totals[name] = totals.get(name, 0.0) + float(value) * (1.0 if name in ADDITIVE_METRICS else weight)
     return reduce_over_ranks(totals, weight_sum, dp)
+
+
+def gathered_if(model: nn.Module, enabled: bool, *, through_backward: bool = False):
+    """:func:`~hybridrl.workers.fsdp.parameters_kept_gathered` when ``enabled``, else nothing."""
+    return parameters_kept_gathered(model, through_backward=through_backward) if enabled else contextlib.nullcontext()
 
 
 def reduce_over_ranks(totals: dict[str, float], weight: float, dp: DataParallelGroup) -> dict[str, float]:
@@ -193,7 +203,8 @@ def forward_micro_batches(model: nn.Module, data: Batch, micro_batching: MicroBa
     model.eval()
     try:
         micro_batches, restore = split_micro_batches(data, micro_batching, dp)
-        outputs = [forward(micro_batch) for micro_batch in micro_batches]
+        with gathered_if(model, micro_batching.gather_once):
+            outputs = [forward(micro_batch) for micro_batch in micro_batches]
     finally:
         model.train(was_training)
     merged = {name: torch.cat([output[name] for output in outputs]) for name in outputs[0]}

@@ -119,8 +119,10 @@ class PolicyEngine:
                 entropy_grad=settings.entropy_coeff != 0)
             aggregate = dict(response_mask=response_mask, mode=settings.loss_agg_mode, normalizer=normalizer,
                              loss_scale_factor=settings.loss_scale_factor)
+            # Without old log-probs the update is exactly on-policy (checked in update_policy): π_old = π_θ.
+            old_log_prob = micro_batch[Fields.OLD_LOG_PROBS] if Fields.OLD_LOG_PROBS in micro_batch else log_prob.detach()
             loss, metrics = POLICY_LOSSES[settings.policy_loss](
-                old_log_prob=micro_batch[Fields.OLD_LOG_PROBS], log_prob=log_prob,
+                old_log_prob=old_log_prob, log_prob=log_prob,
                 advantages=micro_batch[Fields.ADVANTAGES], response_mask=response_mask,
                 clip_ratio_low=settings.clip_ratio_low, clip_ratio_high=settings.clip_ratio_high,
                 clip_ratio_c=settings.clip_ratio_c, loss_agg_mode=settings.loss_agg_mode, normalizer=normalizer,
@@ -165,8 +167,9 @@ class PolicyEngine:
                       ptx: Optional[Batch] = None, ptx_coef: float = 0.0) -> dict:
         """PPO epochs over this rank's part of the step's data; one optimizer step per mini-batch.
 
-        ``data`` needs ``input_ids``, ``attention_mask``, ``responses``, ``response_mask``, ``old_log_probs``,
-        ``advantages`` (and ``ref_log_probs`` with a KL loss). ``ptx``: this rank's SFT rows for the step, mixed into
+        ``data`` needs ``input_ids``, ``attention_mask``, ``responses``, ``response_mask``, ``advantages``,
+        ``old_log_probs`` (optional for exactly one epoch over one mini-batch: then π_old = π_θ, detached) and
+        ``ref_log_probs`` with a KL loss. ``ptx``: this rank's SFT rows for the step, mixed into
         every optimizer step with weight ``ptx_coef`` (``anti_forgetting.PtxMixer``). Returns metrics averaged over
         optimizer steps. With adaptive accumulation the control's ``micro × K`` replaces ``local_mini_batch_size``,
         its scaled schedule steps the learning rate, and ``K`` is reconsidered after the update.
@@ -181,6 +184,10 @@ class PolicyEngine:
         if control is not None:
             local_mini_batch_size, scheduler = control.local_mini_batch_size, control.schedule
             control.schedule.apply()
+        if Fields.OLD_LOG_PROBS not in data and (epochs != 1 or local_mini_batch_size != len(data)):
+            raise ValueError(f"no old_log_probs: only an on-policy update (one epoch over one mini-batch) may use its "
+                             f"own log-probs, but this one has {epochs} epoch(s) over mini-batches of "
+                             f"{local_mini_batch_size} of {len(data)} rows")
         mixer = None
         if ptx is not None and ptx_coef > 0:
             mixer = PtxMixer(self.model, ptx, len(data) // local_mini_batch_size, self.sft_loss(), ptx_coef,

@@ -15,13 +15,14 @@ from typing import Optional
 import torch
 
 from hybridrl.config.schema import TrainConfig
-from hybridrl.config.sizes import BatchPlan, role_plan
+from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
 from hybridrl.controller import Worker, dp_split, one_to_all
 from hybridrl.protocol import Batch, Fields
 from hybridrl.hybrid_engine import WeightResharder, bucket_bytes_from_mb
 from hybridrl.rollout import EngineInputs, RolloutEngine, build_rollout_engine
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.seeding import derive_seed
+from hybridrl.utils.collectives import CollectiveTimer
 from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching
 from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
 from hybridrl.workers.anti_forgetting import EWC_DIR, EWCRegularizer
@@ -32,8 +33,8 @@ from hybridrl.workers.fsdp import ShardingOptions, shard_model
 from hybridrl.workers.lora import MergedLoraWeights, adapted_layers, adapters_disabled, lora_enabled, merged_state_dict
 from hybridrl.workers.offload import move_optimizer_state
 from hybridrl.workers.model_builder import build_model, load_tokenizer, torch_dtype
-from hybridrl.utils.memory import memory_metrics
 from hybridrl.workers.optim import build_optimizer, build_scheduler
+from hybridrl.workers.step_metrics import update_resource_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -51,23 +52,26 @@ def sharding_options(config: TrainConfig, param_offload: bool) -> ShardingOption
                            reshard_after_forward=config.actor.fsdp.reshard_after_forward, param_offload=param_offload)
 
 
-def log_prob_micro_batching(config: TrainConfig, micro_batch_size: int | None,
-                            ppo_micro_batch_size: int | None) -> MicroBatching:
+def log_prob_micro_batching(config: TrainConfig, micro_batch_size: int | None, ppo_micro_batch_size: int | None,
+                            device_type: str) -> MicroBatching:
     """Micro-batches of no-grad forwards: the role's log-prob size, else the PPO micro-batch (as resolved, when
     ``auto``: a forward without gradients needs less than the forward/backward it was sized for), or the token
-    budget."""
+    budget; parameters gathered once per pass as ``actor.fsdp.gather_once`` says."""
+    gather_once = gathers_once(config.actor.fsdp.gather_once, device_type)
     if config.actor.use_dynamic_bsz:
-        return MicroBatching(max_tokens=config.actor.ppo_max_token_len_per_gpu)
-    return MicroBatching(micro_batch_size=micro_batch_size or ppo_micro_batch_size)
+        return MicroBatching(max_tokens=config.actor.ppo_max_token_len_per_gpu, gather_once=gather_once)
+    return MicroBatching(micro_batch_size=micro_batch_size or ppo_micro_batch_size, gather_once=gather_once)
 
 
-def training_micro_batching(role_config, micro_batch_size: int | None) -> MicroBatching:
+def training_micro_batching(role_config, micro_batch_size: int | None, device_type: str) -> MicroBatching:
     """Micro-batches of a role's update (``ActorConfig`` / ``CriticConfig``): its token budget with
-    ``use_dynamic_bsz``, else ``micro_batch_size`` sequences; gradients synced as its ``fsdp.grad_sync`` says."""
-    grad_sync = role_config.fsdp.grad_sync
+    ``use_dynamic_bsz``, else ``micro_batch_size`` sequences; gradients synced as its ``fsdp.grad_sync`` says,
+    parameters gathered once per step as its ``fsdp.gather_once`` says."""
+    options = dict(grad_sync=role_config.fsdp.grad_sync,
+                   gather_once=gathers_once(role_config.fsdp.gather_once, device_type))
     if role_config.use_dynamic_bsz:
-        return MicroBatching(max_tokens=role_config.ppo_max_token_len_per_gpu, grad_sync=grad_sync)
-    return MicroBatching(micro_batch_size=micro_batch_size, grad_sync=grad_sync)
+        return MicroBatching(max_tokens=role_config.ppo_max_token_len_per_gpu, **options)
+    return MicroBatching(micro_batch_size=micro_batch_size, **options)
 
 
 class ActorRolloutRefWorker(Worker):
@@ -179,7 +183,7 @@ class ActorRolloutRefWorker(Worker):
     def compute_log_prob(self, batch: Batch) -> Batch:
         """``old_log_probs`` (and ``entropy``) of the responses under the current policy."""
         micro_batching = log_prob_micro_batching(self.config, self.config.actor.log_prob_micro_batch_size_per_gpu,
-                                                 self.plan.micro_batch_size_per_gpu)
+                                                 self.plan.micro_batch_size_per_gpu, self.device.type)
         return self.actor.compute_log_prob(batch, micro_batching)
 
     @dp_split
@@ -190,7 +194,8 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError("this worker was started without a reference policy (with_reference=False)")
         micro_batch_size = (self.config.ref.log_prob_micro_batch_size_per_gpu
                             or self.config.actor.log_prob_micro_batch_size_per_gpu)
-        micro_batching = log_prob_micro_batching(self.config, micro_batch_size, self.plan.micro_batch_size_per_gpu)
+        micro_batching = log_prob_micro_batching(self.config, micro_batch_size, self.plan.micro_batch_size_per_gpu,
+                                                 self.device.type)
         if self.lora:
             with adapters_disabled(self.actor.model):
                 result = self.actor.compute_log_prob(batch, micro_batching, with_entropy=False)
@@ -207,25 +212,27 @@ class ActorRolloutRefWorker(Worker):
         ``actor.ewc.coef > 0`` the first call anchors EWC at the current weights, its Fisher estimated on ``batch``.
         """
         actor = self.config.actor
-        micro_batching = training_micro_batching(actor, self.plan.micro_batch_size_per_gpu)
+        micro_batching = training_micro_batching(actor, self.plan.micro_batch_size_per_gpu, self.device.type)
         step = int(batch.meta.get("global_step", 0))
         self._reload_optimizer()
         if actor.ewc.coef > 0 and self.actor.ewc is None:
             parts = actor.ewc.fisher_batches
             self.actor.enable_ewc(actor.ewc.coef, batch.split([len(batch) // parts] * parts), micro_batching)
-        metrics = self.actor.update_policy(batch, self.loss_settings, micro_batching,
-                                           local_mini_batch_size=self.plan.local_mini_batch_sequences,
-                                           epochs=actor.ppo_epochs, shuffle=actor.shuffle,
-                                           seed=self.config.trainer.seed * 100_003 + step, ptx=ptx,
-                                           ptx_coef=actor.ptx.coef)
-        return {**metrics, **memory_metrics(self.device, self.actor.dp)}
+        with CollectiveTimer() as comm:
+            metrics = self.actor.update_policy(batch, self.loss_settings, micro_batching,
+                                               local_mini_batch_size=self.plan.local_mini_batch_sequences,
+                                               epochs=actor.ppo_epochs, shuffle=actor.shuffle,
+                                               seed=self.config.trainer.seed * 100_003 + step, ptx=ptx,
+                                               ptx_coef=actor.ptx.coef)
+        return {**metrics, **update_resource_metrics(self.device, self.actor.dp, comm)}
 
     @dp_split(pad=False)
     def update_sft(self, batch: Batch) -> dict[str, float]:
         """One supervised optimizer step on this rank's share of ``batch`` (prompt + target rows, rollout layout)."""
         micro_batch_size = self.plan.micro_batch_size_per_gpu or len(batch)
-        return self.actor.update_sft(batch, MicroBatching(micro_batch_size=micro_batch_size,
-                                                          grad_sync=self.config.actor.fsdp.grad_sync))
+        fsdp = self.config.actor.fsdp
+        return self.actor.update_sft(batch, MicroBatching(micro_batch_size=micro_batch_size, grad_sync=fsdp.grad_sync,
+                                                          gather_once=gathers_once(fsdp.gather_once, self.device.type)))
 
     @one_to_all(collect="first")
     def batch_plan(self) -> tuple[BatchPlan, str]:

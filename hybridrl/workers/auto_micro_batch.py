@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from hybridrl.config.schema import TrainConfig
-from hybridrl.config.sizes import BatchPlan
+from hybridrl.config.sizes import BatchPlan, gathers_once
 from hybridrl.workers.accumulation import DataParallelGroup
 from hybridrl.workers.memory_probe import MeasureFn, max_over_ranks, make_probe
 from hybridrl.workers.model_builder import torch_dtype
@@ -70,16 +70,18 @@ class AutoMicroBatch:
                 f"{self.method}: {self.decision.reason}")
 
 
-def sizing_options(config: TrainConfig, role: str, world_size: int) -> dict:
-    """Keyword options of the analytic model for ``role`` under ``config`` (dtypes, checkpointing, packing, and
-    whether FSDP2 holds unsharded gradients between micro-batches: ``fsdp.grad_sync=step``)."""
+def sizing_options(config: TrainConfig, role: str, world_size: int, device_type: str = "cuda") -> dict:
+    """Keyword options of the analytic model for ``role`` under ``config`` on ``device_type`` workers (dtypes,
+    checkpointing, packing, whether FSDP2 holds unsharded gradients between micro-batches — ``fsdp.grad_sync=step``
+    — and the whole model's gathered parameters — ``fsdp.gather_once``)."""
     model, fsdp = config.model, getattr(config, role).fsdp
     precision = Precision(compute_bytes=torch_dtype(model.dtype).itemsize,
                           grad_bytes=torch_dtype(fsdp.reduce_dtype).itemsize)
     # FSDP2's root returns fp32 outputs (hybridrl.workers.fsdp), so the loss sees fp32 logits.
     return dict(world_size=world_size, precision=precision, checkpointing=model.enable_gradient_checkpointing,
                 packed=model.use_remove_padding, attention=model.attn_implementation,
-                accumulating=fsdp.grad_sync == "step", logits_bytes=FP32)
+                accumulating=fsdp.grad_sync == "step", logits_bytes=FP32,
+                gather_once=gathers_once(fsdp.gather_once, device_type))
 
 
 def memory_budget(budget_mb: Optional[int], device: torch.device, dp: DataParallelGroup) -> tuple[float, str]:
@@ -125,7 +127,7 @@ def size_micro_batch(config: TrainConfig, role: str, model: nn.Module, plan: Bat
     sizing = getattr(config, role).micro_batch_sizing
     seq_len = config.data.max_prompt_length + config.data.max_response_length
     shape = DecoderShape.from_hf_config(model.config)
-    options = sizing_options(config, role, dp.size)
+    options = sizing_options(config, role, dp.size, device.type)
     budget, source = memory_budget(sizing.memory_budget_mb, device, dp)
     if device.type == "cuda" and role == "actor":
         method = "measured on the device"

@@ -12,6 +12,7 @@ from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import BatchPlan, role_plan
 from hybridrl.controller import Worker, dp_split, one_to_all
 from hybridrl.protocol import Batch
+from hybridrl.utils.collectives import CollectiveTimer
 from hybridrl.workers.accumulation import MicroBatching
 from hybridrl.workers.actor_worker import data_parallel_group, training_micro_batching
 from hybridrl.workers.auto_micro_batch import resolve_plan
@@ -19,8 +20,8 @@ from hybridrl.workers.checkpoint import load_sharded, save_sharded
 from hybridrl.workers.critic import ValueEngine, ValueLossSettings
 from hybridrl.workers.fsdp import ShardingOptions, shard_model
 from hybridrl.workers.model_builder import build_model, torch_dtype
-from hybridrl.utils.memory import memory_metrics
 from hybridrl.workers.optim import build_optimizer, build_scheduler
+from hybridrl.workers.step_metrics import update_resource_metrics
 
 
 class CriticWorker(Worker):
@@ -47,7 +48,7 @@ class CriticWorker(Worker):
         self.settings = ValueLossSettings.from_config(critic, config.data.max_response_length)
 
     def _micro_batching(self) -> MicroBatching:
-        return training_micro_batching(self.config.critic, self.plan.micro_batch_size_per_gpu)
+        return training_micro_batching(self.config.critic, self.plan.micro_batch_size_per_gpu, self.device.type)
 
     @dp_split
     def compute_values(self, batch: Batch) -> Batch:
@@ -58,11 +59,12 @@ class CriticWorker(Worker):
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Value-loss epochs over this rank's share (``values`` = old values, ``returns`` = targets)."""
         step = int(batch.meta.get("global_step", 0))
-        metrics = self.engine.update_critic(batch, self.settings, self._micro_batching(),
-                                            local_mini_batch_size=self.plan.local_mini_batch_sequences,
-                                            epochs=self.config.critic.ppo_epochs, shuffle=True,
-                                            seed=self.config.trainer.seed * 100_019 + step)
-        return {**metrics, **memory_metrics(self.device, self.engine.dp)}
+        with CollectiveTimer() as comm:
+            metrics = self.engine.update_critic(batch, self.settings, self._micro_batching(),
+                                                local_mini_batch_size=self.plan.local_mini_batch_sequences,
+                                                epochs=self.config.critic.ppo_epochs, shuffle=True,
+                                                seed=self.config.trainer.seed * 100_019 + step)
+        return {**metrics, **update_resource_metrics(self.device, self.engine.dp, comm)}
 
     @one_to_all(collect="first")
     def batch_plan(self) -> tuple[BatchPlan, str]:

@@ -70,29 +70,48 @@ def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
         model.set_requires_gradient_sync(enabled)
 
 
+def _param_groups(module: FSDPModule) -> list:
+    """The module's FSDP2 parameter groups (private state: one group in older torch, a list in newer)."""
+    state = module._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [] if group is None else [group]
+    return list(groups)
+
+
 def _reshards_after_forward(module: FSDPModule) -> bool:
     """The module's current ``reshard_after_forward`` (FSDP2 keeps it only in private state; where that state is not
     found, the default ``True`` is assumed)."""
-    group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
-    return group is None or getattr(group, "post_forward_mesh_info", True) is not None
+    return all(getattr(group, "post_forward_mesh_info", True) is not None for group in _param_groups(module))
+
+
+def _reshards_after_backward(module: FSDPModule) -> bool:
+    return all(getattr(group, "reshard_after_backward", True) for group in _param_groups(module))
 
 
 @contextmanager
-def parameters_kept_gathered(model: nn.Module) -> Iterator[None]:
+def parameters_kept_gathered(model: nn.Module, *, through_backward: bool = False) -> Iterator[None]:
     """Inside, each FSDP2 group of ``model`` all-gathers its parameters once (at its first forward) and keeps them;
-    on exit they are freed and every group's ``reshard_after_forward`` is what it was.
+    on exit they are freed and every group's ``reshard_after_forward`` (and ``reshard_after_backward``) is what it
+    was. A model that is not FSDP2-sharded passes through unchanged.
 
     For autoregressive generation on the training module: ``T`` decode steps cost one all-gather per group instead
-    of ``T``, for the memory of one unsharded copy in the compute dtype while generating (what a separate rollout
-    engine holds anyway). A model that is not FSDP2-sharded passes through unchanged.
+    of ``T``. For the micro-batches of one optimizer step (``through_backward=True``, ``*.fsdp.gather_once``): one
+    all-gather per group instead of two per micro-batch (forward, and again in backward). Either way the price is
+    one unsharded copy of the parameters in the compute dtype while inside. Leave before the optimizer step: it
+    updates the shards, and gathered copies would be stale.
     """
     modules = [module for module in model.modules() if isinstance(module, FSDPModule)]
-    saved = [_reshards_after_forward(module) for module in modules]
+    saved = [(_reshards_after_forward(module), _reshards_after_backward(module)) for module in modules]
     for module in modules:
         module.set_reshard_after_forward(False, recurse=False)
+        if through_backward:
+            module.set_reshard_after_backward(False, recurse=False)
     try:
         yield
     finally:
-        for module, reshard in zip(modules, saved):
+        for module, (after_forward, after_backward) in zip(modules, saved):
             module.reshard()
-            module.set_reshard_after_forward(reshard, recurse=False)
+            module.set_reshard_after_forward(after_forward, recurse=False)
+            module.set_reshard_after_backward(after_backward, recurse=False)

@@ -17,8 +17,10 @@ counter (``tests/unit/workers/test_memory_sizing.py``: saved bytes within 0.2 %,
   per layer. ``flash_attention_2`` (varlen) has neither.
 - with activation checkpointing a layer saves only its input, ``c·h`` per token (plus one layer's full set while it
   is recomputed in backward).
-- after the layers: ``4h + 4 + 2·c·h`` (final norm, LM-head input); shared: 8 (token ids) ``+ 2·d·c`` (rope tables).
-- logits (:func:`logits_bytes_peaks`): ``[N, V]`` logits and the ``[M, V]`` response logits the loss saves in
+- after the layers: ``4h + 4 + c·h`` per token (final norm) and ``c·h`` per LM-head position (its input: a causal LM
+  runs its head only on the positions the loss scores, ``logits_to_keep``); shared: 8 (token ids) ``+ 2·d·c`` (rope
+  tables).
+- logits (:func:`logits_bytes_peaks`): ``[N_head, V]`` logits and the ``[M, V]`` response logits the loss saves in
   forward; in backward up to ``[M, V] + 2·[G, V]`` (the boolean gather's out-of-place ``index_put``) or ``[N, V]``
   plus the LM head's ``[V, h]`` weight gradient. At a 150k vocabulary this, not the layers, is often what overflows.
 - model states per rank under FSDP2 over ``W`` ranks: fp32 master parameters, fp32 gradients and AdamW's two fp32
@@ -113,9 +115,12 @@ class DecoderShape:
 class ForwardLayout:
     """How a micro-batch enters the model: ``num_rows × row_length`` tokens, ``num_loss_tokens`` of them scored.
 
-    ``response_width``: columns the loss gathers from (padded: the response width ``R``; packed: the whole row).
-    ``masked``: sdpa receives an explicit mask (any padding in a padded batch, or packed sequences under sdpa);
-    ``False`` for an unpadded batch (causal flag) or ``flash_attention_2`` varlen.
+    ``response_width``: columns the loss gathers from (padded: the response width ``R``; packed: none, see
+    ``gathers``). ``masked``: sdpa receives an explicit mask (any padding in a padded batch, or packed sequences under
+    sdpa); ``False`` for an unpadded batch (causal flag) or ``flash_attention_2`` varlen. ``head_positions``: the
+    positions the LM head runs on (``logits_to_keep``; padded: the last ``R + 1`` of each row, packed: the scored
+    tokens' sources); ``gathers``: the scored logits are a boolean-index copy (padded) rather than the head's output
+    itself (packed).
     """
 
     num_rows: int
@@ -123,24 +128,32 @@ class ForwardLayout:
     num_loss_tokens: int
     response_width: int
     masked: bool = True
+    head_positions: Optional[int] = None
+    gathers: bool = True
 
     @classmethod
     def padded(cls, micro_batch_size: int, seq_len: int, response_length: Optional[int] = None, *,
                masked: bool = True) -> "ForwardLayout":
         """Rows of ``seq_len`` (the batch's padded width); responses (default: all columns) are all scored."""
         response = seq_len if response_length is None else response_length
-        return cls(micro_batch_size, seq_len, micro_batch_size * response, response, masked=masked)
+        return cls(micro_batch_size, seq_len, micro_batch_size * response, response, masked=masked,
+                   head_positions=micro_batch_size * min(seq_len, response + 1))
 
     @classmethod
     def packed(cls, num_tokens: int, num_loss_tokens: Optional[int] = None, *,
                attention: str = "sdpa") -> "ForwardLayout":
         """One packed row of ``num_tokens``; sdpa builds an ``[N, N]`` block-diagonal mask, varlen flash does not."""
         loss_tokens = num_tokens if num_loss_tokens is None else num_loss_tokens
-        return cls(1, num_tokens, loss_tokens, num_tokens, masked=attention != "flash_attention_2")
+        return cls(1, num_tokens, loss_tokens, 0, masked=attention != "flash_attention_2", head_positions=loss_tokens,
+                   gathers=False)
 
     @property
     def num_tokens(self) -> int:
         return self.num_rows * self.row_length
+
+    @property
+    def num_head_positions(self) -> int:
+        return self.num_tokens if self.head_positions is None else self.head_positions
 
 
 @dataclass(frozen=True)
@@ -179,22 +192,24 @@ def logits_bytes_peaks(shape: DecoderShape, layout: ForwardLayout, *, compute_by
                        logits_bytes: int = FP32, chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[int, int]:
     """``(forward, backward)`` peak bytes of the logits path on top of the layers' saved activations.
 
-    ``N`` tokens, ``M`` scored tokens, ``G = rows × response_width`` gathered positions, ``b`` = ``logits_bytes``,
-    chunk = ``min(M, chunk_size) · V · 4`` (``hybridrl.algorithms.logits`` works in fp32 chunks).
+    ``N`` positions under the LM head (``layout.num_head_positions``), ``M`` scored tokens, ``G = rows ×
+    response_width`` gathered positions (0 when packed: the head's output is the scored logits), ``b`` =
+    ``logits_bytes``, chunk = ``min(M, chunk_size) · V · 4`` (``hybridrl.algorithms.logits`` works in fp32 chunks).
     Forward: ``[N, V]`` logits (+ a ``b``-byte cast) and the gathered ``[M, V]`` copy the log-prob function saves, or
     that copy and two chunks of working set. Backward, the largest of the steps in order: the log-prob backward
     (saved ``[M, V]``, its gradient, one chunk), the gather's backward (``new_zeros([G, V]).index_put(...)`` is
     out of place: the ``[M, V]`` gradient and two ``[G, V]`` tensors), the slice/select backward into ``[N, V]``,
     the cast back, and the LM head's ``[V, h]`` weight and ``[N, h]`` input gradients.
     """
-    c, h, n, v, b = compute_bytes, shape.hidden_size, layout.num_tokens, shape.vocab_size, logits_bytes
-    m, g = layout.num_loss_tokens, layout.num_rows * layout.response_width
+    c, h, n, v, b = compute_bytes, shape.hidden_size, layout.num_head_positions, shape.vocab_size, logits_bytes
+    m, g = layout.num_loss_tokens, layout.num_rows * layout.response_width if layout.gathers else 0
+    gathered = m * v * b if layout.gathers else 0
     chunk = min(m, chunk_size) * v * FP32
     upcast = chunk if b != FP32 else 0  # a low-precision chunk is copied to fp32 first
     cast = n * v * b if b != c else 0
-    forward = max(n * v * c + cast + m * v * b, m * v * b + 2 * chunk + upcast)
+    forward = max(n * v * c + cast + gathered, m * v * b + 2 * chunk + upcast)
     backward = max(2 * m * v * b + chunk + upcast,        # log-prob backward
-                   m * v * b + 2 * g * v * b,             # index backward (out-of-place index_put)
+                   gathered + 2 * g * v * b,              # index backward (out-of-place index_put)
                    g * v * b + n * v * b,                 # slice / select backward
                    n * v * b + (n * v * c if cast else 0),  # cast backward
                    n * v * c + v * h * FP32 + n * h * c)  # LM head backward
@@ -212,7 +227,7 @@ def activation_bytes(shape: DecoderShape, layout: ForwardLayout, *, compute_byte
     mask = c * layout.num_rows * layout.row_length ** 2 if layout.masked else 0  # one float copy per layer
     full_layer = n * layer_bytes_per_token(shape, c, layout.masked) + mask
     per_layer = shape.num_layers * (n * c * h if checkpointing else full_layer)
-    final = n * (FP32 * h + FP32 + 2 * c * h)
+    final = n * (FP32 * h + FP32 + c * h) + layout.num_head_positions * c * h  # final norm; LM-head input
     rope = n * 2 * shape.head_dim * c
     shared = n * 8 + (0 if checkpointing else rope)  # checkpointed layers hold the rope tables, they do not save them
     logits_forward, logits_backward = logits_bytes_peaks(shape, layout, compute_bytes=c, logits_bytes=logits_bytes)
@@ -256,7 +271,7 @@ class ModelStateBytes:
 
 
 def model_state_bytes(shape: DecoderShape, *, world_size: int = 1, precision: Precision = Precision(),
-                      accumulating: bool = False) -> ModelStateBytes:
+                      accumulating: bool = False, gather_once: bool = False) -> ModelStateBytes:
     """Parameters, gradients, optimizer states per rank under FSDP2 over ``world_size`` ranks (1: no sharding).
 
     ``accumulating``: gradient accumulation with sync only on the last micro-batch (``fsdp.grad_sync=step`` and
@@ -265,12 +280,15 @@ def model_state_bytes(shape: DecoderShape, *, world_size: int = 1, precision: Pr
     gradients stay sharded.
     Those replace, rather than add to, the sharded gradients (set to ``None`` after each optimizer step and produced
     layer by layer by the final reduce-scatter) and the in-flight unsharded gradients.
+    ``gather_once`` (``fsdp.gather_once``): the whole model's parameters stay gathered in the compute dtype through
+    the step, instead of the root and two layers at a time.
     """
     total = shape.num_parameters()
     sharded = -(-total // world_size)
     gradients, gathered, in_flight, accumulated = precision.grad_bytes * sharded, 0, 0, 0
     if world_size > 1:
-        gathered = precision.compute_bytes * (shape.root_parameters() + 2 * shape.layer_parameters())
+        gathered = precision.compute_bytes * (total if gather_once
+                                              else shape.root_parameters() + 2 * shape.layer_parameters())
         if accumulating:
             gradients, accumulated = 0, precision.grad_bytes * total
         else:
@@ -295,7 +313,8 @@ class MemoryEstimate:
 def estimate_micro_batch_bytes(shape: DecoderShape, micro_batch_size: int, seq_len: int, *,
                                world_size: int = 1, precision: Precision = Precision(),
                                checkpointing: bool = False, packed: bool = False, attention: str = "sdpa",
-                               accumulating: bool = True, logits_bytes: int = FP32) -> MemoryEstimate:
+                               accumulating: bool = True, logits_bytes: int = FP32,
+                               gather_once: bool = False) -> MemoryEstimate:
     """Worst case of ``micro_batch_size`` sequences of ``seq_len`` tokens, every token scored (padded: masked rows of
     ``seq_len``; packed: one row of ``micro_batch_size · seq_len`` tokens)."""
     if packed:
@@ -303,7 +322,8 @@ def estimate_micro_batch_bytes(shape: DecoderShape, micro_batch_size: int, seq_l
     else:
         layout = ForwardLayout.padded(micro_batch_size, seq_len, masked=attention != "flash_attention_2")
     return MemoryEstimate(
-        states=model_state_bytes(shape, world_size=world_size, precision=precision, accumulating=accumulating),
+        states=model_state_bytes(shape, world_size=world_size, precision=precision, accumulating=accumulating,
+                                 gather_once=gather_once),
         activations=activation_bytes(shape, layout, compute_bytes=precision.compute_bytes,
                                      logits_bytes=logits_bytes, checkpointing=checkpointing))
 

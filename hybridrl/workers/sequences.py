@@ -15,6 +15,8 @@ as a flat ``[M, D]`` tensor (``M`` = valid response tokens in the micro-batch), 
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -61,7 +63,10 @@ def source_outputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     if packed:
         return _packed_source_outputs(model, input_ids, attention_mask, response_length)
     position_ids = position_ids_from_mask(attention_mask)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
+    # Only the last R + 1 positions can be sources: a causal LM then runs its head on those alone.
+    keep = {"logits_to_keep": response_length + 1} if accepts_logits_to_keep(model) else {}
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                   **keep).logits
     valid = attention_mask[:, -response_length:].bool()
     return logits[:, -response_length - 1:-1][valid]
 
@@ -77,9 +82,26 @@ def _packed_source_outputs(model: nn.Module, input_ids: torch.Tensor, attention_
     valid = attention_mask[:, -response_length:].bool()
     if not bool(real[:, -response_length - 1:-1][valid].all()):
         raise ValueError("packed forward needs contiguous sequences: every valid response token must follow a real token")
-    # use_cache=False matters: transformers only detects packed sequences when no KV cache is passed.
+    sources = source_columns[valid]
+    if accepts_logits_to_keep(model):  # the head runs on the M source positions only, in their order
+        # use_cache=False matters: transformers only detects packed sequences when no KV cache is passed.
+        return model(input_ids=flat_ids, position_ids=flat_positions, use_cache=False, logits_to_keep=sources).logits[0]
     logits = model(input_ids=flat_ids, position_ids=flat_positions, use_cache=False).logits[0]
-    return logits[source_columns[valid]]
+    return logits[sources]
+
+
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether ``model`` (a PEFT wrapper is looked through) takes transformers' ``logits_to_keep`` (an int: the last
+    positions; a 1-D tensor: those positions) — causal LMs do, so the LM head and the ``[*, vocab]`` logits cover only
+    the positions asked for (on prompts of P tokens and responses of R, a head of V × D costs (R + 1)/(P + R) of a
+    full pass). Value and score heads do not, and get the full pass."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _forward_takes_logits_to_keep(type(base))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_takes_logits_to_keep(model_class: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
 def response_log_probs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,

@@ -159,9 +159,12 @@ def loss_fn_for(engine, role, mode):
 
 
 def micro_batching_for(micro, local_size, grad_sync="step"):
+    """``grad_sync`` is ``step`` or ``micro_batch``, optionally ``+gather_once`` (``fsdp.gather_once``)."""
+    grad_sync, _, gather = grad_sync.partition("+")
+    options = dict(grad_sync=grad_sync, gather_once=gather == "gather_once")
     if micro == "tokens":
-        return MicroBatching(max_tokens=14, grad_sync=grad_sync)  # rows hold 2..11 tokens: 2-4 rows per micro-batch
-    return MicroBatching(micro_batch_size=local_size if micro == "whole" else int(micro), grad_sync=grad_sync)
+        return MicroBatching(max_tokens=14, **options)  # rows hold 2..11 tokens: 2-4 rows per micro-batch
+    return MicroBatching(micro_batch_size=local_size if micro == "whole" else int(micro), **options)
 
 
 def run_cases(rank, world, dirs, data, cases, out_path):
@@ -187,7 +190,8 @@ def run_cases(rank, world, dirs, data, cases, out_path):
             tensors = {name: param.grad.full_tensor() for name, param in engine.model.named_parameters()}
         results[case] = tensors
         shard_groups = engine.model.config.num_hidden_layers + 1  # fully_shard on each layer and on the root
-        communication[case] = (counter.total("reduce_scatter"), num_micro_batches, shard_groups)
+        communication[case] = (counter.total("reduce_scatter"), num_micro_batches, shard_groups,
+                               counter.total("all_gather"))
     if rank == 0:
         torch.save((results, communication), out_path)
 
@@ -206,6 +210,9 @@ STEP_CASES = [("actor", "token-mean", "2", True, True, "step"),
 # A reduce-scatter after every micro-batch: only sharded gradients accumulate, the update must not change.
 SYNC_EACH_CASES = [("actor", "seq-mean-token-sum-norm", "1", False, True, "micro_batch"),
                    ("critic", "token-mean", "tokens", True, True, "micro_batch")]
+# Parameters all-gathered once for all micro-batches of the step (kept through forward and backward).
+GATHER_ONCE_CASES = [("actor", "token-mean", "1", False, True, "step+gather_once"),
+                     ("critic", "seq-mean-token-mean", "tokens", True, True, "micro_batch+gather_once")]
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
@@ -213,7 +220,7 @@ def engine_run(request, setup, tmp_path_factory):
     actor_dir, critic_dir, data = setup
     out_path = tmp_path_factory.mktemp(f"dp{request.param}") / "results.pt"
     run_on_gloo(request.param, run_cases, {"actor": actor_dir, "critic": critic_dir}, data,
-                GRADIENT_CASES + STEP_CASES + SYNC_EACH_CASES, out_path)
+                GRADIENT_CASES + STEP_CASES + SYNC_EACH_CASES + GATHER_ONCE_CASES, out_path)
     results, communication = torch.load(out_path)
     return request.param, results, communication
 
@@ -235,7 +242,7 @@ def test_gradient_equals_single_batch_reference(engine_results, setup, role, mod
     assert worst <= 1e-5, errors
 
 
-@pytest.mark.parametrize("case", STEP_CASES + SYNC_EACH_CASES,
+@pytest.mark.parametrize("case", STEP_CASES + SYNC_EACH_CASES + GATHER_ONCE_CASES,
                          ids=lambda case: f"{case[0]}-{case[1]}-micro{case[2]}-sync_{case[5]}")
 def test_optimizer_step_equals_reference(engine_results, setup, case):
     role, mode = case[0], case[1]
@@ -255,11 +262,24 @@ def test_grad_sync_sets_the_reduce_scatters_per_step(engine_run):
     """``step``: one gradient reduce-scatter per shard group per optimizer step; ``micro_batch``: one per group per
     micro-batch (so the ``micro_batch`` cases above really ran sharded accumulation). One rank reduces nothing."""
     world, _, communication = engine_run
-    for case in STEP_CASES + SYNC_EACH_CASES:
-        reduce_scatters, num_micro_batches, groups = communication[case]
+    for case in STEP_CASES + SYNC_EACH_CASES + GATHER_ONCE_CASES:
+        reduce_scatters, num_micro_batches, groups, _ = communication[case]
         assert num_micro_batches >= 2, case  # accumulation happens
-        expected = groups * (num_micro_batches if case[5] == "micro_batch" else 1)
+        expected = groups * (num_micro_batches if case[5].startswith("micro_batch") else 1)
         assert reduce_scatters == (expected if world > 1 else 0), case
+
+
+def test_gather_once_gathers_each_group_once_per_step(engine_run):
+    """Default: every shard group all-gathers twice per micro-batch (forward, and again in backward); ``gather_once``:
+    once per step, whatever the number of micro-batches. One rank gathers nothing."""
+    world, _, communication = engine_run
+    for case in STEP_CASES + GATHER_ONCE_CASES:
+        _, num_micro_batches, groups, all_gathers = communication[case]
+        gathers = groups if case[5].endswith("gather_once") else 2 * groups * num_micro_batches
+        if world > 1:  # the clip norm adds no all-gather; an extra one would mean parameters gathered again
+            assert all_gathers == gathers, (case, all_gathers, num_micro_batches, groups)
+        else:
+            assert all_gathers == 0, case
 
 
 def test_scaled_loss_is_caught(setup):

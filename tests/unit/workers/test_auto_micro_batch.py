@@ -79,7 +79,8 @@ def test_options_follow_the_config():
     config.actor.fsdp = FSDPConfig(reduce_dtype="bfloat16")
     options = sizing_options(config, "actor", world_size=4)
     assert options == dict(world_size=4, precision=Precision(compute_bytes=2, grad_bytes=2), checkpointing=True,
-                           packed=True, attention="eager", accumulating=True, logits_bytes=4)
+                           packed=True, attention="eager", accumulating=True, logits_bytes=4, gather_once=False)
+    assert sizing_options(config, "actor", world_size=4, device_type="cpu")["gather_once"]  # fsdp.gather_once=auto
 
 
 def test_an_explicit_micro_batch_is_left_alone(model):

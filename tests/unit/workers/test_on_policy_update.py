@@ -1,0 +1,83 @@
+"""``actor.old_log_prob=auto``: an exactly on-policy update (one epoch over one mini-batch) may skip the old-log-prob
+forward and use its own log-probs, detached — the same update as with the recomputed old log-probs; anything else
+without old log-probs is refused. The config rule that decides it is checked case by case."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from hybridrl.config import load_config
+from hybridrl.config.schema import ModelConfig, OptimConfig
+from hybridrl.config.sizes import reuses_update_log_probs
+from hybridrl.protocol import Batch, Fields
+from hybridrl.utils.tiny_model import save_tiny_model
+from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching
+from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
+from hybridrl.workers.model_builder import build_model
+from hybridrl.workers.optim import build_optimizer, build_scheduler
+
+ROWS, WIDTH, RESPONSE = 8, 10, 4
+
+
+def rollout_rows() -> Batch:
+    generator = torch.Generator().manual_seed(0)
+    mask = torch.ones(ROWS, WIDTH, dtype=torch.long)
+    mask[::2, -2:] = 0  # ragged responses
+    mask[1::3, :2] = 0  # left-padded prompts
+    input_ids = torch.randint(4, 60, (ROWS, WIDTH), generator=generator) * mask
+    return Batch(tensors={Fields.INPUT_IDS: input_ids, Fields.ATTENTION_MASK: mask,
+                          Fields.RESPONSES: input_ids[:, -RESPONSE:].clone(),
+                          Fields.RESPONSE_MASK: mask[:, -RESPONSE:].clone(),
+                          Fields.ADVANTAGES: torch.randn(ROWS, RESPONSE, generator=generator)})
+
+
+def engine(model) -> PolicyEngine:
+    optim = OptimConfig(lr=1e-2, eps=1e-6)
+    optimizer = build_optimizer(model, optim)
+    return PolicyEngine(model, dp=DataParallelGroup(), optimizer=optimizer,
+                        scheduler=build_scheduler(optimizer, optim, total_steps=2))
+
+
+@pytest.mark.parametrize("policy_loss", ["vanilla", "gspo", "cispo"])
+def test_update_without_old_log_probs_equals_the_recomputed_one(tmp_path, policy_loss):
+    model = build_model(ModelConfig(path=str(save_tiny_model(tmp_path / "m")), dtype="float32"), "actor")
+    twin, initial = copy.deepcopy(model), copy.deepcopy(model)
+    rows = rollout_rows()
+    settings = PolicyLossSettings(policy_loss=policy_loss, entropy_coeff=0.01)
+    micro = MicroBatching(micro_batch_size=3)  # the log-prob pass and the update cut the batch differently
+    recomputing, reusing = engine(model), engine(twin)
+    with_old = rows.union(recomputing.compute_log_prob(rows, MicroBatching(micro_batch_size=8), with_entropy=False))
+    assert Fields.OLD_LOG_PROBS in with_old and Fields.OLD_LOG_PROBS not in rows
+    logged_with = recomputing.update_policy(with_old, settings, micro, local_mini_batch_size=ROWS)
+    logged_without = reusing.update_policy(rows, settings, micro, local_mini_batch_size=ROWS)
+    for (name, param), twin_param in zip(model.named_parameters(), twin.parameters()):
+        assert torch.allclose(param, twin_param, rtol=1e-5, atol=1e-7), name
+    assert logged_without["pg_loss"] == pytest.approx(logged_with["pg_loss"], rel=1e-5, abs=1e-7)
+    assert logged_without["ppo_kl"] == 0.0 and logged_without["pg_clipfrac"] == 0.0  # ratio 1 by construction
+    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), initial.parameters()))  # it did update
+
+
+def test_update_without_old_log_probs_is_refused_off_policy(tmp_path):
+    model = build_model(ModelConfig(path=str(save_tiny_model(tmp_path / "m")), dtype="float32"), "actor")
+    rows, settings = rollout_rows(), PolicyLossSettings()
+    with pytest.raises(ValueError, match="no old_log_probs.*2 epoch"):
+        engine(model).update_policy(rows, settings, MicroBatching(micro_batch_size=4), local_mini_batch_size=ROWS,
+                                    epochs=2)
+    with pytest.raises(ValueError, match="mini-batches of 4 of 8 rows"):
+        engine(model).update_policy(rows, settings, MicroBatching(micro_batch_size=4), local_mini_batch_size=4)
+
+
+@pytest.mark.parametrize("overrides, reuses", [
+    ([], False),  # defaults: ppo_mini_batch_size 16 < data.train_batch_size
+    (["actor.ppo_mini_batch_size=${data.train_batch_size}"], True),
+    (["actor.ppo_mini_batch_size=${data.train_batch_size}", "actor.ppo_epochs=2"], False),
+    (["actor.ppo_mini_batch_size=${data.train_batch_size}", "actor.old_log_prob=recompute"], False),
+    (["actor.ppo_mini_batch_size=${data.train_batch_size}", "algorithm.use_kl_in_reward=true"], False),
+    (["actor.ppo_mini_batch_size=${data.train_batch_size}", "actor.adaptive_accumulation.enable=true",
+      "actor.log_grad_noise_scale=true"], False),
+])
+def test_which_configs_skip_the_old_log_prob_pass(overrides, reuses):
+    assert reuses_update_log_probs(load_config(overrides, check_paths=False)) is reuses
