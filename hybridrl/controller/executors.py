@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridrl.controller.resource_pool import ResourcePool, Slot
 from hybridrl.controller.worker import RankSpec, Worker, WorkerHost
-from hybridrl.utils.distributed import cpu_threads_per_worker, worker_process_env
+from hybridrl.utils.distributed import cpu_share_per_worker, worker_process_env
 from hybridrl.utils.secrets import split_secrets
 
 
@@ -109,7 +109,8 @@ class RayExecutor:
                 scheduling_strategy=_bundle_strategy(slot),
                 runtime_env={"env_vars": env},
                 max_restarts=0, max_task_retries=0,
-            ).remote(f"{role} rank {slot.rank}/{pool.world_size}", cpu_threads_per_worker(spec.device), secret_env)
+            ).remote(f"{role} rank {slot.rank}/{pool.world_size}",
+                     cpu_share_per_worker(spec.device, spec.devices_per_node, bundle_share), secret_env)
             for slot in pool.slots()
         ]
         self.role = role

@@ -136,11 +136,11 @@ _local_group_owned = False
 class WorkerHost:
     """One rank of a worker group: process set-up, the worker object, and method execution."""
 
-    def __init__(self, label: str = "", num_threads: Optional[int] = None,
+    def __init__(self, label: str = "", cpu_share: Optional[float] = None,
                  secret_env: Optional[dict[str, str]] = None) -> None:
         os.environ.update(secret_env or {})  # credentials from trainer.ray.worker_env (kept out of Ray's runtime_env)
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
+        if cpu_share is not None:  # a CPU worker: its share of this node's cores (dist_utils.cpu_share_per_worker)
+            torch.set_num_threads(dist_utils.threads_for_cpu_share(cpu_share))
         self._label = label
         self._worker: Optional[Worker] = None
         self._spec: Optional[RankSpec] = None

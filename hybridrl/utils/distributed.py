@@ -58,9 +58,22 @@ def worker_process_env(device: str, extra: Optional[Mapping[str, str]] = None) -
     return env
 
 
-def cpu_threads_per_worker(device: str) -> Optional[int]:
-    """``torch.set_num_threads`` value for a worker: 1 on CPU (see ``worker_process_env``), unchanged on CUDA."""
-    return 1 if device == "cpu" else None
+def cpu_share_per_worker(device: str, devices_per_node: int, bundle_share: float) -> Optional[float]:
+    """The share of its node's CPUs a worker may use for torch's threads: on CPU its device slot's part of the node
+    (``1 / devices_per_node``) times its share of the slot (``bundle_share``: several groups colocated on one slot
+    split it); ``None`` on CUDA (torch's default, unchanged). See :func:`threads_for_cpu_share`."""
+    return bundle_share / devices_per_node if device == "cpu" else None
+
+
+def threads_for_cpu_share(share: float) -> int:
+    """``torch.set_num_threads`` value for a CPU worker with ``share`` of this node's usable CPUs: at least 1. Two
+    ranks on a 2-core machine get one thread each (the OpenMP pools do not oversubscribe: ``OMP_NUM_THREADS=1`` in
+    ``worker_process_env``); one rank gets both cores."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, int(cpus * share + 1e-9))
 
 
 def rank_env(rank: int, world_size: int, local_rank: int, local_world_size: int,

@@ -20,7 +20,9 @@ def build_adamw(params: list[nn.Parameter], *, lr: float, betas: tuple[float, fl
     smaller ones, like norm weights, stay fp32), or bitsandbytes' ``AdamW8bit`` on CUDA without torchao.
     """
     if state_precision == "fp32":
-        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=False)
+        # foreach: one multi-tensor kernel per update step instead of a Python loop over parameters (torch picks it on
+        # CUDA by default, not on CPU; it costs one temporary the size of the shards, which the CPU can afford).
+        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)
     if state_precision != "8bit":
         raise ConfigError([("optim.state_precision", state_precision, "unknown; expected one of fp32, 8bit")])
     if eight_bit_backend(device_type) == "bitsandbytes":
