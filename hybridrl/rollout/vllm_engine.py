@@ -269,7 +269,8 @@ def _engine_kwargs(settings: VLLMSettings, *, on_cpu: bool) -> dict:
     kwargs = dict(dtype=settings.dtype, seed=settings.seed, tensor_parallel_size=settings.tensor_parallel_size,
                   enforce_eager=settings.enforce_eager, max_model_len=settings.max_model_len,
                   max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens,
-                  enable_prefix_caching=settings.enable_prefix_caching)
+                  enable_prefix_caching=settings.enable_prefix_caching,
+                  use_tqdm_on_load=False)  # a progress bar per rank for a load of a second buries the trainer's own
     if settings.kv_cache_memory_mb is not None:
         kwargs["kv_cache_memory_bytes"] = settings.kv_cache_memory_mb << 20
     else:
