@@ -23,20 +23,17 @@ def host_rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def memory_metrics(device: torch.device, dp=None) -> dict[str, float]:
-    """``memory/host_rss_gib``, ``memory/host_peak_rss_gib`` and, on CUDA, ``memory/device_allocated_gib``,
-    ``memory/device_reserved_gib`` and ``memory/device_peak_allocated_gib`` — the allocator's peak since the previous
-    call (the counter is reset, so each step reports its own peak).
-
-    With a data-parallel group ``dp`` of several ranks each figure is the maximum over its ranks (one all-reduce), so
-    every rank returns the same metrics — the worst rank is the one that runs out of memory.
-    """
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """This process's ``memory/host_rss_gib``, ``memory/host_peak_rss_gib`` and, on CUDA,
+    ``memory/device_allocated_gib``, ``memory/device_reserved_gib`` and ``memory/device_peak_allocated_gib`` — the
+    allocator's peak since the previous call (the counter is reset, so each step reports its own peak). Workers report
+    the worst rank's figures (:func:`max_over_ranks`): the worst rank is the one that runs out of memory."""
     metrics = {"memory/host_rss_gib": host_rss_bytes() / GIB,
                "memory/host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB}
     if device.type == "cuda":
         metrics.update({key: getattr(torch.cuda, function)(device) / GIB for key, function in CUDA_MEMORY_KEYS})
         torch.cuda.reset_peak_memory_stats(device)
-    return max_over_ranks(metrics, device, dp)
+    return metrics
 
 
 def max_over_ranks(metrics: dict[str, float], device: torch.device, dp=None) -> dict[str, float]:
