@@ -45,8 +45,11 @@ class ModelConfig(FreezableConfig):
     """Tokenizer directory; ``null`` means the same as ``model.path``."""
     dtype: str = "bfloat16"
     """Compute dtype of forward/backward passes: ``float32`` | ``bfloat16`` | ``float16``. Master weights stay fp32."""
-    attn_implementation: str = "sdpa"
-    """``sdpa`` | ``eager`` | ``flex_attention`` | ``flash_attention_2`` (GPU with flash-attn installed only)."""
+    attn_implementation: str = "auto"
+    """``auto`` | ``sdpa`` | ``eager`` | ``flex_attention`` | ``flash_attention_2`` (GPU with flash-attn installed
+    only). ``auto``: on GPU flash-attn 2 when installed and the dtype is bf16/fp16, else ``sdpa``; on CPU direct
+    matmul-softmax attention for short sequences (query × key ≤ 192², where it is 1.5–6× faster than CPU sdpa) and
+    ``sdpa`` for longer ones (``hybridrl.workers.attention``)."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30 % more compute)."""
     use_remove_padding: bool = False

@@ -21,7 +21,7 @@ __all__ = ["DATA_FILE_SUFFIXES", "critic_enabled", "resolved_device", "validate_
 
 # Choices owned by the config layer. Names owned by a registry (estimators, losses, …) are read from that registry.
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2")
+ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flex_attention", "flash_attention_2")
 ROLLOUT_ENGINES = ("hf", "vllm")
 TRUNCATION_MODES = ("error", "left", "right")
 DEVICES = ("auto", "cuda", "cpu")

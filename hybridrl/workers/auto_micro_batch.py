@@ -30,6 +30,7 @@ from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import BatchPlan, gathers_once
 from hybridrl.workers.accumulation import DataParallelGroup
 from hybridrl.workers.memory_probe import MeasureFn, max_over_ranks, make_probe
+from hybridrl.workers.attention import attention_implementation
 from hybridrl.workers.model_builder import torch_dtype
 from hybridrl.workers.memory_sizing import (
     FP32,
@@ -79,7 +80,8 @@ def sizing_options(config: TrainConfig, role: str, world_size: int, device_type:
                           grad_bytes=torch_dtype(fsdp.reduce_dtype).itemsize)
     # FSDP2's root returns fp32 outputs (hybridrl.workers.fsdp), so the loss sees fp32 logits.
     return dict(world_size=world_size, precision=precision, checkpointing=model.enable_gradient_checkpointing,
-                packed=model.use_remove_padding, attention=model.attn_implementation,
+                packed=model.use_remove_padding,
+                attention=attention_implementation(model.attn_implementation, device_type, torch_dtype(model.dtype)),
                 accumulating=fsdp.grad_sync == "step", logits_bytes=FP32,
                 gather_once=gathers_once(fsdp.gather_once, device_type))
 

@@ -14,7 +14,9 @@ counter (``tests/unit/workers/test_memory_sizing.py``: saved bytes within 0.2 %,
   k, v, attention output, fp32 log-sum-exp; the o-projection input shares the output's storage) ``+ 4·c·I`` (gate,
   up, SiLU and product). With an explicit attention mask (padding, or packed sequences under ``sdpa``) k and v are
   repeated to q's width (``c·4q``) and each layer saves its own float copy of the mask: ``c · rows · row_length²``
-  per layer. ``flash_attention_2`` (varlen) has neither.
+  per layer. ``flash_attention_2`` (varlen) has neither. The CPU kernel of ``attn_implementation=auto`` on short
+  rows (``hybridrl.workers.attention``) saves no log-sum-exp but each head's fp32 softmax and its compute-dtype copy,
+  ``(4 + c) · a · row_length²`` per row per layer (``4 ·`` in fp32), with k and v repeated, and references the boolean mask once.
 - with activation checkpointing a layer saves only its input, ``c·h`` per token (plus one layer's full set while it
   is recomputed in backward).
 - after the layers: ``4h + 4 + c·h`` per token (final norm) and ``c·h`` per LM-head position (its input: a causal LM
@@ -45,6 +47,7 @@ from typing import Optional, Sequence
 
 
 from hybridrl.algorithms.logits import DEFAULT_CHUNK_SIZE
+from hybridrl.workers.attention import computes_directly
 # The measurement side lives next door; re-exported so callers need one import.
 from hybridrl.workers.memory_probe import (  # noqa: F401
     LiveTensorPeak,
@@ -130,14 +133,17 @@ class ForwardLayout:
     masked: bool = True
     head_positions: Optional[int] = None
     gathers: bool = True
+    direct_attention: bool = False
 
     @classmethod
     def padded(cls, micro_batch_size: int, seq_len: int, response_length: Optional[int] = None, *,
-               masked: bool = True) -> "ForwardLayout":
-        """Rows of ``seq_len`` (the batch's padded width); responses (default: all columns) are all scored."""
+               masked: bool = True, attention: str = "sdpa") -> "ForwardLayout":
+        """Rows of ``seq_len`` (the batch's padded width); responses (default: all columns) are all scored.
+        ``attention``: the resolved kernel name (``hybridrl.workers.attention.attention_implementation``)."""
         response = seq_len if response_length is None else response_length
         return cls(micro_batch_size, seq_len, micro_batch_size * response, response, masked=masked,
-                   head_positions=micro_batch_size * min(seq_len, response + 1))
+                   head_positions=micro_batch_size * min(seq_len, response + 1),
+                   direct_attention=computes_directly(attention, seq_len))
 
     @classmethod
     def packed(cls, num_tokens: int, num_loss_tokens: Optional[int] = None, *,
@@ -145,7 +151,7 @@ class ForwardLayout:
         """One packed row of ``num_tokens``; sdpa builds an ``[N, N]`` block-diagonal mask, varlen flash does not."""
         loss_tokens = num_tokens if num_loss_tokens is None else num_loss_tokens
         return cls(1, num_tokens, loss_tokens, 0, masked=attention != "flash_attention_2", head_positions=loss_tokens,
-                   gathers=False)
+                   gathers=False, direct_attention=computes_directly(attention, num_tokens))
 
     @property
     def num_tokens(self) -> int:
@@ -188,6 +194,20 @@ def layer_bytes_per_token(shape: DecoderShape, compute_bytes: int, masked: bool)
     return norms + projection_inputs + attention + mlp
 
 
+def attention_layer_bytes(shape: DecoderShape, layout: ForwardLayout, compute_bytes: int) -> int:
+    """Bytes one decoder layer saves for ``layout`` without checkpointing: the per-token terms plus the attention's
+    per-row terms (sdpa: a float copy of an explicit mask; the direct CPU kernel: the softmax in fp32 and in the
+    compute dtype, and a causal ``[T, T]`` boolean mask when none is given)."""
+    c, rows, length, n = compute_bytes, layout.num_rows, layout.row_length, layout.num_tokens
+    if not layout.direct_attention:
+        mask = c * rows * length ** 2 if layout.masked else 0
+        return n * layer_bytes_per_token(shape, c, layout.masked) + mask
+    softmax_copy = c if c != FP32 else 0  # in fp32 the weights are the softmax output itself
+    scores = (FP32 + softmax_copy) * rows * shape.num_heads * length ** 2
+    causal = 0 if layout.masked else length ** 2
+    return n * (layer_bytes_per_token(shape, c, masked=True) - FP32 * shape.num_heads) + scores + causal
+
+
 def logits_bytes_peaks(shape: DecoderShape, layout: ForwardLayout, *, compute_bytes: int = FP32,
                        logits_bytes: int = FP32, chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[int, int]:
     """``(forward, backward)`` peak bytes of the logits path on top of the layers' saved activations.
@@ -224,12 +244,13 @@ def activation_bytes(shape: DecoderShape, layout: ForwardLayout, *, compute_byte
     model hands bf16 logits to the loss).
     """
     c, h, n = compute_bytes, shape.hidden_size, layout.num_tokens
-    mask = c * layout.num_rows * layout.row_length ** 2 if layout.masked else 0  # one float copy per layer
-    full_layer = n * layer_bytes_per_token(shape, c, layout.masked) + mask
+    full_layer = attention_layer_bytes(shape, layout, c)
     per_layer = shape.num_layers * (n * c * h if checkpointing else full_layer)
     final = n * (FP32 * h + FP32 + c * h) + layout.num_head_positions * c * h  # final norm; LM-head input
     rope = n * 2 * shape.head_dim * c
     shared = n * 8 + (0 if checkpointing else rope)  # checkpointed layers hold the rope tables, they do not save them
+    if layout.direct_attention and layout.masked:
+        shared += layout.num_rows * layout.row_length ** 2  # the boolean mask every layer references
     logits_forward, logits_backward = logits_bytes_peaks(shape, layout, compute_bytes=c, logits_bytes=logits_bytes)
     # While a checkpointed layer is recomputed: its full saved set, the held rope tables, and the gradient
     # temporaries of its backward (one [N, I], two [N, h]).
@@ -320,7 +341,8 @@ def estimate_micro_batch_bytes(shape: DecoderShape, micro_batch_size: int, seq_l
     if packed:
         layout = ForwardLayout.packed(micro_batch_size * seq_len, attention=attention)
     else:
-        layout = ForwardLayout.padded(micro_batch_size, seq_len, masked=attention != "flash_attention_2")
+        layout = ForwardLayout.padded(micro_batch_size, seq_len, masked=attention != "flash_attention_2",
+                                      attention=attention)
     return MemoryEstimate(
         states=model_state_bytes(shape, world_size=world_size, precision=precision, accumulating=accumulating,
                                  gather_once=gather_once),

@@ -8,7 +8,6 @@ compute comes from FSDP2's mixed-precision policy, not from the stored weights.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from pathlib import Path
 from typing import Literal
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 from hybridrl.config.schema import ModelConfig
+from hybridrl.workers.attention import attention_implementation
 from hybridrl.workers.precision import apply_fp8_compute
 
 logger = logging.getLogger(__name__)
@@ -34,22 +34,6 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def attention_implementation(requested: str, device_type: str) -> str:
-    """The attention kernel to use: ``flash_attention_2`` only on CUDA with flash-attn installed, else ``sdpa``.
-
-    The fallback is logged once with its reason rather than failing deep inside transformers.
-    """
-    if requested != "flash_attention_2":
-        return requested
-    if device_type != "cuda":
-        logger.warning("model.attn_implementation=flash_attention_2 needs a CUDA device; using sdpa on %s", device_type)
-        return "sdpa"
-    if importlib.util.find_spec("flash_attn") is None:
-        logger.warning("model.attn_implementation=flash_attention_2 but flash-attn is not installed; using sdpa")
-        return "sdpa"
-    return requested
-
-
 def build_model(model_config: ModelConfig, role: ModelRole, *, path: str | None = None,
                 device_type: str = "cpu") -> nn.Module:
     """Load the model for ``role`` from ``path`` (default ``model_config.path``) in fp32, on CPU, in train mode.
@@ -62,7 +46,8 @@ def build_model(model_config: ModelConfig, role: ModelRole, *, path: str | None 
     model_path = path or model_config.path
     common = dict(
         dtype=torch.float32,
-        attn_implementation=attention_implementation(model_config.attn_implementation, device_type),
+        attn_implementation=attention_implementation(model_config.attn_implementation, device_type,
+                                                     torch_dtype(model_config.dtype)),
         trust_remote_code=model_config.trust_remote_code,
     )
     if role in ("actor", "reference"):

@@ -112,6 +112,7 @@ def test_micro_batch_norms_under_fsdp2(model_dir, tmp_path, compute_dtype, toler
 def probe_on_rank(rank, world, model_dir, out_path):
     from torch.distributed.device_mesh import init_device_mesh
 
+    from hybridrl.workers.attention import CPU_ATTENTION  # what model.attn_implementation=auto builds on CPU
     from hybridrl.workers.fsdp import ShardingOptions, shard_model
     from hybridrl.workers.memory_sizing import DecoderShape, Precision, estimate_micro_batch_bytes, probe_peak_bytes
 
@@ -124,7 +125,7 @@ def probe_on_rank(rank, world, model_dir, out_path):
         for micro_batch_size, seq_len in ((4, 64), (8, 128)):
             measured = probe_peak_bytes(model, micro_batch_size, seq_len, accumulating=accumulating, dp=dp)
             predicted = estimate_micro_batch_bytes(shape, micro_batch_size, seq_len, world_size=world,
-                                                   accumulating=accumulating,
+                                                   accumulating=accumulating, attention=CPU_ATTENTION,
                                                    precision=Precision(optimizer_bytes_per_param=0)).total
             rows.append((accumulating, micro_batch_size, seq_len, measured, predicted))
     if rank == 0:

@@ -23,7 +23,8 @@ def model_dir(tmp_path_factory):
 
 def write_checkpoint(run_dir, model_path, step=3):
     """A run's checkpoint as the trainer writes it, with weights that differ from ``model_path``'s (one Adam step)."""
-    model = build_model(ModelConfig(path=str(model_path)), "actor")
+    # sdpa, as the exported model loads in transformers: the logits below are compared bit for bit
+    model = build_model(ModelConfig(path=str(model_path), attn_implementation="sdpa"), "actor")
     optimizer = build_optimizer(model, OptimConfig(lr=1e-2))
     scheduler = build_scheduler(optimizer, OptimConfig(lr=1e-2), total_steps=10)
     ids = torch.arange(1, 9).unsqueeze(0)

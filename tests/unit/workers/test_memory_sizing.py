@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
+from hybridrl.workers.attention import attention_implementation
 from hybridrl.workers.memory_sizing import (
     DecoderShape,
     ForwardLayout,
@@ -35,10 +36,12 @@ PEAK_TOLERANCE = 0.10  # the peak: transient temporaries are modelled per step, 
 VOCAB = 2048  # large enough that the logits terms matter, as they do at a real 150k vocabulary
 
 
-def tiny(architecture="llama", *, num_layers=2, vocab=VOCAB, dtype=torch.float32, checkpointing=False):
+def tiny(architecture="llama", *, num_layers=2, vocab=VOCAB, dtype=torch.float32, checkpointing=False,
+         attention="sdpa"):
     spec = TinyModelSpec(architecture=architecture, hidden_size=128, num_layers=num_layers, num_heads=4,
                          num_kv_heads=2, intermediate_size=320)
     model = build_tiny_model(spec, vocab, pad_token_id=0, eos_token_id=1).to(dtype)
+    model.set_attn_implementation(attention_implementation(attention, "cpu"))
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()
@@ -62,12 +65,17 @@ CASES = {  # name: (model options, rows, length, response, padded, packed)
     "checkpointing": (dict(checkpointing=True), 4, 64, 32, True, False),
     "checkpointing-4-layers": (dict(checkpointing=True, num_layers=4, vocab=512), 8, 128, 64, True, False),
     "longer-small-vocab": (dict(vocab=512), 8, 128, 64, True, False),
+    # attn_implementation=auto on CPU: rows of ≤ 192 tokens take the direct kernel, which saves the score matrices
+    "cpu-kernel-padded": (dict(attention="auto"), 4, 64, 32, True, False),
+    "cpu-kernel-unpadded-bf16": (dict(attention="auto", dtype=torch.bfloat16), 4, 128, 64, False, False),
+    "cpu-kernel-long-rows-use-sdpa": (dict(attention="auto", vocab=512), 2, 256, 64, True, False),
 }
 
 
 def analytic_and_layout(model, options, rows, length, response, padded, packed, attention_mask):
-    layout = (ForwardLayout.packed(int(attention_mask.sum()), rows * response) if packed
-              else ForwardLayout.padded(rows, length, response, masked=padded))
+    attention = attention_implementation(options.get("attention", "sdpa"), "cpu")
+    layout = (ForwardLayout.packed(int(attention_mask.sum()), rows * response, attention=attention) if packed
+              else ForwardLayout.padded(rows, length, response, masked=padded, attention=attention))
     compute = 2 if options.get("dtype") == torch.bfloat16 else 4
     estimate = activation_bytes(DecoderShape.from_hf_config(model.config), layout, compute_bytes=compute,
                                 logits_bytes=compute, checkpointing=options.get("checkpointing", False))
