@@ -44,6 +44,10 @@ class RayConfig(FreezableConfig):
     failure_grace_s: float = 5.0
     """After one rank raises, seconds to wait for its peers to finish; peers still running after that are taken to be
     stuck (e.g. in a collective the failed rank never joined) and the whole group is stopped."""
+    cpu_keep_freed_memory: bool = True
+    """CPU workers: glibc's ``malloc`` serves large tensors from its heap and never trims it, instead of mapping
+    fresh pages for each one and faulting them in again every micro-batch (SmolLM2-135M's update: 8.3 → 7.3 s on a
+    2-core CPU). Resident memory then stays at the step's peak. ``false``: glibc's defaults."""
     worker_env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for every worker process (merged over hybridrl's defaults; ``PYTHONPATH``
     entries are prepended to the one that makes ``hybridrl`` importable)."""

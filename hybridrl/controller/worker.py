@@ -32,6 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from hybridrl.controller.errors import RankLocation
 from hybridrl.protocol import Batch
+from hybridrl.utils import cpu_malloc
 from hybridrl.utils import distributed as dist_utils
 
 
@@ -137,10 +138,12 @@ class WorkerHost:
     """One rank of a worker group: process set-up, the worker object, and method execution."""
 
     def __init__(self, label: str = "", cpu_share: Optional[float] = None,
-                 secret_env: Optional[dict[str, str]] = None) -> None:
+                 secret_env: Optional[dict[str, str]] = None, keep_freed_memory: bool = False) -> None:
         os.environ.update(secret_env or {})  # credentials from trainer.ray.worker_env (kept out of Ray's runtime_env)
         if cpu_share is not None:  # a CPU worker: its share of this node's cores (dist_utils.cpu_share_per_worker)
             torch.set_num_threads(dist_utils.threads_for_cpu_share(cpu_share))
+            if keep_freed_memory:  # trainer.ray.cpu_keep_freed_memory
+                cpu_malloc.keep_freed_memory()
         self._label = label
         self._worker: Optional[Worker] = None
         self._spec: Optional[RankSpec] = None
