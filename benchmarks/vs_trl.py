@@ -56,7 +56,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--micro", type=int, default=8, help="sequences per machine-wide micro-step")
     parser.add_argument("--accumulation", type=int, default=4)
-    parser.add_argument("--dp", type=int, default=2, help="hybridrl ranks (1 thread each; TRL: 1 process, 2 threads)")
+    parser.add_argument("--dp", type=int, default=1,
+                        help="hybridrl ranks, sharing the machine's cores (1: TRL's layout, one process; 2: the demo's)")
     parser.add_argument("--trl-threads", type=int, default=0, help="torch threads for TRL (0: torch's default)")
     parser.add_argument("--trl-python", default=".venv-trl/bin/python")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per subprocess")

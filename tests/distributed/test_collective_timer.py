@@ -22,6 +22,7 @@ LATE_S = 0.4
 
 def timer_rank(rank: int, world: int) -> None:
     original = dist.all_reduce
+    dist.barrier()  # start together: a rank 0 that is itself late by > 10 % of LATE_S would wait less than it
     with CollectiveTimer() as timer:
         assert dist.all_reduce is not original
         if rank == 1:
