@@ -74,8 +74,10 @@ def cpu_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     q_length, k_length = query.shape[2], key.shape[2]
-    special = kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None or kwargs.get("cache") is not None
-    causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
+    # soft-capping, attention sinks, position biases and paged caches: sdpa's function handles (or refuses) them
+    special = any(kwargs.get(name) is not None for name in ("softcap", "s_aux", "position_bias", "cache"))
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else causal
     if q_length * k_length > EAGER_MAX_SCORES or special or not causal:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
