@@ -54,6 +54,12 @@ class ModelConfig(FreezableConfig):
     """Recompute activations in the backward pass (less memory, ~30 % more compute)."""
     use_remove_padding: bool = False
     """Pack micro-batches without pad tokens (per-sequence position ids); outputs equal the padded computation."""
+    share_prompts: bool = True
+    """Padded micro-batches (``use_remove_padding=false``): run the responses to one prompt (``rollout.n`` > 1) as
+    one row over a single copy of the prompt, each response seeing the prompt and itself only — the same outputs and
+    gradients with the prompt computed once. Used per micro-batch when its estimated FLOPs are lower (short
+    responses; long ones stay padded) and the attention takes custom masks (eager, sdpa, the CPU kernel; not
+    flash-attn 2 or flex attention)."""
     trust_remote_code: bool = False
     """Allow model code shipped inside the model directory. Off by default: it executes that code."""
     use_torch_compile: bool = False

@@ -122,7 +122,11 @@ class MemoryPlan:
 
 # ------------------------------------------------------------------------------------------------------ role models
 def training_layout(config: TrainConfig, role: str, micro_batch: int) -> ForwardLayout:
-    """The worst-case micro-batch of ``role``: full-length rows (max prompt + max response), responses scored."""
+    """The worst-case micro-batch of ``role``: full-length rows (max prompt + max response), responses scored.
+
+    ``model.share_prompts`` is not modelled: it replaces padded rows only when that costs fewer FLOPs and holds at
+    most twice their attention scores (``hybridrl.workers.shared_prompts.grouping_pays``), with fewer rows through
+    every other activation."""
     role_config = getattr(config, role)
     seq_len = config.data.max_prompt_length + config.data.max_response_length
     attention = config.model.attn_implementation

@@ -26,6 +26,7 @@ from hybridrl.protocol import Batch
 from hybridrl.config.validation import GRAD_SYNC_MODES
 from hybridrl.workers.fsdp import parameters_kept_gathered, set_gradient_sync, syncs_gradients
 from hybridrl.workers.optim import clipped_step
+from hybridrl.workers.shared_prompts import prompts_together
 
 # (micro_batch, global_normalizer) -> (loss to backpropagate, metrics of this micro-batch as floats)
 MicroBatchLoss = Callable[[Batch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
@@ -213,7 +214,7 @@ def forward_micro_batches(model: nn.Module, data: Batch, micro_batching: MicroBa
 
 def train_epochs(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, data: Batch, loss_fn: MicroBatchLoss,
                  *, loss_agg_mode: str, micro_batching: MicroBatching, dp: DataParallelGroup, grad_clip: float,
-                 local_mini_batch_size: int, epochs: int, shuffle: bool, seed: int,
+                 local_mini_batch_size: int, epochs: int, shuffle: bool, seed: int, group_prompts: bool = False,
                  after_step: Optional[Callable[[dict[str, float]], dict[str, float]]] = None,
                  before_step: Optional[Callable[[int], dict[str, float]]] = None) -> dict[str, float]:
     """PPO-style epochs over this rank's data, one optimizer step per mini-batch; metrics averaged over steps.
@@ -223,7 +224,8 @@ def train_epochs(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
     """
     model.train()
     per_step = []
-    mini_batches = iterate_mini_batches(data, local_mini_batch_size, epochs=epochs, shuffle=shuffle, seed=seed)
+    mini_batches = iterate_mini_batches(data, local_mini_batch_size, epochs=epochs, shuffle=shuffle, seed=seed,
+                                        group_prompts=group_prompts)
     per_epoch = len(mini_batches) // max(epochs, 1)
     for index, mini_batch in enumerate(mini_batches):
         extra = None if before_step is None else functools.partial(before_step, index % per_epoch)
@@ -236,8 +238,12 @@ def train_epochs(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
 
 
 def iterate_mini_batches(data: Batch, local_mini_batch_size: int, *, epochs: int, shuffle: bool,
-                         seed: int) -> list[Batch]:
-    """This rank's mini-batches for all PPO epochs, shuffled per epoch with a generator seeded by ``seed``."""
+                         seed: int, group_prompts: bool = False) -> list[Batch]:
+    """This rank's mini-batches for all PPO epochs, shuffled per epoch with a generator seeded by ``seed``.
+
+    ``group_prompts``: after a shuffle, the rows of each mini-batch are put back next to the other responses to
+    their prompt (:func:`~hybridrl.workers.shared_prompts.prompts_together`), so micro-batches can share prompts.
+    """
     mini_batches: list[Batch] = []
     for epoch in range(epochs):
         if shuffle:
@@ -249,7 +255,8 @@ def iterate_mini_batches(data: Batch, local_mini_batch_size: int, *, epochs: int
         if count * local_mini_batch_size != len(epoch_data):
             raise ValueError(f"this rank holds {len(epoch_data)} sequences, not a multiple of the local mini-batch "
                              f"{local_mini_batch_size}; check the batch plan")
-        mini_batches += epoch_data.split([local_mini_batch_size] * count)
+        parts = epoch_data.split([local_mini_batch_size] * count)
+        mini_batches += [prompts_together(part) for part in parts] if shuffle and group_prompts else parts
     return mini_batches
 
 

@@ -65,11 +65,12 @@ class PolicyEngine:
         optimizer, scheduler: from ``hybridrl.workers.optim`` (``None`` for a frozen reference policy).
         dp: this rank's data-parallel group.
         packed: forward without pad tokens (``model.use_remove_padding``).
+        share_prompts: run the responses to one prompt over a single copy of it (``model.share_prompts``).
         grad_clip: maximum global gradient norm (``actor.grad_clip``).
         grad_noise_scale: measure each micro-batch's gradient and log the noise scale (``actor.log_grad_noise_scale``).
     """
 
-    def __init__(self, model: nn.Module, *, dp: DataParallelGroup, packed: bool = False,
+    def __init__(self, model: nn.Module, *, dp: DataParallelGroup, packed: bool = False, share_prompts: bool = False,
                  optimizer: Optional[torch.optim.Optimizer] = None, scheduler=None, grad_clip: float = 1.0,
                  grad_noise_scale: bool = False) -> None:
         self.model = model
@@ -80,6 +81,7 @@ class PolicyEngine:
         self.scheduler = scheduler
         self.dp = dp
         self.packed = packed
+        self.share_prompts = share_prompts
         self.ewc: Optional[EWCRegularizer] = None
 
     def enable_ewc(self, coef: float, batches: list[Batch], micro_batching: MicroBatching) -> None:
@@ -103,7 +105,8 @@ class PolicyEngine:
         def forward(micro_batch: Batch) -> dict[str, torch.Tensor]:
             log_prob, entropy = response_log_probs(
                 self.model, micro_batch[Fields.INPUT_IDS], micro_batch[Fields.ATTENTION_MASK], response_length,
-                temperature=sampling_temperature(data), packed=self.packed, with_entropy=with_entropy)
+                temperature=sampling_temperature(data), packed=self.packed, share_prompts=self.share_prompts,
+                with_entropy=with_entropy)
             return {Fields.OLD_LOG_PROBS: log_prob, **({Fields.ENTROPY: entropy} if with_entropy else {})}
 
         return forward_micro_batches(self.model, data, micro_batching, self.dp, forward)
@@ -115,8 +118,8 @@ class PolicyEngine:
             response_mask = micro_batch[Fields.RESPONSE_MASK]
             log_prob, entropy = response_log_probs(
                 self.model, micro_batch[Fields.INPUT_IDS], micro_batch[Fields.ATTENTION_MASK],
-                response_mask.shape[-1], temperature=temperature, packed=self.packed, with_entropy=True,
-                entropy_grad=settings.entropy_coeff != 0)
+                response_mask.shape[-1], temperature=temperature, packed=self.packed,
+                share_prompts=self.share_prompts, with_entropy=True, entropy_grad=settings.entropy_coeff != 0)
             aggregate = dict(response_mask=response_mask, mode=settings.loss_agg_mode, normalizer=normalizer,
                              loss_scale_factor=settings.loss_scale_factor)
             # Without old log-probs the update is exactly on-policy (checked in update_policy): π_old = π_θ.
@@ -147,7 +150,7 @@ class PolicyEngine:
             response_mask = micro_batch[Fields.RESPONSE_MASK]
             log_prob, _ = response_log_probs(self.model, micro_batch[Fields.INPUT_IDS],
                                              micro_batch[Fields.ATTENTION_MASK], response_mask.shape[-1],
-                                             packed=self.packed)
+                                             packed=self.packed, share_prompts=self.share_prompts)
             loss = aggregate_loss(-log_prob, response_mask, "token-mean", normalizer=normalizer)
             return loss, {"sft_loss": float(masked_mean(-log_prob.detach(), response_mask))}
 
@@ -196,7 +199,8 @@ class PolicyEngine:
         metrics = train_epochs(self.model, self.optimizer, scheduler, data, loss_fn,
                                loss_agg_mode=settings.loss_agg_mode, micro_batching=micro_batching, dp=self.dp,
                                grad_clip=self.grad_clip, local_mini_batch_size=local_mini_batch_size, epochs=epochs,
-                               shuffle=shuffle, seed=seed, after_step=None if monitor is None else monitor.after_step,
+                               shuffle=shuffle, seed=seed, group_prompts=self.share_prompts and not self.packed,
+                               after_step=None if monitor is None else monitor.after_step,
                                before_step=combine_hooks(mixer, None if ewc is None else lambda _: ewc.add_gradient()))
         if control is not None:
             metrics.update(control.metrics())

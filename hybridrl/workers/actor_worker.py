@@ -97,7 +97,8 @@ class ActorRolloutRefWorker(Worker):
         optimizer_steps = total_training_steps * self.plan.num_mini_batches * config.actor.ppo_epochs
         scheduler = build_scheduler(optimizer, config.actor.optim, optimizer_steps)
         packed = config.model.use_remove_padding
-        self.actor = PolicyEngine(actor_model, dp=dp, packed=packed, optimizer=optimizer, scheduler=scheduler,
+        share_prompts = config.model.share_prompts
+        self.actor = PolicyEngine(actor_model, dp=dp, packed=packed, share_prompts=share_prompts, optimizer=optimizer, scheduler=scheduler,
                                   grad_clip=config.actor.grad_clip, grad_noise_scale=config.actor.log_grad_noise_scale)
         self.reference = None
         self.lora = lora_enabled(config.model.lora)
@@ -105,7 +106,7 @@ class ActorRolloutRefWorker(Worker):
         if with_reference and not self.lora:
             reference_model = build_model(config.model, "reference", device_type=device_type).to(self.device)
             shard_model(reference_model, self.dp_mesh, sharding_options(config, config.ref.param_offload))
-            self.reference = PolicyEngine(reference_model, dp=dp, packed=packed)
+            self.reference = PolicyEngine(reference_model, dp=dp, packed=packed, share_prompts=share_prompts)
         self.rollout = self._build_rollout(actor_model, dp)
         self.loss_settings = PolicyLossSettings.from_config(config.actor, config.data.max_response_length)
         # Sized last, so that on a GPU the budget sees what the reference and the rollout engine already hold.

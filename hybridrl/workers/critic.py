@@ -41,11 +41,12 @@ class ValueLossSettings:
 class ValueEngine:
     """Values and updates for one value model (``AutoModelForTokenClassification`` with one label) on one rank."""
 
-    def __init__(self, model: nn.Module, *, dp: DataParallelGroup, packed: bool = False,
+    def __init__(self, model: nn.Module, *, dp: DataParallelGroup, packed: bool = False, share_prompts: bool = False,
                  optimizer: Optional[torch.optim.Optimizer] = None, scheduler=None, grad_clip: float = 1.0) -> None:
         self.model = model
         self.dp = dp
         self.packed = packed
+        self.share_prompts = share_prompts
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.grad_clip = grad_clip
@@ -55,7 +56,8 @@ class ValueEngine:
         response_length = data[Fields.RESPONSES].shape[-1]
         return forward_micro_batches(self.model, data, micro_batching, self.dp, lambda micro_batch: {
             Fields.VALUES: response_values(self.model, micro_batch[Fields.INPUT_IDS],
-                                           micro_batch[Fields.ATTENTION_MASK], response_length, packed=self.packed)})
+                                           micro_batch[Fields.ATTENTION_MASK], response_length, packed=self.packed,
+                                           share_prompts=self.share_prompts)})
 
     def micro_batch_loss(self, settings: ValueLossSettings):
         """The clipped value loss of one micro-batch (see ``accumulation.MicroBatchLoss``)."""
@@ -64,7 +66,7 @@ class ValueEngine:
             response_mask = micro_batch[Fields.RESPONSE_MASK]
             predictions = response_values(self.model, micro_batch[Fields.INPUT_IDS],
                                           micro_batch[Fields.ATTENTION_MASK], response_mask.shape[-1],
-                                          packed=self.packed)
+                                          packed=self.packed, share_prompts=self.share_prompts)
             loss, metrics = value_loss(predictions, micro_batch[Fields.VALUES], micro_batch[Fields.RETURNS],
                                        response_mask, settings.cliprange_value, settings.loss_agg_mode,
                                        normalizer=normalizer, loss_scale_factor=settings.loss_scale_factor)
@@ -80,4 +82,4 @@ class ValueEngine:
         return train_epochs(self.model, self.optimizer, self.scheduler, data, self.micro_batch_loss(settings),
                             loss_agg_mode=settings.loss_agg_mode, micro_batching=micro_batching, dp=self.dp,
                             grad_clip=self.grad_clip, local_mini_batch_size=local_mini_batch_size, epochs=epochs,
-                            shuffle=shuffle, seed=seed)
+                            shuffle=shuffle, seed=seed, group_prompts=self.share_prompts and not self.packed)

@@ -42,6 +42,7 @@ class CriticWorker(Worker):
                                     total_training_steps * self.plan.num_mini_batches * critic.ppo_epochs)
         dp = data_parallel_group(self)
         self.engine = ValueEngine(model, dp=dp, packed=config.model.use_remove_padding,
+                                  share_prompts=config.model.share_prompts,
                                   optimizer=optimizer, scheduler=scheduler, grad_clip=critic.grad_clip)
         self.plan, self.micro_batch_sizing = resolve_plan(config, "critic", model, self.plan, dp=dp,
                                                           device=self.device, optimizer=optimizer)

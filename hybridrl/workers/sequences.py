@@ -1,13 +1,17 @@
-"""Forward passes over prompt+response sequences, padded or packed (padding removed), with identical outputs.
+"""Forward passes over prompt+response sequences, padded, packed (padding removed) or with shared prompts, with
+identical outputs.
 
 Layout of a batch row (DESIGN.md): ``input_ids = [left-padded prompt | right-padded response]`` of width
 ``T = P + R``; ``attention_mask`` marks real tokens; ``responses`` is the last ``R`` columns. The model's output at
 position ``t`` scores token ``t + 1``, so the output that belongs to response token ``k`` sits at column ``P + k - 1``.
 
-Both layouts reduce to the same thing: the model outputs at the *source* positions of the valid response tokens,
+All layouts reduce to the same thing: the model outputs at the *source* positions of the valid response tokens,
 as a flat ``[M, D]`` tensor (``M`` = valid response tokens in the micro-batch), plus the scatter back to ``[B, R]``.
 
-- padded: one forward on ``[B, T]`` with the attention mask and position ids;
+- padded: one forward on ``[B, T']`` with the attention mask and position ids, ``T'`` without the columns that are
+  padding in every row;
+- shared prompts (padded, ``share_prompts``): the rows with one prompt become one row over a single copy of it
+  (``hybridrl.workers.shared_prompts``);
 - packed: the valid tokens of all rows concatenated into one ``[1, N]`` row, position ids restarting at 0 for each
   sequence, no attention mask — transformers then builds a block-diagonal causal mask, so attention never crosses
   sequences, and no FLOPs are spent on pad tokens.
@@ -23,6 +27,8 @@ import torch
 from torch import nn
 
 from hybridrl.algorithms import entropy_from_logits, log_probs_from_logits
+from hybridrl.workers.shared_prompts import (TrimmedRows, attention_takes_custom_mask, grouped_source_outputs,
+                                             grouping_pays, prompt_groups, trim_padding)
 
 
 @dataclass(frozen=True)
@@ -56,19 +62,36 @@ def response_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, respo
 
 
 def source_outputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
-                   *, packed: bool) -> torch.Tensor:
+                   *, packed: bool, share_prompts: bool = False) -> torch.Tensor:
     """Model outputs (``logits`` for a causal LM, ``logits`` of the value head for a critic) at the source positions of
-    the valid response tokens: ``[M, D]`` in row-major order of the response positions."""
+    the valid response tokens: ``[M, D]`` in row-major order of the response positions.
+
+    ``share_prompts``: rows with the same prompt run as one row over a single copy of it when that costs fewer FLOPs
+    and the attention takes custom masks (``hybridrl.workers.shared_prompts``); the outputs are the same.
+    """
     response_length = int(response_length)
     if packed:
         return _packed_source_outputs(model, input_ids, attention_mask, response_length)
-    position_ids = position_ids_from_mask(attention_mask)
+    trimmed = trim_padding(input_ids, attention_mask, response_length)
+    if trimmed.response_width == 0:  # no response token to score: nothing to trim to
+        trimmed = TrimmedRows(input_ids, attention_mask, input_ids.shape[1] - response_length, response_length)
+    takes_keep = accepts_logits_to_keep(model)
+    if share_prompts and attention_takes_custom_mask(model):
+        groups = prompt_groups(trimmed)
+        if grouping_pays(model, trimmed, groups):
+            return grouped_source_outputs(model, trimmed, groups, takes_keep)
+    return _padded_source_outputs(model, trimmed, takes_keep)
+
+
+def _padded_source_outputs(model: nn.Module, trimmed: TrimmedRows, takes_logits_to_keep: bool) -> torch.Tensor:
+    width = trimmed.response_width
+    position_ids = position_ids_from_mask(trimmed.attention_mask)
     # Only the last R + 1 positions can be sources: a causal LM then runs its head on those alone.
-    keep = {"logits_to_keep": response_length + 1} if accepts_logits_to_keep(model) else {}
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
-                   **keep).logits
-    valid = attention_mask[:, -response_length:].bool()
-    return logits[:, -response_length - 1:-1][valid]
+    keep = {"logits_to_keep": width + 1} if takes_logits_to_keep else {}
+    logits = model(input_ids=trimmed.input_ids, attention_mask=trimmed.attention_mask, position_ids=position_ids,
+                   use_cache=False, **keep).logits
+    valid = trimmed.attention_mask[:, trimmed.prompt_width:].bool()
+    return logits[:, -width - 1:-1][valid]
 
 
 def _packed_source_outputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -105,7 +128,8 @@ def _forward_takes_logits_to_keep(model_class: type) -> bool:
 
 
 def response_log_probs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
-                       *, temperature: float = 1.0, packed: bool = False, with_entropy: bool = False,
+                       *, temperature: float = 1.0, packed: bool = False, share_prompts: bool = False,
+                       with_entropy: bool = False,
                        entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (nats) of the response tokens under ``model``, and optionally the policy entropy.
 
@@ -116,7 +140,8 @@ def response_log_probs(model: nn.Module, input_ids: torch.Tensor, attention_mask
         when ``entropy_grad`` (an entropy bonus is in the loss); otherwise it is computed without gradients.
     """
     tokens = response_tokens(input_ids, attention_mask, response_length)
-    logits = source_outputs(model, input_ids, attention_mask, response_length, packed=packed)
+    logits = source_outputs(model, input_ids, attention_mask, response_length, packed=packed,
+                            share_prompts=share_prompts)
     if temperature != 1.0:
         logits = logits / temperature
     log_probs = tokens.scatter(log_probs_from_logits(logits, tokens.targets))
@@ -128,8 +153,9 @@ def response_log_probs(model: nn.Module, input_ids: torch.Tensor, attention_mask
 
 
 def response_values(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
-                    *, packed: bool = False) -> torch.Tensor:
+                    *, packed: bool = False, share_prompts: bool = False) -> torch.Tensor:
     """Critic values ``[B, R]`` of the state before each response token (zero at invalid positions)."""
     tokens = response_tokens(input_ids, attention_mask, response_length)
-    values = source_outputs(model, input_ids, attention_mask, response_length, packed=packed)
+    values = source_outputs(model, input_ids, attention_mask, response_length, packed=packed,
+                            share_prompts=share_prompts)
     return tokens.scatter(values.squeeze(-1).float())

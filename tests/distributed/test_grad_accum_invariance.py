@@ -1,6 +1,6 @@
 """The invariance tests: one optimizer step's gradient (and update) is the same for every way of cutting the batch.
 
-DP ∈ {1, 2} (real FSDP2 over gloo) × micro-batch ∈ {1, 2, whole, token budget} × {padded, packed} × every
+DP ∈ {1, 2} (real FSDP2 over gloo) × micro-batch ∈ {1, 2, whole, token budget} × {padded, packed, shared prompts} × every
 ``loss_agg_mode``, for the actor's PPO loss (with entropy bonus and KL loss) and the critic's clipped value loss —
 each compared with a plain single-process, single-batch PyTorch reference written out below (relative error ≤ 1e-5).
 Gradients reduce once per step (``fsdp.grad_sync=step``); a few optimizer steps also run with ``micro_batch`` (a
@@ -40,6 +40,7 @@ pytestmark = pytest.mark.distributed
 BATCH, PROMPT, RESPONSE = 8, 5, 6
 MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 MICRO = ("1", "2", "whole", "tokens")
+LAYOUTS = ("padded", "packed", "shared")  # shared: padded rows with model.share_prompts (rows come in prompt pairs)
 HORIZON = float(RESPONSE)
 ACTOR_SETTINGS = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
 # Adam's first step is lr * g / (|g| + eps): with the default eps=1e-8 it maps float-rounding noise in gradients
@@ -48,11 +49,13 @@ OPTIM = OptimConfig(lr=1e-3, weight_decay=0.01, eps=1e-6)
 
 
 def make_data(seed: int = 0) -> dict[str, torch.Tensor]:
-    """Ragged prompt+response rows: prompt lengths 1..5 (left pad), response lengths 1..6 (right pad)."""
+    """Ragged prompt+response rows: prompt lengths 1..5 (left pad), response lengths 1..6 (right pad); rows come in
+    pairs with one prompt, as GRPO's ``n`` responses do."""
     generator = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(4, 60, (BATCH, PROMPT + RESPONSE), generator=generator)
+    input_ids[1::2, :PROMPT] = input_ids[0::2, :PROMPT]
     attention_mask = torch.zeros(BATCH, PROMPT + RESPONSE, dtype=torch.long)
-    prompt_lengths = [5, 1, 3, 5, 2, 4, 5, 3]
+    prompt_lengths = [5, 5, 1, 1, 3, 3, 4, 4]
     response_lengths = [6, 1, 4, 2, 6, 3, 1, 5]
     for row, (p, r) in enumerate(zip(prompt_lengths, response_lengths)):
         attention_mask[row, PROMPT - p:PROMPT + r] = 1
@@ -137,7 +140,7 @@ def reference_gradients(role, model_dir, data, mode):
 
 
 # ---------------------------------------------------------------- hybridrl on N gloo ranks
-def engine_for(role, model_dir, rank, world, packed):
+def engine_for(role, model_dir, rank, world, packed=False, share_prompts=False):
     from torch.distributed.device_mesh import init_device_mesh
 
     model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor" if role == "actor" else "critic")
@@ -146,7 +149,8 @@ def engine_for(role, model_dir, rank, world, packed):
     scheduler = build_scheduler(optimizer, OPTIM, total_steps=10)
     dp = DataParallelGroup(rank=rank, size=world)
     engine_class = PolicyEngine if role == "actor" else ValueEngine
-    return engine_class(model, dp=dp, packed=packed, optimizer=optimizer, scheduler=scheduler, grad_clip=1.0)
+    return engine_class(model, dp=dp, packed=packed, share_prompts=share_prompts, optimizer=optimizer,
+                        scheduler=scheduler, grad_clip=1.0)
 
 
 def loss_fn_for(engine, role, mode):
@@ -172,11 +176,14 @@ def run_cases(rank, world, dirs, data, cases, out_path):
     batch = Batch(tensors={name: tensor[local] for name, tensor in data.items()})
     results, communication = {}, {}
     for case in cases:
-        role, mode, micro, packed, full_step, grad_sync = case
-        engine = engine_for(role, dirs[role], rank, world, packed)
+        role, mode, micro, layout, full_step, grad_sync = case
+        engine = engine_for(role, dirs[role], rank, world, packed=layout == "packed", share_prompts=layout == "shared")
         loss_fn = loss_fn_for(engine, role, mode)
         micro_batching = micro_batching_for(micro, len(batch), grad_sync)
         num_micro_batches = len(split_micro_batches(batch, micro_batching, engine.dp)[0])
+        forward_rows = []
+        engine.model.get_input_embeddings().register_forward_pre_hook(
+            lambda module, args: forward_rows.append(args[0].shape[0]))
         with CollectiveCounter() as counter:
             if full_step:
                 train_mini_batch(engine.model, engine.optimizer, engine.scheduler, batch, loss_fn, loss_agg_mode=mode,
@@ -191,7 +198,7 @@ def run_cases(rank, world, dirs, data, cases, out_path):
         results[case] = tensors
         shard_groups = engine.model.config.num_hidden_layers + 1  # fully_shard on each layer and on the root
         communication[case] = (counter.total("reduce_scatter"), num_micro_batches, shard_groups,
-                               counter.total("all_gather"))
+                               counter.total("all_gather"), sum(forward_rows))
     if rank == 0:
         torch.save((results, communication), out_path)
 
@@ -202,17 +209,18 @@ def relative_error(tensors, reference):
     return (numerator / denominator) ** 0.5
 
 
-# (role, loss_agg_mode, micro-batching, packed, full optimizer step, grad_sync)
-GRADIENT_CASES = [(role, mode, micro, packed, False, "step")
-                  for role, mode, micro, packed in itertools.product(("actor", "critic"), MODES, MICRO, (False, True))]
-STEP_CASES = [("actor", "token-mean", "2", True, True, "step"),
-              ("critic", "seq-mean-token-mean", "tokens", False, True, "step")]
+# (role, loss_agg_mode, micro-batching, layout, full optimizer step, grad_sync)
+GRADIENT_CASES = [(role, mode, micro, layout, False, "step")
+                  for role, mode, micro, layout in itertools.product(("actor", "critic"), MODES, MICRO, LAYOUTS)]
+STEP_CASES = [("actor", "token-mean", "2", "packed", True, "step"),
+              ("actor", "seq-mean-token-sum", "2", "shared", True, "step"),
+              ("critic", "seq-mean-token-mean", "tokens", "padded", True, "step")]
 # A reduce-scatter after every micro-batch: only sharded gradients accumulate, the update must not change.
-SYNC_EACH_CASES = [("actor", "seq-mean-token-sum-norm", "1", False, True, "micro_batch"),
-                   ("critic", "token-mean", "tokens", True, True, "micro_batch")]
+SYNC_EACH_CASES = [("actor", "seq-mean-token-sum-norm", "1", "padded", True, "micro_batch"),
+                   ("critic", "token-mean", "tokens", "packed", True, "micro_batch")]
 # Parameters all-gathered once for all micro-batches of the step (kept through forward and backward).
-GATHER_ONCE_CASES = [("actor", "token-mean", "1", False, True, "step+gather_once"),
-                     ("critic", "seq-mean-token-mean", "tokens", True, True, "micro_batch+gather_once")]
+GATHER_ONCE_CASES = [("actor", "token-mean", "1", "padded", True, "step+gather_once"),
+                     ("critic", "seq-mean-token-mean", "tokens", "packed", True, "micro_batch+gather_once")]
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
@@ -236,10 +244,22 @@ def test_gradient_equals_single_batch_reference(engine_results, setup, role, mod
     actor_dir, critic_dir, data = setup
     _, reference = reference_gradients(role, actor_dir if role == "actor" else critic_dir, data, mode)
     assert sum(float(g.abs().sum()) for g in reference.values()) > 0
-    errors = {(micro, packed): relative_error(engine_results[(role, mode, micro, packed, False, "step")], reference)
-              for micro in MICRO for packed in (False, True)}
+    errors = {(micro, layout): relative_error(engine_results[(role, mode, micro, layout, False, "step")], reference)
+              for micro in MICRO for layout in LAYOUTS}
     worst = max(errors.values())
     assert worst <= 1e-5, errors
+
+
+def test_shared_prompts_ran_one_row_per_prompt(engine_run):
+    """The ``shared`` cases above really ran grouped rows: micro-batches of 2 (a prompt pair) and the whole batch
+    go through the model as half as many rows; single rows and packed ones as many as there are sequences."""
+    world, _, communication = engine_run
+    local = BATCH // world
+    for role, mode in itertools.product(("actor", "critic"), MODES):
+        rows = {(micro, layout): communication[(role, mode, micro, layout, False, "step")][4]
+                for micro in MICRO for layout in LAYOUTS}
+        assert rows[("2", "shared")] == rows[("whole", "shared")] == local // 2, rows
+        assert rows[("1", "shared")] == rows[("2", "padded")] == local, rows
 
 
 @pytest.mark.parametrize("case", STEP_CASES + SYNC_EACH_CASES + GATHER_ONCE_CASES,
@@ -263,7 +283,7 @@ def test_grad_sync_sets_the_reduce_scatters_per_step(engine_run):
     micro-batch (so the ``micro_batch`` cases above really ran sharded accumulation). One rank reduces nothing."""
     world, _, communication = engine_run
     for case in STEP_CASES + SYNC_EACH_CASES + GATHER_ONCE_CASES:
-        reduce_scatters, num_micro_batches, groups, _ = communication[case]
+        reduce_scatters, num_micro_batches, groups, _, _ = communication[case]
         assert num_micro_batches >= 2, case  # accumulation happens
         expected = groups * (num_micro_batches if case[5].startswith("micro_batch") else 1)
         assert reduce_scatters == (expected if world > 1 else 0), case
@@ -274,7 +294,7 @@ def test_gather_once_gathers_each_group_once_per_step(engine_run):
     once per step, whatever the number of micro-batches. One rank gathers nothing."""
     world, _, communication = engine_run
     for case in STEP_CASES + GATHER_ONCE_CASES:
-        _, num_micro_batches, groups, all_gathers = communication[case]
+        _, num_micro_batches, groups, all_gathers, _ = communication[case]
         gathers = groups if case[5].endswith("gather_once") else 2 * groups * num_micro_batches
         if world > 1:  # the clip norm adds no all-gather; an extra one would mean parameters gathered again
             assert all_gathers == gathers, (case, all_gathers, num_micro_batches, groups)
