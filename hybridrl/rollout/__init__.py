@@ -32,7 +32,8 @@ class EngineInputs:
         max_model_len: prompt + response tokens (``data.max_prompt_length + data.max_response_length``).
         dtype: compute dtype name (``model.dtype``).
         seed: engine seed when ``rollout.seed`` is null (``trainer.seed``).
-        micro_batch_size: ``hf``: sequences per ``generate`` call (``None`` = all at once).
+        micro_batch_size: ``hf``: sequences per ``generate`` call (``None`` = all at once), rounded down to whole
+            prompts (``rollout.n`` sequences each; at least one prompt).
     """
 
     rollout: RolloutConfig

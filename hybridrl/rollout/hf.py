@@ -3,7 +3,8 @@
 It shares the training module (FSDP2-sharded or not), so there are no weights to sync: ``update_weights`` is a no-op
 and generation always sees the latest update. With several data-parallel ranks each layer's parameters are gathered
 once per ``generate`` and kept until it returns (:func:`~hybridrl.workers.fsdp.parameters_kept_gathered`), not once
-per decode step; ``synced_gpus`` keeps all ranks stepping until the slowest finishes.
+per decode step; ``synced_gpus`` keeps all ranks stepping until the slowest finishes. The ``n`` samples of a prompt
+share its prefill: the prompt runs once and its KV cache is repeated ``n`` times.
 """
 
 from __future__ import annotations
@@ -38,12 +39,11 @@ class HFRollout:
         self.model.eval()
         if params.seed is not None:
             torch.manual_seed(params.seed)
-        repeated = prompts.repeat_interleave(params.n)
         from hybridrl.workers.fsdp import parameters_kept_gathered
 
+        prompts_per_chunk = max((self.micro_batch_size or len(prompts) * params.n) // params.n, 1)
         with parameters_kept_gathered(self.model):  # one all-gather per layer, not one per decode step
-            pieces = [self._generate_chunk(chunk, params)
-                      for chunk in repeated.split_every(self.micro_batch_size or max(len(repeated), 1))]
+            pieces = [self._generate_chunk(chunk, params) for chunk in prompts.split_every(prompts_per_chunk)]
         self.model.train(was_training)
         width = params.max_new_tokens
         responses = torch.cat([_pad_right(ids, width, self.pad_token_id) for ids, _ in pieces])
@@ -53,17 +53,35 @@ class HFRollout:
                                 params.effective_temperature)
 
     def _generate_chunk(self, prompts: Batch, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        input_ids = prompts[Fields.INPUT_IDS]
+        """``b`` prompts → ``b·n`` responses (a prompt's ``n`` consecutive) and their log-probs. Each prompt but its
+        last token is run once and its KV cache repeated ``n`` times: the ``n`` samples share the prefill."""
+        input_ids, attention_mask = prompts[Fields.INPUT_IDS], prompts[Fields.ATTENTION_MASK]
+        cache = self._shared_prefill(input_ids, attention_mask, params.n)
+        input_ids, attention_mask = input_ids.repeat_interleave(params.n, 0), attention_mask.repeat_interleave(params.n, 0)
         sampling = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p,
                         top_k=params.top_k if params.top_k > 0 else 0) if params.do_sample else dict(do_sample=False)
         output = self.model.generate(
-            input_ids=input_ids, attention_mask=prompts[Fields.ATTENTION_MASK], max_new_tokens=params.max_new_tokens,
-            eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id, use_cache=True,
+            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=params.max_new_tokens,
+            eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id, use_cache=True, past_key_values=cache,
             return_dict_in_generate=True, output_logits=True, synced_gpus=_several_ranks(), **sampling)
         responses = output.sequences[:, input_ids.shape[1]:]
         logits = torch.stack(output.logits, dim=1).float() / params.effective_temperature
         log_probs = logits.log_softmax(dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
         return responses, log_probs
+
+    def _shared_prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int):
+        """The KV cache of ``[b, P - 1]`` prompt prefixes, repeated to ``b·n`` rows (``None`` for ``n == 1`` or
+        one-token prompts: ``generate`` then prefills by itself)."""
+        if n == 1 or input_ids.shape[1] < 2:
+            return None
+        from hybridrl.workers.sequences import accepts_logits_to_keep, position_ids_from_mask
+
+        prefix_mask = attention_mask[:, :-1]
+        head = {"logits_to_keep": 1} if accepts_logits_to_keep(self.model) else {}  # no [b, P, V] logits
+        cache = self.model(input_ids=input_ids[:, :-1], attention_mask=prefix_mask,
+                           position_ids=position_ids_from_mask(prefix_mask), use_cache=True, **head).past_key_values
+        cache.batch_repeat_interleave(n)
+        return cache
 
     def update_weights(self, named_tensors) -> None:
         """Nothing to do: this engine generates with the training module itself."""

@@ -46,10 +46,11 @@ def data_parallel_group(worker: Worker) -> DataParallelGroup:
                              size=worker.world_size)
 
 
-def sharding_options(config: TrainConfig, param_offload: bool) -> ShardingOptions:
+def sharding_options(config: TrainConfig, param_offload: bool, *, keep_gathered: bool = False) -> ShardingOptions:
     return ShardingOptions(compute_dtype=torch_dtype(config.model.dtype),
                            reduce_dtype=torch_dtype(config.actor.fsdp.reduce_dtype),
-                           reshard_after_forward=config.actor.fsdp.reshard_after_forward, param_offload=param_offload)
+                           reshard_after_forward=config.actor.fsdp.reshard_after_forward, param_offload=param_offload,
+                           keep_gathered=keep_gathered)
 
 
 def log_prob_micro_batching(config: TrainConfig, micro_batch_size: int | None, ppo_micro_batch_size: int | None,
@@ -92,7 +93,9 @@ class ActorRolloutRefWorker(Worker):
         device_type = self.device.type
         self.tokenizer = load_tokenizer(config.model)
         actor_model = build_model(config.model, "actor", device_type=device_type).to(self.device)
-        shard_model(actor_model, self.dp_mesh, sharding_options(config, config.actor.fsdp.param_offload))
+        keep_gathered = gathers_once(config.actor.fsdp.gather_once, device_type)
+        shard_model(actor_model, self.dp_mesh, sharding_options(config, config.actor.fsdp.param_offload,
+                                                                keep_gathered=keep_gathered))
         optimizer = build_optimizer(actor_model, config.actor.optim)
         optimizer_steps = total_training_steps * self.plan.num_mini_batches * config.actor.ppo_epochs
         scheduler = build_scheduler(optimizer, config.actor.optim, optimizer_steps)
@@ -105,7 +108,8 @@ class ActorRolloutRefWorker(Worker):
         self.with_reference = with_reference
         if with_reference and not self.lora:
             reference_model = build_model(config.model, "reference", device_type=device_type).to(self.device)
-            shard_model(reference_model, self.dp_mesh, sharding_options(config, config.ref.param_offload))
+            shard_model(reference_model, self.dp_mesh, sharding_options(config, config.ref.param_offload,
+                                                                        keep_gathered=keep_gathered))
             self.reference = PolicyEngine(reference_model, dp=dp, packed=packed, share_prompts=share_prompts)
         self.rollout = self._build_rollout(actor_model, dp)
         self.loss_settings = PolicyLossSettings.from_config(config.actor, config.data.max_response_length)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from hybridrl.config.schema import TrainConfig
-from hybridrl.config.sizes import BatchPlan, role_plan
+from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
 from hybridrl.controller import Worker, dp_split, one_to_all
 from hybridrl.protocol import Batch
 from hybridrl.utils.collectives import CollectiveTimer
@@ -36,7 +36,8 @@ class CriticWorker(Worker):
                             device_type=self.device.type).to(self.device)
         shard_model(model, self.dp_mesh, ShardingOptions(
             compute_dtype=torch_dtype(config.model.dtype), reduce_dtype=torch_dtype(critic.fsdp.reduce_dtype),
-            reshard_after_forward=critic.fsdp.reshard_after_forward, param_offload=critic.fsdp.param_offload))
+            reshard_after_forward=critic.fsdp.reshard_after_forward, param_offload=critic.fsdp.param_offload,
+            keep_gathered=gathers_once(critic.fsdp.gather_once, self.device.type)))
         optimizer = build_optimizer(model, critic.optim)
         scheduler = build_scheduler(optimizer, critic.optim,
                                     total_training_steps * self.plan.num_mini_batches * critic.ppo_epochs)

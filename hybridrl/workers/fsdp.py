@@ -1,4 +1,5 @@
-"""FSDP2 wrapping: ``fully_shard`` on every decoder layer, then on the root, with mixed precision and offload."""
+"""FSDP2 wrapping: ``fully_shard`` on every decoder layer, then on the root, with mixed precision and offload (a
+single rank that keeps its parameters gathered: the root alone)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,17 @@ class ShardingOptions:
     """How one model is sharded. ``compute_dtype`` is the dtype of forward/backward; master weights stay fp32.
 
     ``reduce_dtype`` is the dtype of the gradient reduce-scatter (fp32 keeps accumulation exact).
+    ``keep_gathered``: the parameters stay gathered through each step or pass (``*.fsdp.gather_once``). On a one-rank
+    mesh the model is then one FSDP2 group rather than one per decoder layer: per-layer groups only let layers be
+    gathered, freed and reduced one at a time, which a kept-gathered single rank never does, and each group costs
+    hooks on every forward (every decode step of HF generation too), a gradient copy and a reduce call.
     """
 
     compute_dtype: torch.dtype = torch.float32
     reduce_dtype: torch.dtype = torch.float32
     reshard_after_forward: bool = True
     param_offload: bool = False
+    keep_gathered: bool = False
 
 
 def shard_model(model: nn.Module, mesh: Optional[DeviceMesh], options: ShardingOptions) -> nn.Module:
@@ -46,8 +52,9 @@ def shard_model(model: nn.Module, mesh: Optional[DeviceMesh], options: ShardingO
     if options.param_offload:
         # pin_memory needs an accelerator; on CPU-only machines it must be off.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
-    for layer in decoder_layers(model):
-        fully_shard(layer, mp_policy=layer_policy, **kwargs)
+    if not (options.keep_gathered and mesh.size() == 1):
+        for layer in decoder_layers(model):
+            fully_shard(layer, mp_policy=layer_policy, **kwargs)
     fully_shard(model, mp_policy=root_policy, **kwargs)
     if hasattr(model, "get_base_model"):  # PEFT's generate() calls the HF model below the FSDP root: gather there too
         register_fsdp_forward_method(model, "generate")

@@ -14,6 +14,7 @@ import itertools
 
 import pytest
 import torch
+from torch.distributed.fsdp import FSDPModule
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from hybridrl.config.schema import ModelConfig
@@ -43,9 +44,13 @@ MICRO = ("1", "2", "whole", "tokens")
 LAYOUTS = ("padded", "packed", "shared")  # shared: padded rows with model.share_prompts (rows come in prompt pairs)
 HORIZON = float(RESPONSE)
 ACTOR_SETTINGS = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
-# Adam's first step is lr * g / (|g| + eps): with the default eps=1e-8 it maps float-rounding noise in gradients
-# of ~1e-9 to full-size updates, so the update comparison uses eps=1e-6 (gradients themselves are compared exactly).
-OPTIM = OptimConfig(lr=1e-3, weight_decay=0.01, eps=1e-6)
+# Adam's first step is lr * g / (|g| + eps): every component with |g| >> eps moves by a full lr, so a component's
+# update carries its gradient's own *relative* rounding error — large for the tiniest gradients — at full weight. With
+# the default eps=1e-8 components of ~1e-9 (pure rounding noise) would dominate the comparison; eps=1e-4 scales the
+# updates of components below 1e-4 down with their gradients, so the update comparison weighs components as the
+# gradient comparison does (gradients themselves are compared exactly, above).
+ADAM_EPS = 1e-4
+OPTIM = OptimConfig(lr=1e-3, weight_decay=0.01, eps=ADAM_EPS)
 
 
 def make_data(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -140,11 +145,11 @@ def reference_gradients(role, model_dir, data, mode):
 
 
 # ---------------------------------------------------------------- hybridrl on N gloo ranks
-def engine_for(role, model_dir, rank, world, packed=False, share_prompts=False):
+def engine_for(role, model_dir, rank, world, packed=False, share_prompts=False, keep_gathered=False):
     from torch.distributed.device_mesh import init_device_mesh
 
     model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor" if role == "actor" else "critic")
-    shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions())
+    shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions(keep_gathered=keep_gathered))
     optimizer = build_optimizer(model, OPTIM)
     scheduler = build_scheduler(optimizer, OPTIM, total_steps=10)
     dp = DataParallelGroup(rank=rank, size=world)
@@ -177,7 +182,8 @@ def run_cases(rank, world, dirs, data, cases, out_path):
     results, communication = {}, {}
     for case in cases:
         role, mode, micro, layout, full_step, grad_sync = case
-        engine = engine_for(role, dirs[role], rank, world, packed=layout == "packed", share_prompts=layout == "shared")
+        engine = engine_for(role, dirs[role], rank, world, packed=layout == "packed", share_prompts=layout == "shared",
+                            keep_gathered=grad_sync.endswith("gather_once"))
         loss_fn = loss_fn_for(engine, role, mode)
         micro_batching = micro_batching_for(micro, len(batch), grad_sync)
         num_micro_batches = len(split_micro_batches(batch, micro_batching, engine.dp)[0])
@@ -196,7 +202,7 @@ def run_cases(rank, world, dirs, data, cases, out_path):
         else:
             tensors = {name: param.grad.full_tensor() for name, param in engine.model.named_parameters()}
         results[case] = tensors
-        shard_groups = engine.model.config.num_hidden_layers + 1  # fully_shard on each layer and on the root
+        shard_groups = sum(isinstance(module, FSDPModule) for module in engine.model.modules())
         communication[case] = (counter.total("reduce_scatter"), num_micro_batches, shard_groups,
                                counter.total("all_gather"), sum(forward_rows))
     if rank == 0:
@@ -269,7 +275,7 @@ def test_optimizer_step_equals_reference(engine_results, setup, case):
     actor_dir, critic_dir, data = setup
     model, _ = reference_gradients(role, actor_dir if role == "actor" else critic_dir, data, mode)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, eps=1e-6)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, eps=ADAM_EPS)
     before = {name: param.detach().clone() for name, param in model.named_parameters()}
     optimizer.step()
     after = {name: param.detach() for name, param in model.named_parameters()}
@@ -287,6 +293,16 @@ def test_grad_sync_sets_the_reduce_scatters_per_step(engine_run):
         assert num_micro_batches >= 2, case  # accumulation happens
         expected = groups * (num_micro_batches if case[5].startswith("micro_batch") else 1)
         assert reduce_scatters == (expected if world > 1 else 0), case
+
+
+def test_kept_gathered_single_rank_is_one_group(engine_run):
+    """``fsdp.gather_once`` on one rank: the model is one FSDP2 group (the cases above show the update unchanged);
+    otherwise one group per decoder layer plus the root."""
+    world, _, communication = engine_run
+    for case in STEP_CASES + SYNC_EACH_CASES + GATHER_ONCE_CASES:
+        groups = communication[case][2]
+        one_group = world == 1 and case[5].endswith("gather_once")
+        assert groups == (1 if one_group else 2 + 1), case  # the tiny model has 2 decoder layers
 
 
 def test_gather_once_gathers_each_group_once_per_step(engine_run):

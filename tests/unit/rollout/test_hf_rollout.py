@@ -38,6 +38,22 @@ def test_greedy_matches_plain_generate(setup):
     assert output[Fields.RESPONSES].shape == (4, 8)
 
 
+def test_shared_prefill_gives_plain_generate_responses(setup):
+    """n > 1: each prompt is prefilled once and its cache repeated; greedy responses (and their log-probs) are those
+    of transformers' own ``generate`` on the repeated prompts."""
+    model, tokenizer, encoded, prompts, engine = setup
+    output = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=8, do_sample=False))
+    repeated = {name: tensor.repeat_interleave(2, 0) for name, tensor in encoded.items()}
+    reference = model.generate(**repeated, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                               eos_token_id=tokenizer.eos_token_id, output_logits=True, return_dict_in_generate=True)
+    sequences = reference.sequences[:, encoded["input_ids"].shape[1]:]
+    width = sequences.shape[1]
+    mask = output[Fields.RESPONSE_MASK][:, :width].bool()
+    assert torch.equal(output[Fields.RESPONSES][:, :width][mask], sequences[mask])
+    log_probs = torch.stack(reference.logits, 1).log_softmax(-1).gather(-1, sequences.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(output[Fields.ROLLOUT_LOG_PROBS][:, :width][mask], log_probs[mask], atol=1e-5, rtol=0)
+
+
 def test_sampled_layout_and_log_prob_gate(setup):
     model, _, _, prompts, engine = setup
     params = SamplingParams(n=3, max_new_tokens=6, temperature=0.7, seed=11)
