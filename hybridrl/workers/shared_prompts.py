@@ -56,7 +56,8 @@ def trim_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor, response
     real_columns = attention_mask.bool().any(dim=0)
     prompt_real = torch.nonzero(real_columns[:prompt_length])
     response_real = torch.nonzero(real_columns[prompt_length:])
-    prompt_width = prompt_length - int(prompt_real[0]) if len(prompt_real) else 0
+    # At least one prompt column: response token 0 is scored from the column before it, even if that is padding.
+    prompt_width = max(prompt_length - int(prompt_real[0]) if len(prompt_real) else 0, min(prompt_length, 1))
     response_width = int(response_real[-1]) + 1 if len(response_real) else 0
     columns = slice(prompt_length - prompt_width, prompt_length + response_width)
     return TrimmedRows(input_ids[:, columns], attention_mask[:, columns], prompt_width, response_width)

@@ -100,6 +100,16 @@ def test_padded_rows_equal_a_plain_untrimmed_forward(model_dirs):
     assert (actual[~valid] == 0).all()
 
 
+def test_trimming_keeps_a_prompt_column_when_no_row_has_a_prompt(model_dirs):
+    model = build_model(ModelConfig(path=model_dirs["llama"], dtype="float32"), "actor")
+    input_ids, attention_mask = grouped_batch([0, 0], [3, 5, 2, 6], [2, 2])
+    assert trim_padding(input_ids, attention_mask, RESPONSE).prompt_width == 1
+    with torch.no_grad():
+        log_probs, _ = response_log_probs(model, input_ids, attention_mask, RESPONSE)
+    assert log_probs.shape == (4, RESPONSE) and torch.isfinite(log_probs).all()
+    assert (log_probs[attention_mask[:, PROMPT:] == 0] == 0).all()
+
+
 def test_critic_values_equal_padded_rows(model_dirs):
     model = build_model(ModelConfig(path=model_dirs["critic"], dtype="float32"), "critic")
     input_ids, attention_mask = grouped_batch(**UNEVEN)
