@@ -22,20 +22,28 @@ LATE_S = 0.4
 
 def timer_rank(rank: int, world: int) -> None:
     original = dist.all_reduce
-    dist.barrier()  # start together: a rank 0 that is itself late by > 10 % of LATE_S would wait less than it
+    dist.barrier()
     with CollectiveTimer() as timer:
         assert dist.all_reduce is not original
         if rank == 1:
             time.sleep(LATE_S)  # rank 0 enters the all-reduce first and waits for rank 1
+        entered = time.time()
         dist.all_reduce(torch.ones(4))
         dist.all_reduce(torch.ones(4), async_op=True).wait()
     seconds = timer.seconds()
     assert set(seconds) == {"all_reduce"} and timer.untimed == {"all_reduce": 1}
+    assert dist.all_reduce is original  # restored on exit
+    # How long rank 0 really waited: both ranks share this machine's clock. (A fixed bound on LATE_S failed when a
+    # loaded machine scheduled rank 0 out of the barrier tens of milliseconds after rank 1.)
+    entries = torch.zeros(world, dtype=torch.float64)
+    entries[rank] = entered
+    dist.all_reduce(entries)
+    wait = float(entries[1] - entries[0])
     if rank == 0:
-        assert seconds["all_reduce"] >= LATE_S * 0.9, seconds
+        assert wait > LATE_S / 2, entries  # rank 1 was late
+        assert seconds["all_reduce"] >= wait * 0.9, (seconds, wait)
     else:
         assert seconds["all_reduce"] < LATE_S / 2, seconds
-    assert dist.all_reduce is original  # restored on exit
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
