@@ -100,8 +100,10 @@ def group_rows(trimmed: TrimmedRows, groups: list[list[int]]) -> GroupRows:
     prompt_width, width = trimmed.prompt_width, trimmed.response_width
     slots = max(len(group) for group in groups)
     columns = prompt_width + slots * width
+    from hybridrl.workers.sequences import position_ids_from_mask  # here: sequences imports this module
+
     mask = trimmed.attention_mask.long()
-    positions = (mask.cumsum(dim=-1) - 1).clamp_min(0)
+    positions = position_ids_from_mask(mask)
     num_groups, device = len(groups), trimmed.input_ids.device
     ids = trimmed.input_ids.new_zeros((num_groups, columns))
     grouped_positions = positions.new_zeros((num_groups, columns))
