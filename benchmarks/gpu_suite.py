@@ -51,6 +51,11 @@ SMOKE_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, n
 """``--cpu-smoke``: every section's code path on CPU with a tiny model, to check the script without a GPU."""
 
 
+SHARED_PROMPT_REGIMES = ((128, 128), (256, 512), (64, 1024))
+"""(prompt, response) lengths of the shared-prompts section: short, long prompt, long responses (where grouping's dense
+score matrices may stop paying)."""
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_suite.json"))
@@ -65,13 +70,25 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--grpo-prompts", type=int, default=8, help="prompts per mini-batch (shared-prompts section)")
+    parser.add_argument("--micro", type=int, default=8, help="rows per micro-batch (shared-prompts section)")
+    parser.add_argument("--regimes", default=",".join(f"{p}x{r}" for p, r in SHARED_PROMPT_REGIMES),
+                        help="shared-prompts section's PROMPTxRESPONSE lengths, comma-separated")
+    parser.add_argument("--only", default=None, help="comma-separated sections to run (default: all), e.g. "
+                        "train,shared_prompts")
+    parser.add_argument("--profile-dir", default=None, help="also profile one call of the train step and of the "
+                        "padded shared-prompts step (torch.profiler): op tables written there")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (as "
+                        "model.use_torch_compile=true); the warm-up steps absorb the compile time")
+    parser.add_argument("--gather-once", action="store_true", help="FSDP2 parameters kept gathered through the "
+                        "micro-batches (*.fsdp.gather_once=true; one FSDP2 group on one rank)")
     parser.add_argument("--cpu-smoke", action="store_true", help="run every section on CPU with a tiny model and "
                         "tiny sizes (checks the code path; the figures mean nothing)")
     args = parser.parse_args()
     if args.cpu_smoke:
         args.skip_tests = True
         args.train_batch, args.seq_len, args.train_steps, args.prompts, args.prompt_len, args.new_tokens, \
-            args.repeats = 2, 16, 1, 2, 4, 4, 1
+            args.repeats, args.grpo_prompts, args.micro = 2, 16, 1, 2, 4, 4, 1, 2, 4
     return args
 
 
@@ -95,14 +112,19 @@ def install_wheels(folder: str) -> str:
     return f"pip exit {done.returncode}: {(done.stdout + done.stderr)[-500:]}"
 
 
-def run_tests(timeout_s: float) -> dict[str, Any]:
+def run_tests(timeout_s: float, log_path: Path | None = None) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"],
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=150",
+                               "--durations=20", "tests/gpu"],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as expired:
+        if log_path is not None:
+            log_path.write_text(str(expired.stdout or "") + str(expired.stderr or ""))
         return {"exit_code": None, "summary": f"timed out after {timeout_s:.0f} s",
                 "tail": str(expired.stdout or "")[-3000:]}
+    if log_path is not None:
+        log_path.write_text(done.stdout + done.stderr)
     lines = [line for line in done.stdout.splitlines() if re.search(r"\d+ (passed|failed|skipped|error)", line)]
     return {"exit_code": done.returncode, "summary": lines[-1] if lines else "", "tail": done.stdout[-3000:]
             + done.stderr[-1000:]}
@@ -114,8 +136,10 @@ def device_matmul_flops(device: str, dtype: torch.dtype, size: int = 8192, repea
     return 2 * size**3 / min(timed(lambda: torch.matmul(a, b)) for _ in range(repeats + 1))
 
 
-def build_model(attn_implementation: str, device: str, shape: dict[str, Any]) -> torch.nn.Module:
-    """A Qwen2 of ``shape`` on ``device`` in fp32 (master weights), FSDP2-sharded over one rank, bf16 compute."""
+def build_model(attn_implementation: str, device: str, shape: dict[str, Any], compile_layers: bool = False,
+                keep_gathered: bool = False) -> torch.nn.Module:
+    """A Qwen2 of ``shape`` on ``device`` in fp32 (master weights), FSDP2-sharded over one rank, bf16 compute; each
+    decoder layer ``torch.compile``-d first with ``compile_layers`` (as ``model.use_torch_compile`` does)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from hybridrl.utils.distributed import build_device_meshes, init_single_rank_group
@@ -127,7 +151,13 @@ def build_model(attn_implementation: str, device: str, shape: dict[str, Any]) ->
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen2ForCausalLM(config)
-    return shard_model(model, dp_mesh, ShardingOptions(compute_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    if compile_layers:
+        from hybridrl.workers.model_builder import decoder_layers
+
+        for layer in decoder_layers(model):
+            layer.compile()
+    return shard_model(model, dp_mesh, ShardingOptions(compute_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                                       keep_gathered=keep_gathered))
 
 
 def matmul_parameters(model: torch.nn.Module) -> int:
@@ -158,6 +188,7 @@ def measure_training(model: torch.nn.Module, args: argparse.Namespace, matmul_ra
 
     for _ in range(2):
         step()
+    profile_call(args.profile_dir, "train", step)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     seconds = statistics.median(timed(step) for _ in range(args.train_steps))
@@ -192,6 +223,7 @@ def measure_generation(model: torch.nn.Module, args: argparse.Namespace) -> dict
         times.append(timed(lambda: rollouts.append(engine.generate(prompts, params.with_seed(repeat + 1)))))
         generated = int(rollouts[0][Fields.RESPONSE_MASK].sum())
     seconds = statistics.median(times)
+    profile_call(args.profile_dir, "generate", lambda: engine.generate(prompts, params))
     return {"sequences": args.prompts * args.n, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
             "median_s": seconds, "generated_tokens": generated, "tokens_per_s": generated / seconds}
 
@@ -216,6 +248,58 @@ def measure_weight_sync(model: torch.nn.Module, repeats: int = 5) -> dict[str, A
             "buffer_bound_bytes": resharder.buffer_bound_bytes}
 
 
+def measure_shared_prompts(model: torch.nn.Module, args: argparse.Namespace) -> dict[str, Any]:
+    """``model.share_prompts`` on this GPU: one GRPO mini-batch's forward/backward with the PPO loss, padded vs shared
+    vs packed rows (``benchmarks/shared_prompts.py``'s timing, on the FSDP2 model), per (prompt, response) regime."""
+    from shared_prompts import drain_device, grpo_batch, positions_and_groupings, run_layout, time_layouts  # here
+
+    from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching, split_micro_batches
+
+    device = next(model.parameters()).device
+    rows = []
+    regimes = [tuple(int(length) for length in regime.split("x")) for regime in args.regimes.split(",")]
+    for prompt_length, response_length in regimes[:1] if args.cpu_smoke else regimes:
+        batch = grpo_batch(args.grpo_prompts, args.n, prompt_length, response_length, model.config.vocab_size)
+        batch = batch.to(device)
+        drain_device(batch)
+        times = time_layouts(model, batch, args.micro, 1 if args.cpu_smoke else 2, args.gather_once)
+        if not rows:
+            profile_call(args.profile_dir, f"padded_p{prompt_length}_r{response_length}",
+                         lambda: run_layout(model, batch, args.micro, "padded", args.gather_once))
+        padded = statistics.median(times["padded"])
+        micro_batches, _ = split_micro_batches(batch, MicroBatching(micro_batch_size=args.micro), DataParallelGroup())
+        grouped = positions_and_groupings(model, micro_batches, "shared")[1]
+        rows.append({"prompt_length": prompt_length, "response_length": response_length, "rows": len(batch),
+                     "grouped_micro_batches": f"{grouped}/{len(micro_batches)}",
+                     **{f"{layout}_s": statistics.median(seconds) for layout, seconds in times.items()},
+                     **{f"{layout}_speed_up": padded / statistics.median(seconds) for layout, seconds in times.items()}})
+    return {"micro_batch_rows": args.micro, "regimes": rows}
+
+
+def profile_call(folder: str | None, name: str, function: Callable[[], Any]) -> None:
+    """With ``folder``: run ``function`` once under ``torch.profiler`` and write its op tables (by self device time
+    and by self CPU time) and the device-busy share of the wall time to ``folder/name.txt``."""
+    if folder is None:
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    synchronize()
+    started = time.perf_counter()
+    with profile(activities=activities) as profiler:
+        function()
+        synchronize()
+    wall = time.perf_counter() - started
+    averages = profiler.key_averages()
+    device_busy = sum(getattr(event, "self_device_time_total", 0) for event in averages) / 1e6
+    sections = [f"{name}: wall {wall:.3f} s under the profiler; kernels' own time {device_busy:.3f} s"]
+    for key in ("self_cuda_time_total", "self_cpu_time_total") if torch.cuda.is_available() else ("self_cpu_time_total",):
+        sections.append(averages.table(sort_by=key, row_limit=30, max_name_column_width=60))
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / f"{name}.txt").write_text("\n\n".join(sections))
+    print(f"[gpu_suite] profile {sections[0]}", flush=True)
+
+
 def guarded(report: dict[str, Any], name: str, function: Callable[[], Any]) -> Any:
     started = time.perf_counter()
     try:
@@ -237,7 +321,9 @@ def main() -> int:
     started = time.perf_counter()
     report: dict[str, Any] = {"device": "cpu (smoke run: figures meaningless)" if args.cpu_smoke
                               else torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "cuda": torch.version.cuda, "python": platform.python_version(), "model_shape": shape}
+                              "cuda": torch.version.cuda, "python": platform.python_version(), "model_shape": shape,
+                              "compiled_layers": args.compile,
+                              "gather_once": args.gather_once}
     if not args.cpu_smoke:
         report["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
     if args.wheels:
@@ -251,27 +337,31 @@ def main() -> int:
     if args.skip_tests or not backends["pytest"]:
         report["tests"] = {"summary": "skipped" if args.skip_tests else "pytest is not installed (see --wheels)"}
     else:
-        guarded(report, "tests", lambda: run_tests(args.tests_timeout))
+        guarded(report, "tests", lambda: run_tests(args.tests_timeout, Path(args.out).with_suffix(".tests.log")))
     report["matmul_bf16_tflops"] = device_matmul_flops(device, torch.bfloat16, 512 if args.cpu_smoke else 8192) / 1e12
     models: list[torch.nn.Module] = []
 
     def build() -> dict[str, Any]:
-        models.append(build_model(attn, device, shape))
+        models.append(build_model(attn, device, shape, compile_layers=args.compile,
+                                  keep_gathered=args.gather_once))
         return {"parameters": sum(parameter.numel() for parameter in models[0].parameters())}
 
     guarded(report, "build", build)
     if models:
         model = models[0]
-        guarded(report, "train", lambda: measure_training(model, args, report["matmul_bf16_tflops"] * 1e12))
-        release_cache()
-        guarded(report, "generate", lambda: measure_generation(model, args))
-        release_cache()
-        guarded(report, "weight_sync", lambda: measure_weight_sync(model, 1 if args.cpu_smoke else 5))
+        sections = {"train": lambda: measure_training(model, args, report["matmul_bf16_tflops"] * 1e12),
+                    "generate": lambda: measure_generation(model, args),
+                    "weight_sync": lambda: measure_weight_sync(model, 1 if args.cpu_smoke else 5),
+                    "shared_prompts": lambda: measure_shared_prompts(model, args)}
+        for name, measure in sections.items():
+            if args.only is None or name in args.only.split(","):
+                guarded(report, name, measure)
+                release_cache()
     report["total_s"] = time.perf_counter() - started
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=str))
-    failed = [name for name in ("tests", "build", "train", "generate", "weight_sync")
+    failed = [name for name in ("tests", "build", "train", "generate", "weight_sync", "shared_prompts")
               if "error" in report.get(name, {})]
     print(f"[gpu_suite] {report['device']}: done in {report['total_s']:.0f} s; failed sections: {failed or 'none'}; "
           f"wrote {out}")

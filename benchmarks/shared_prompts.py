@@ -80,21 +80,34 @@ def positions_and_groupings(model, micro_batches: list[Batch], layout: str) -> t
     return positions, grouped
 
 
-def time_layouts(model, batch: Batch, micro: int, repeats: int) -> dict[str, list[float]]:
-    dp = DataParallelGroup()
-    settings = PolicyLossSettings(loss_scale_factor=float(batch[Fields.RESPONSE_MASK].shape[-1]))
+def drain_device(batch: Batch) -> None:
+    """Wait for the GPU's queue when the batch lives on one (timings then cover the kernels, not their launch)."""
+    if batch[Fields.INPUT_IDS].is_cuda:
+        torch.cuda.synchronize()
+
+
+def time_layouts(model, batch: Batch, micro: int, repeats: int, gather_once: bool = False) -> dict[str, list[float]]:
     times = {"padded": [], "shared": [], "packed": []}
     for repeat in range(repeats + 1):  # the first round is a warm-up
         for layout in times:
-            engine = PolicyEngine(model, dp=dp, packed=layout == "packed", share_prompts=layout == "shared")
-            loss_fn = engine.micro_batch_loss(settings, temperature=1.0)
+            drain_device(batch)
             start = time.perf_counter()
-            accumulate_gradients(model, batch, loss_fn, loss_agg_mode="token-mean",
-                                 micro_batching=MicroBatching(micro_batch_size=micro), dp=dp)
+            run_layout(model, batch, micro, layout, gather_once)
+            drain_device(batch)
             if repeat:
                 times[layout].append(time.perf_counter() - start)
-            model.zero_grad(set_to_none=True)
     return times
+
+
+def run_layout(model, batch: Batch, micro: int, layout: str, gather_once: bool = False) -> None:
+    """One forward/backward of ``batch`` (PPO loss, micro-batches of ``micro`` rows) in ``layout``; grads cleared.
+    ``gather_once``: an FSDP2 model's parameters stay gathered through the micro-batches (``*.fsdp.gather_once``)."""
+    dp = DataParallelGroup()
+    settings = PolicyLossSettings(loss_scale_factor=float(batch[Fields.RESPONSE_MASK].shape[-1]))
+    engine = PolicyEngine(model, dp=dp, packed=layout == "packed", share_prompts=layout == "shared")
+    accumulate_gradients(model, batch, engine.micro_batch_loss(settings, temperature=1.0), loss_agg_mode="token-mean",
+                         micro_batching=MicroBatching(micro_batch_size=micro, gather_once=gather_once), dp=dp)
+    model.zero_grad(set_to_none=True)
 
 
 def build(model_dir: str | None):
