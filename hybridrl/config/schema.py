@@ -108,7 +108,8 @@ class FSDPConfig(FreezableConfig):
     """All-gather the parameters once per optimizer step (and once per log-prob or value pass) and keep them through
     its micro-batches, instead of twice per micro-batch (forward, and again in backward). Costs one unsharded copy
     of the parameters in the compute dtype for the duration, like ZeRO-2. ``auto``: on for CPU workers (gloo
-    all-gathers are slow, memory is plentiful), off on GPUs (FSDP2 overlaps the all-gathers with compute)."""
+    all-gathers are slow, memory is plentiful) and on a single GPU (nothing to gather: per-layer groups only add work
+    to every micro-batch), off on several GPUs (FSDP2 overlaps the all-gathers with compute)."""
     grad_sync: str = "step"
     """When gradient accumulation reduce-scatters gradients. ``step``: once per optimizer step (on the last
     micro-batch); between micro-batches FSDP2 keeps the *unsharded* gradients of the whole model in

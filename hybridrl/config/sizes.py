@@ -137,6 +137,11 @@ def reuses_update_log_probs(config: TrainConfig) -> bool:
             and not actor.adaptive_accumulation.enable and not config.algorithm.use_kl_in_reward)
 
 
-def gathers_once(setting: Union[bool, str], device_type: str) -> bool:
-    """``*.fsdp.gather_once`` resolved for workers on ``device_type``: ``auto`` is on for CPU, off on accelerators."""
-    return device_type == "cpu" if setting == "auto" else bool(setting)
+def gathers_once(setting: Union[bool, str], device_type: str, world_size: int) -> bool:
+    """``*.fsdp.gather_once`` resolved for a role's ``world_size`` workers on ``device_type``. ``auto`` is on for CPU
+    workers (gloo all-gathers are slow, memory is plentiful) and for a single accelerator (nothing to gather or to
+    overlap: per-layer FSDP2 groups only add casts, copies and hooks to every micro-batch — measured 1.7× faster PPO
+    steps on one H200), off for several accelerators (FSDP2 overlaps the all-gathers with compute)."""
+    if setting == "auto":
+        return device_type == "cpu" or world_size == 1
+    return bool(setting)

@@ -54,22 +54,23 @@ def sharding_options(config: TrainConfig, param_offload: bool, *, keep_gathered:
 
 
 def log_prob_micro_batching(config: TrainConfig, micro_batch_size: int | None, ppo_micro_batch_size: int | None,
-                            device_type: str) -> MicroBatching:
+                            device_type: str, world_size: int) -> MicroBatching:
     """Micro-batches of no-grad forwards: the role's log-prob size, else the PPO micro-batch (as resolved, when
     ``auto``: a forward without gradients needs less than the forward/backward it was sized for), or the token
     budget; parameters gathered once per pass as ``actor.fsdp.gather_once`` says."""
-    gather_once = gathers_once(config.actor.fsdp.gather_once, device_type)
+    gather_once = gathers_once(config.actor.fsdp.gather_once, device_type, world_size)
     if config.actor.use_dynamic_bsz:
         return MicroBatching(max_tokens=config.actor.ppo_max_token_len_per_gpu, gather_once=gather_once)
     return MicroBatching(micro_batch_size=micro_batch_size or ppo_micro_batch_size, gather_once=gather_once)
 
 
-def training_micro_batching(role_config, micro_batch_size: int | None, device_type: str) -> MicroBatching:
+def training_micro_batching(role_config, micro_batch_size: int | None, device_type: str,
+                            world_size: int) -> MicroBatching:
     """Micro-batches of a role's update (``ActorConfig`` / ``CriticConfig``): its token budget with
     ``use_dynamic_bsz``, else ``micro_batch_size`` sequences; gradients synced as its ``fsdp.grad_sync`` says,
     parameters gathered once per step as its ``fsdp.gather_once`` says."""
     options = dict(grad_sync=role_config.fsdp.grad_sync,
-                   gather_once=gathers_once(role_config.fsdp.gather_once, device_type))
+                   gather_once=gathers_once(role_config.fsdp.gather_once, device_type, world_size))
     if role_config.use_dynamic_bsz:
         return MicroBatching(max_tokens=role_config.ppo_max_token_len_per_gpu, **options)
     return MicroBatching(micro_batch_size=micro_batch_size, **options)
@@ -93,7 +94,7 @@ class ActorRolloutRefWorker(Worker):
         device_type = self.device.type
         self.tokenizer = load_tokenizer(config.model)
         actor_model = build_model(config.model, "actor", device_type=device_type).to(self.device)
-        keep_gathered = gathers_once(config.actor.fsdp.gather_once, device_type)
+        keep_gathered = gathers_once(config.actor.fsdp.gather_once, device_type, self.world_size)
         shard_model(actor_model, self.dp_mesh, sharding_options(config, config.actor.fsdp.param_offload,
                                                                 keep_gathered=keep_gathered))
         optimizer = build_optimizer(actor_model, config.actor.optim)
@@ -188,7 +189,8 @@ class ActorRolloutRefWorker(Worker):
     def compute_log_prob(self, batch: Batch) -> Batch:
         """``old_log_probs`` (and ``entropy``) of the responses under the current policy."""
         micro_batching = log_prob_micro_batching(self.config, self.config.actor.log_prob_micro_batch_size_per_gpu,
-                                                 self.plan.micro_batch_size_per_gpu, self.device.type)
+                                                 self.plan.micro_batch_size_per_gpu, self.device.type,
+                                                 self.world_size)
         return self.actor.compute_log_prob(batch, micro_batching)
 
     @dp_split
@@ -200,7 +202,7 @@ class ActorRolloutRefWorker(Worker):
         micro_batch_size = (self.config.ref.log_prob_micro_batch_size_per_gpu
                             or self.config.actor.log_prob_micro_batch_size_per_gpu)
         micro_batching = log_prob_micro_batching(self.config, micro_batch_size, self.plan.micro_batch_size_per_gpu,
-                                                 self.device.type)
+                                                 self.device.type, self.world_size)
         if self.lora:
             with adapters_disabled(self.actor.model):
                 result = self.actor.compute_log_prob(batch, micro_batching, with_entropy=False)
@@ -217,7 +219,8 @@ class ActorRolloutRefWorker(Worker):
         ``actor.ewc.coef > 0`` the first call anchors EWC at the current weights, its Fisher estimated on ``batch``.
         """
         actor = self.config.actor
-        micro_batching = training_micro_batching(actor, self.plan.micro_batch_size_per_gpu, self.device.type)
+        micro_batching = training_micro_batching(actor, self.plan.micro_batch_size_per_gpu, self.device.type,
+                                                 self.world_size)
         step = int(batch.meta.get("global_step", 0))
         self._reload_optimizer()
         if actor.ewc.coef > 0 and self.actor.ewc is None:
@@ -237,7 +240,8 @@ class ActorRolloutRefWorker(Worker):
         micro_batch_size = self.plan.micro_batch_size_per_gpu or len(batch)
         fsdp = self.config.actor.fsdp
         return self.actor.update_sft(batch, MicroBatching(micro_batch_size=micro_batch_size, grad_sync=fsdp.grad_sync,
-                                                          gather_once=gathers_once(fsdp.gather_once, self.device.type)))
+                                                          gather_once=gathers_once(fsdp.gather_once, self.device.type,
+                                                                                    self.world_size)))
 
     @one_to_all(collect="first")
     def batch_plan(self) -> tuple[BatchPlan, str]:

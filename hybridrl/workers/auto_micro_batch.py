@@ -83,7 +83,7 @@ def sizing_options(config: TrainConfig, role: str, world_size: int, device_type:
                 packed=model.use_remove_padding,
                 attention=attention_implementation(model.attn_implementation, device_type, torch_dtype(model.dtype)),
                 accumulating=fsdp.grad_sync == "step", logits_bytes=FP32,
-                gather_once=gathers_once(fsdp.gather_once, device_type))
+                gather_once=gathers_once(fsdp.gather_once, device_type, world_size))
 
 
 def memory_budget(budget_mb: Optional[int], device: torch.device, dp: DataParallelGroup) -> tuple[float, str]:

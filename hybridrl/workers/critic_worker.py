@@ -37,7 +37,7 @@ class CriticWorker(Worker):
         shard_model(model, self.dp_mesh, ShardingOptions(
             compute_dtype=torch_dtype(config.model.dtype), reduce_dtype=torch_dtype(critic.fsdp.reduce_dtype),
             reshard_after_forward=critic.fsdp.reshard_after_forward, param_offload=critic.fsdp.param_offload,
-            keep_gathered=gathers_once(critic.fsdp.gather_once, self.device.type)))
+            keep_gathered=gathers_once(critic.fsdp.gather_once, self.device.type, self.world_size)))
         optimizer = build_optimizer(model, critic.optim)
         scheduler = build_scheduler(optimizer, critic.optim,
                                     total_training_steps * self.plan.num_mini_batches * critic.ppo_epochs)
@@ -50,7 +50,8 @@ class CriticWorker(Worker):
         self.settings = ValueLossSettings.from_config(critic, config.data.max_response_length)
 
     def _micro_batching(self) -> MicroBatching:
-        return training_micro_batching(self.config.critic, self.plan.micro_batch_size_per_gpu, self.device.type)
+        return training_micro_batching(self.config.critic, self.plan.micro_batch_size_per_gpu, self.device.type,
+                                       self.world_size)
 
     @dp_split
     def compute_values(self, batch: Batch) -> Batch:

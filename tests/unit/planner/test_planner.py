@@ -233,3 +233,14 @@ def test_the_7b_recipe_fits_because_of_micro_batch_grad_sync():
     config = load_config(["actor.fsdp.grad_sync=step", "critic.fsdp.grad_sync=step"],
                          config_name="ppo_qwen2.5_7b_8xa100", check_paths=False)
     assert not plan_job(config, gpu_spec("a100-80")).as_configured.fits(0.15)
+
+
+def test_gather_once_auto_stays_off_on_several_gpus():
+    """``fsdp.gather_once=auto`` on 8 GPUs plans as ``false``: the root and two layers gathered at a time, not the
+    whole bf16 model. (One GPU resolves it on — ``sizing_options`` checks that — but one rank's estimate counts no
+    gathered copy either way.)"""
+    def actor(*overrides):
+        return plan_memory(big_job(*overrides), Shapes(QWEN_7B), gpu_spec("h100").memory_bytes).roles["actor"]
+
+    assert actor() == actor("actor.fsdp.gather_once=false") != actor("actor.fsdp.gather_once=true")
+    assert actor("actor.fsdp.gather_once=true").buffers == 2 * QWEN_7B.num_parameters()

@@ -81,6 +81,7 @@ def test_options_follow_the_config():
     assert options == dict(world_size=4, precision=Precision(compute_bytes=2, grad_bytes=2), checkpointing=True,
                            packed=True, attention="eager", accumulating=True, logits_bytes=4, gather_once=False)
     assert sizing_options(config, "actor", world_size=4, device_type="cpu")["gather_once"]  # fsdp.gather_once=auto
+    assert sizing_options(config, "actor", world_size=1)["gather_once"]  # ... and on one GPU
 
 
 def test_an_explicit_micro_batch_is_left_alone(model):

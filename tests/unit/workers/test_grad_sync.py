@@ -26,19 +26,21 @@ def test_unknown_mode_is_refused():
 def test_workers_micro_batching_carries_each_roles_mode():
     config = load_config(["algorithm=gae", "critic.fsdp.grad_sync=micro_batch", "actor.use_dynamic_bsz=true",
                           "actor.ppo_max_token_len_per_gpu=64", "actor.fsdp.grad_sync=micro_batch"], check_paths=False)
-    assert training_micro_batching(config.actor, None, "cuda") == MicroBatching(max_tokens=64, grad_sync="micro_batch")
-    assert training_micro_batching(config.critic, 2, "cuda") == MicroBatching(micro_batch_size=2,
-                                                                               grad_sync="micro_batch")
+    assert training_micro_batching(config.actor, None, "cuda", 2) == MicroBatching(max_tokens=64,
+                                                                                   grad_sync="micro_batch")
+    assert training_micro_batching(config.critic, 2, "cuda", 2) == MicroBatching(micro_batch_size=2,
+                                                                                  grad_sync="micro_batch")
     default = load_config(["algorithm=gae"], check_paths=False)
-    assert training_micro_batching(default.critic, 2, "cuda").grad_sync == "step"
+    assert training_micro_batching(default.critic, 2, "cuda", 2).grad_sync == "step"
 
 
-@pytest.mark.parametrize("setting, device_type, expected", [("auto", "cpu", True), ("auto", "cuda", False),
-                                                            (True, "cuda", True), (False, "cpu", False)])
-def test_gather_once_resolves_auto_by_device(setting, device_type, expected):
+@pytest.mark.parametrize("setting, device_type, world_size, expected", [
+    ("auto", "cpu", 2, True), ("auto", "cuda", 2, False), ("auto", "cuda", 1, True), (True, "cuda", 2, True),
+    (False, "cpu", 1, False), (False, "cuda", 1, False)])
+def test_gather_once_resolves_auto_by_device_and_world_size(setting, device_type, world_size, expected):
     config = load_config([f"actor.fsdp.gather_once={str(setting).lower()}"], check_paths=False)
-    assert training_micro_batching(config.actor, 2, device_type).gather_once is expected
-    assert log_prob_micro_batching(config, None, 2, device_type).gather_once is expected
+    assert training_micro_batching(config.actor, 2, device_type, world_size).gather_once is expected
+    assert log_prob_micro_batching(config, None, 2, device_type, world_size).gather_once is expected
 
 
 def test_auto_micro_batch_sizing_drops_the_unsharded_gradients_with_micro_batch_sync():
