@@ -16,15 +16,15 @@ from hybridrl.utils.collectives import CollectiveTimer
 from hybridrl.workers.accumulation import MicroBatching
 from hybridrl.workers.actor_worker import data_parallel_group, training_micro_batching
 from hybridrl.workers.auto_micro_batch import resolve_plan
-from hybridrl.workers.checkpoint import load_sharded, save_sharded
 from hybridrl.workers.critic import ValueEngine, ValueLossSettings
+from hybridrl.workers.engine_checkpoints import EngineCheckpoints
 from hybridrl.workers.fsdp import ShardingOptions, shard_model
 from hybridrl.workers.model_builder import build_model, torch_dtype
 from hybridrl.workers.optim import build_optimizer, build_scheduler
 from hybridrl.workers.step_metrics import update_resource_metrics
 
 
-class CriticWorker(Worker):
+class CriticWorker(EngineCheckpoints, Worker):
     """One rank of the value model. ``total_training_steps`` sizes the learning-rate schedule."""
 
     def __init__(self, config: TrainConfig, total_training_steps: int) -> None:
@@ -73,13 +73,3 @@ class CriticWorker(Worker):
     def batch_plan(self) -> tuple[BatchPlan, str]:
         """The critic's batch plan as run (an ``auto`` micro-batch resolved) and the sizing line (empty unless auto)."""
         return self.plan, self.micro_batch_sizing.line() if self.micro_batch_sizing else ""
-
-    @one_to_all(collect="first")
-    def save_checkpoint(self, directory: str) -> str:
-        save_sharded(directory, self.engine.model, self.engine.optimizer, self.engine.scheduler)
-        return directory
-
-    @one_to_all(collect="first")
-    def load_checkpoint(self, directory: str) -> str:
-        load_sharded(directory, self.engine.model, self.engine.optimizer, self.engine.scheduler)
-        return directory

@@ -12,7 +12,8 @@ from hybridrl.config.rm_schema import RMConfig
 from hybridrl.controller import Worker, dp_split, one_to_all
 from hybridrl.protocol import Batch
 from hybridrl.workers.actor_worker import data_parallel_group
-from hybridrl.workers.checkpoint import export_hf, load_sharded, save_sharded
+from hybridrl.workers.checkpoint import export_hf
+from hybridrl.workers.engine_checkpoints import EngineCheckpoints
 from hybridrl.workers.fsdp import ShardingOptions, shard_model
 from hybridrl.workers.model_builder import build_model, load_tokenizer, torch_dtype
 from hybridrl.workers.optim import build_optimizer, build_scheduler
@@ -37,7 +38,7 @@ def build_reward_model(config: RMConfig, device: torch.device):
     return model.to(device), tokenizer
 
 
-class RewardModelTrainWorker(Worker):
+class RewardModelTrainWorker(EngineCheckpoints, Worker):
     """One rank of reward-model training. ``total_training_steps`` sizes the learning-rate schedule."""
 
     def __init__(self, config: RMConfig) -> None:
@@ -62,18 +63,6 @@ class RewardModelTrainWorker(Worker):
     def compute_rewards(self, pairs: Batch) -> Batch:
         """``chosen_rewards [B]``, ``rejected_rewards [B]`` of the pairs (no gradients)."""
         return self.engine.compute_rewards(pairs, self.config.data.micro_batch_size_per_gpu)
-
-    @one_to_all(collect="first")
-    def save_checkpoint(self, directory: str) -> str:
-        """Model, optimizer, scheduler and RNG states under ``directory`` (every rank writes its shards)."""
-        save_sharded(directory, self.engine.model, self.engine.optimizer, self.engine.scheduler)
-        return directory
-
-    @one_to_all(collect="first")
-    def load_checkpoint(self, directory: str) -> str:
-        """Restore what ``save_checkpoint`` wrote (the DP size may differ)."""
-        load_sharded(directory, self.engine.model, self.engine.optimizer, self.engine.scheduler)
-        return directory
 
     @one_to_all(collect="first")
     def export_hf(self, directory: str) -> str:
