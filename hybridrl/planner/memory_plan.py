@@ -279,7 +279,8 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
     if "critic" in roles:  # the value forward runs at the same time, on the critic's own workers
         forward_peak += forward_only_bytes(head_output_shape("critic", shapes.critic or shapes.policy),
                                            forward_layout, c)
-    phases = phase_totals(roles, setup, config.rollout.free_cache_engine, forward_peak)
+    phases = phase_totals(roles, setup, config.rollout.free_cache_engine, forward_peak,
+                          generates_on_actor=config.rollout.name != "vllm")
     return MemoryPlan(setup=setup, roles=roles, phases=phases, device_bytes=device_bytes, precision=modes,
                       problems=engine_problems(config, shapes.policy, roles["rollout"], setup.gpu_memory_utilization))
 
@@ -298,16 +299,19 @@ def engine_problems(config: TrainConfig, shape: DecoderShape, rollout: RoleMemor
 
 
 def phase_totals(roles: dict[str, RoleMemory], setup: Setup, free_cache_engine: bool,
-                 forward_peak: int) -> dict[str, int]:
+                 forward_peak: int, generates_on_actor: bool = True) -> dict[str, int]:
     """Device bytes of each phase of the step (module docstring); ``forward_peak``: the no-grad forwards of the
-    log-prob phase (actor, and the critic's values at the same time)."""
+    log-prob phase (actor, and the critic's values at the same time); ``generates_on_actor``: the rollout decodes on
+    the actor's own module (HF ``generate``), which holds the actor's gathered parameters meanwhile — a vLLM engine
+    has its own weights (in ``roles["rollout"]``), and the actor's kept-gathered copy is released before it runs."""
     trained = [name for name in ("actor", "critic") if name in roles]
     frozen = [name for name in ("ref", "reward_model") if name in roles]
     resident = sum(roles[name].resident for name in trained + frozen) + roles["buffers"].total
     rollout = roles["rollout"]
     asleep = 0 if free_cache_engine else rollout.total
     moved_out = roles["actor"].optimizer if setup.optimizer_offload and not setup.param_offload else 0
-    phases = {"generate": resident - moved_out + rollout.total + roles["actor"].buffers}
+    phases = {"generate": resident - moved_out + rollout.total
+              + (roles["actor"].buffers if generates_on_actor else 0)}
     forwards = forward_peak + sum(roles[name].buffers for name in trained)
     phases["log_probs"] = resident + asleep + forwards
     for name in trained:

@@ -75,7 +75,9 @@ def test_roles_and_phases_by_hand():
     assert rollout.parameters == 2 * total and rollout.kv_cache > 0
     assert rollout.total == pytest.approx(0.4 * plan.device_bytes, rel=0.02)
     resident = actor.resident + ref.resident + plan.roles["buffers"].total
-    assert plan.phases["generate"] == resident + rollout.total + actor.buffers
+    assert plan.phases["generate"] == resident + rollout.total  # vLLM has its own weights: nothing of the actor gathered
+    hf = plan_memory(big_job("actor.use_kl_loss=true", "rollout.name=hf"), Shapes(QWEN_7B), plan.device_bytes)
+    assert hf.phases["generate"] == resident + hf.roles["rollout"].total + actor.buffers  # decodes on the actor
     # the engine sleeps outside generation: the update phase holds no rollout memory
     assert plan.phases["update_actor"] == resident + actor.gradients + actor.activations + actor.buffers
     awake = plan_memory(big_job("actor.use_kl_loss=true", "rollout.free_cache_engine=false"), Shapes(QWEN_7B),
