@@ -39,7 +39,16 @@ class ValueLossSettings:
 
 
 class ValueEngine:
-    """Values and updates for one value model (``AutoModelForTokenClassification`` with one label) on one rank."""
+    """Values and updates for one value model (``AutoModelForTokenClassification`` with one label) on one rank.
+
+    Args:
+        model: the value model, already sharded (or a plain module on a single process).
+        dp: this rank's data-parallel group.
+        packed: forward without pad tokens (``model.use_remove_padding``).
+        share_prompts: run the responses to one prompt over a single copy of it (``model.share_prompts``).
+        optimizer, scheduler: from ``hybridrl.workers.optim`` (``None`` for values only, no updates).
+        grad_clip: maximum global gradient norm (``critic.grad_clip``).
+    """
 
     def __init__(self, model: nn.Module, *, dp: DataParallelGroup, packed: bool = False, share_prompts: bool = False,
                  optimizer: Optional[torch.optim.Optimizer] = None, scheduler=None, grad_clip: float = 1.0) -> None:
