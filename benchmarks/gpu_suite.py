@@ -80,11 +80,16 @@ def parse_args() -> argparse.Namespace:
                         "padded shared-prompts step (torch.profiler): op tables written there")
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (as "
                         "model.use_torch_compile=true); the warm-up steps absorb the compile time")
-    parser.add_argument("--gather-once", action="store_true", help="FSDP2 parameters kept gathered through the "
-                        "micro-batches (*.fsdp.gather_once=true; one FSDP2 group on one rank)")
+    parser.add_argument("--gather-once", choices=("auto", "true", "false"), default="auto",
+                        help="*.fsdp.gather_once for the model (one FSDP2 group, parameters kept gathered through the "
+                        "micro-batches); auto: as a one-GPU run resolves it (on)")
     parser.add_argument("--cpu-smoke", action="store_true", help="run every section on CPU with a tiny model and "
                         "tiny sizes (checks the code path; the figures mean nothing)")
     args = parser.parse_args()
+    from hybridrl.config.sizes import gathers_once
+
+    args.gather_once = gathers_once(args.gather_once if args.gather_once == "auto" else args.gather_once == "true",
+                                    "cuda", world_size=1)
     if args.cpu_smoke:
         args.skip_tests = True
         args.train_batch, args.seq_len, args.train_steps, args.prompts, args.prompt_len, args.new_tokens, \
