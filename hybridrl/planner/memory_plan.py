@@ -83,6 +83,8 @@ class Setup:
     gpu_memory_utilization: float
     actor_grad_sync: str = "step"
     critic_grad_sync: str = "step"
+    actor_gather_once: bool = False
+    critic_gather_once: bool = False
 
 
 def setup_from(config: TrainConfig) -> Setup:
@@ -93,7 +95,9 @@ def setup_from(config: TrainConfig) -> Setup:
                  checkpointing=config.model.enable_gradient_checkpointing,
                  actor_state_precision=actor.optim.state_precision, critic_state_precision=critic.optim.state_precision,
                  optimizer_offload=actor.fsdp.optimizer_offload, param_offload=actor.fsdp.param_offload,
-                 gpu_memory_utilization=config.rollout.gpu_memory_utilization)
+                 gpu_memory_utilization=config.rollout.gpu_memory_utilization,
+                 actor_gather_once=gathers_once(actor.fsdp.gather_once, "cuda", world_size(config)),
+                 critic_gather_once=gathers_once(critic.fsdp.gather_once, "cuda", world_size(config)))
 
 
 @dataclass(frozen=True)
@@ -252,7 +256,7 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
         mode=modes["actor"], accumulating=holds_unsharded_gradients(
             setup.actor_grad_sync, actor_plan.local_mini_batch_sequences, setup.actor_micro_batch),
         checkpointing=setup.checkpointing, param_offload=setup.param_offload,
-        gather_once=gathers_once(config.actor.fsdp.gather_once, "cuda", world))}
+        gather_once=setup.actor_gather_once)}
     log_prob_rows = config.actor.log_prob_micro_batch_size_per_gpu or setup.actor_micro_batch
     forward_layout = training_layout(config, "actor", log_prob_rows)
     if config.actor.use_kl_loss or config.algorithm.use_kl_in_reward:
@@ -268,7 +272,7 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
             mode=modes["critic"], accumulating=holds_unsharded_gradients(
                 setup.critic_grad_sync, critic_plan.local_mini_batch_sequences, setup.critic_micro_batch),
             checkpointing=setup.checkpointing, param_offload=config.critic.fsdp.param_offload,
-            gather_once=gathers_once(config.critic.fsdp.gather_once, "cuda", world))
+            gather_once=setup.critic_gather_once)
     if config.reward_model.enable:
         rm_layout = ForwardLayout.padded(config.reward_model.micro_batch_size_per_gpu, forward_layout.row_length)
         roles["reward_model"] = frozen_role("reward_model", value_shape(shapes.reward_model or shapes.policy),
