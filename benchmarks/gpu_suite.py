@@ -86,10 +86,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cpu-smoke", action="store_true", help="run every section on CPU with a tiny model and "
                         "tiny sizes (checks the code path; the figures mean nothing)")
     args = parser.parse_args()
-    from hybridrl.config.sizes import gathers_once
-
-    args.gather_once = gathers_once(args.gather_once if args.gather_once == "auto" else args.gather_once == "true",
-                                    "cuda", world_size=1)
     if args.cpu_smoke:
         args.skip_tests = True
         args.train_batch, args.seq_len, args.train_steps, args.prompts, args.prompt_len, args.new_tokens, \
@@ -328,13 +324,17 @@ def main() -> int:
     report: dict[str, Any] = {"device": "cpu (smoke run: figures meaningless)" if args.cpu_smoke
                               else torch.cuda.get_device_name(), "torch": torch.__version__,
                               "cuda": torch.version.cuda, "python": platform.python_version(), "model_shape": shape,
-                              "compiled_layers": args.compile,
-                              "gather_once": args.gather_once}
+                              "compiled_layers": args.compile}
     if not args.cpu_smoke:
         report["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
     if args.wheels:
         report["wheels"] = install_wheels(args.wheels)
     report["optional"] = backends = optional_backends()
+    from hybridrl.config.sizes import gathers_once  # needs omegaconf: after --wheels
+
+    args.gather_once = gathers_once(args.gather_once if args.gather_once == "auto" else args.gather_once == "true",
+                                    "cuda", world_size=1)
+    report["gather_once"] = args.gather_once
     import transformers
 
     report["transformers"] = transformers.__version__
