@@ -131,6 +131,12 @@ def init_single_rank_group(device: str) -> bool:
     return True
 
 
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole of a (possibly FSDP2-sharded) tensor: a ``DTensor`` gathered (a collective on every rank), a plain
+    tensor as it is (one rank without FSDP2)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
 def build_device_meshes(device: str, world_size: int, tp_size: int) -> tuple[DeviceMesh, DeviceMesh]:
     """``(dp_mesh, rollout_mesh)``: ``dp_mesh`` is 1-D ``("dp",)`` over all ranks (FSDP's); ``rollout_mesh`` is
     ``("dp", "tp")`` of shape ``[world_size // tp_size, tp_size]``. Must be called on every rank (it is collective)."""

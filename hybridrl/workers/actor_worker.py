@@ -19,8 +19,9 @@ from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
 from hybridrl.controller import Worker, dp_split, one_to_all
 from hybridrl.protocol import Batch, Fields
 from hybridrl.hybrid_engine import WeightResharder, bucket_bytes_from_mb
-from hybridrl.rollout import EngineInputs, RolloutEngine, build_rollout_engine
+from hybridrl.rollout import EngineInputs, RolloutEngine, build_rollout_engine, holds_own_weights
 from hybridrl.rollout.base import SamplingParams
+from hybridrl.utils.distributed import full_tensor
 from hybridrl.utils.seeding import derive_seed
 from hybridrl.utils.collectives import CollectiveTimer
 from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching
@@ -288,8 +289,7 @@ class ActorRolloutRefWorker(Worker):
         """Sum of all actor parameters (gathered): a cheap fingerprint for determinism and resume tests."""
         total = torch.zeros((), dtype=torch.float64)
         for param in self.actor.model.parameters():
-            full = param.full_tensor() if hasattr(param, "full_tensor") else param
-            total += full.detach().double().sum()
+            total += full_tensor(param).detach().double().sum()
         return float(total)
 
 

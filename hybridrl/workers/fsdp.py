@@ -1,5 +1,5 @@
 """FSDP2 wrapping: ``fully_shard`` on every decoder layer, then on the root, with mixed precision and offload (a
-single rank that keeps its parameters gathered: the root alone)."""
+single rank that keeps its parameters gathered: no FSDP2 at all, :mod:`hybridrl.workers.single_rank`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecision
                                     register_fsdp_forward_method)
 
 from hybridrl.workers.model_builder import decoder_layers
+from hybridrl.workers.single_rank import apply_compute_dtype, casts_kept
 
 
 @dataclass(frozen=True)
@@ -22,9 +23,11 @@ class ShardingOptions:
 
     ``reduce_dtype`` is the dtype of the gradient reduce-scatter (fp32 keeps accumulation exact).
     ``keep_gathered``: the parameters stay gathered through each step or pass (``*.fsdp.gather_once``). On a one-rank
-    mesh the model is then one FSDP2 group rather than one per decoder layer: per-layer groups only let layers be
-    gathered, freed and reduced one at a time, which a kept-gathered single rank never does, and each group costs
-    hooks on every forward (every decode step of HF generation too), a gradient copy and a reduce call.
+    mesh (without ``param_offload``) the model is then not FSDP2-wrapped at all: per-layer groups only let layers be
+    gathered, freed and reduced one at a time, which a kept-gathered single rank never does, and FSDP2 costs hooks
+    on every forward (every decode step of HF generation too), a gradient copy and a reduce call per micro-batch.
+    :func:`~hybridrl.workers.single_rank.apply_compute_dtype` gives the same numerics (fp32 master weights, compute
+    dtype in forward and backward, fp32 gradient accumulation) with one cast of the weights per step.
     """
 
     compute_dtype: torch.dtype = torch.float32
@@ -43,6 +46,8 @@ def shard_model(model: nn.Module, mesh: Optional[DeviceMesh], options: ShardingO
     """
     if mesh is None:
         return model
+    if options.keep_gathered and mesh.size() == 1 and not options.param_offload:
+        return apply_compute_dtype(model, options.compute_dtype)
     # Inside the model activations stay in the compute dtype (a layer emitting fp32 would meet bf16 weights in the
     # next root-level op, e.g. a tied lm_head); only the root's outputs (logits, values) come back in fp32.
     layer_policy = MixedPrecisionPolicy(param_dtype=options.compute_dtype, reduce_dtype=options.reduce_dtype)
@@ -52,7 +57,7 @@ def shard_model(model: nn.Module, mesh: Optional[DeviceMesh], options: ShardingO
     if options.param_offload:
         # pin_memory needs an accelerator; on CPU-only machines it must be off.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
-    if not (options.keep_gathered and mesh.size() == 1):
+    if not (options.keep_gathered and mesh.size() == 1):  # with param_offload: the root alone, one group
         for layer in decoder_layers(model):
             fully_shard(layer, mp_policy=layer_policy, **kwargs)
     fully_shard(model, mp_policy=root_policy, **kwargs)
@@ -107,9 +112,14 @@ def parameters_kept_gathered(model: nn.Module, *, through_backward: bool = False
     of ``T``. For the micro-batches of one optimizer step (``through_backward=True``, ``*.fsdp.gather_once``): one
     all-gather per group instead of two per micro-batch (forward, and again in backward). Either way the price is
     one unsharded copy of the parameters in the compute dtype while inside. Leave before the optimizer step: it
-    updates the shards, and gathered copies would be stale.
+    updates the shards, and gathered copies would be stale. A single-rank model without FSDP2
+    (:mod:`~hybridrl.workers.single_rank`) keeps its compute-dtype casts instead.
     """
     modules = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    if not modules:
+        with casts_kept(model):
+            yield
+        return
     saved = [(_reshards_after_forward(module), _reshards_after_backward(module)) for module in modules]
     for module in modules:
         module.set_reshard_after_forward(False, recurse=False)

@@ -25,6 +25,7 @@ from torch import nn
 
 from hybridrl.config.schema import LoraConfig
 from hybridrl.hybrid_engine.plan import ParamMeta
+from hybridrl.utils.distributed import full_tensor
 
 ADAPTER = "default"
 PEFT_PREFIX = "base_model.model."
@@ -102,7 +103,7 @@ def merge_rows(weight_rows: torch.Tensor, lora_b_rows: torch.Tensor, lora_a: tor
 
 def _full(param: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a (possibly FSDP2-sharded) parameter; a collective on every rank for a DTensor."""
-    return param.full_tensor().detach() if hasattr(param, "full_tensor") else param.detach()
+    return full_tensor(param).detach()
 
 
 def merged_state_dict(state: dict[str, torch.Tensor], layers: list[AdaptedLayer]) -> dict[str, torch.Tensor]:

@@ -308,10 +308,10 @@ def model_state_bytes(shape: DecoderShape, *, world_size: int = 1, precision: Pr
     sharded = -(-total // world_size)
     gradients, gathered, in_flight, accumulated = precision.grad_bytes * sharded, 0, 0, 0
     if world_size > 1 or precision.compute_bytes != precision.master_bytes:
-        # One rank gathers too when it computes in another dtype: FSDP2's cast copy (measured on one H200 at 494 M
-        # parameters in bf16: keeping the whole model gathered peaked 0.67 GiB above the root and layers in flight).
-        # In fp32 one FSDP2 rank also gathers into buffers of its own; that is left out, so plain modules (which
-        # the measured-allocation tests use) and FSDP2 ones are estimated alike.
+        # One rank holds a cast copy too when it computes in another dtype: with gather_once the whole model's
+        # casts (hybridrl.workers.single_rank, no FSDP2; measured on one H200 at 494 M parameters in bf16 under
+        # FSDP2: 0.67 GiB above the root and layers in flight), else FSDP2's per-group copies. In fp32 one rank
+        # with gather_once casts nothing; without it FSDP2 gathers into buffers of its own, left out here.
         gathered = precision.compute_bytes * (total if gather_once
                                               else shape.root_parameters() + 2 * shape.layer_parameters())
     if world_size > 1:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from hybridrl.config.schema import OptimConfig
+from hybridrl.utils.distributed import full_tensor
 from hybridrl.workers.precision import build_adamw, learning_rate
 
 
@@ -66,10 +67,7 @@ def clipped_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
     """Clip the global gradient norm (across all FSDP shards) to ``max_norm`` and step — unless the norm is not finite,
     in which case the gradients are dropped and the weights stay unchanged (the caller counts skipped steps)."""
     params = [param for param in model.parameters() if param.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
-    if hasattr(norm, "full_tensor"):
-        norm = norm.full_tensor()
-    grad_norm = float(norm)
+    grad_norm = float(full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)))
     lr = learning_rate(optimizer)
     applied = math.isfinite(grad_norm)
     if applied:

@@ -30,6 +30,7 @@ from hybridrl.workers.accumulation import (
 )
 from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
 from hybridrl.workers.critic import ValueEngine, ValueLossSettings
+from hybridrl.utils.distributed import full_tensor
 from hybridrl.workers.fsdp import ShardingOptions, shard_model
 from hybridrl.workers.model_builder import build_model
 from hybridrl.workers.optim import build_optimizer, build_scheduler
@@ -198,9 +199,9 @@ def run_cases(rank, world, dirs, data, cases, out_path):
                 accumulate_gradients(engine.model, batch, loss_fn, loss_agg_mode=mode, micro_batching=micro_batching,
                                      dp=engine.dp)
         if full_step:
-            tensors = {name: param.detach().full_tensor() for name, param in engine.model.named_parameters()}
+            tensors = {name: full_tensor(param.detach()) for name, param in engine.model.named_parameters()}
         else:
-            tensors = {name: param.grad.full_tensor() for name, param in engine.model.named_parameters()}
+            tensors = {name: full_tensor(param.grad) for name, param in engine.model.named_parameters()}
         results[case] = tensors
         shard_groups = sum(isinstance(module, FSDPModule) for module in engine.model.modules())
         communication[case] = (counter.total("reduce_scatter"), num_micro_batches, shard_groups,
@@ -295,14 +296,14 @@ def test_grad_sync_sets_the_reduce_scatters_per_step(engine_run):
         assert reduce_scatters == (expected if world > 1 else 0), case
 
 
-def test_kept_gathered_single_rank_is_one_group(engine_run):
-    """``fsdp.gather_once`` on one rank: the model is one FSDP2 group (the cases above show the update unchanged);
-    otherwise one group per decoder layer plus the root."""
+def test_kept_gathered_single_rank_is_not_fsdp2(engine_run):
+    """``fsdp.gather_once`` on one rank: the model is not FSDP2-wrapped at all (the cases above show the update
+    unchanged); otherwise one group per decoder layer plus the root."""
     world, _, communication = engine_run
     for case in STEP_CASES + SYNC_EACH_CASES + GATHER_ONCE_CASES:
         groups = communication[case][2]
-        one_group = world == 1 and case[5].endswith("gather_once")
-        assert groups == (1 if one_group else 2 + 1), case  # the tiny model has 2 decoder layers
+        no_fsdp = world == 1 and case[5].endswith("gather_once")
+        assert groups == (0 if no_fsdp else 2 + 1), case  # the tiny model has 2 decoder layers
 
 
 def test_gather_once_gathers_each_group_once_per_step(engine_run):
