@@ -193,22 +193,35 @@ class CallPlan:
 
 def plan_call(method: DispatchedMethod[Any, Any, Any, Any], world_size: int, tp_size: int,
               args: tuple[Any, ...], kwargs: dict[str, Any], share: Callable[[Any], Any]) -> CallPlan:
-    """Plan one call. ``share(value)`` stores a value once for several ranks (``ray.put``) and returns what to pass."""
+    """Plan one call. ``share(value)`` stores a value once for several ranks (``ray.put``) and returns what to pass.
+
+    A value bound for one rank only is passed as it is: Ray sends a small one inside the task and stores a large one
+    itself, while an explicit ``ray.put`` costs milliseconds even for a few bytes (a one-rank group's every call)."""
     spec = method.spec
     if spec.mode is Dispatch.RANK_ZERO:
         return CallPlan({0: (args, kwargs)}, lambda results: results[0])
     if spec.mode is Dispatch.ONE_TO_ALL:
-        shared = _share_all(args, kwargs, share)
+        shared = _share_all(args, kwargs, _sharing(share, world_size))
         collect = (lambda results: results[0]) if spec.collect_first else _in_rank_order
         return CallPlan({rank: shared for rank in range(world_size)}, collect)
     tp = tp_size if spec.mode is Dispatch.DP_LEADERS else 1
     dp_size = world_size // tp
-    per_dp, rows_per_rank, pad_count = _split_args(method, dp_size, args, kwargs, share)
+    per_dp, rows_per_rank, pad_count = _split_args(method, dp_size, args, kwargs, _sharing(share, tp),
+                                                   _sharing(share, world_size))
     rank_args = {rank: per_dp[rank // tp] for rank in range(world_size)}
     leaders = [d * tp for d in range(dp_size)]
     collect = functools.partial(_collect_split, method=method, leaders=leaders, rows_per_rank=rows_per_rank,
                                 pad_count=pad_count)
     return CallPlan(rank_args, collect)
+
+
+def _sharing(share: Callable[[Any], Any], destinations: int) -> Callable[[Any], Any]:
+    """``share`` for a value sent to several ranks; for one rank, the value itself."""
+    return share if destinations > 1 else _by_value
+
+
+def _by_value(value: Any) -> Any:
+    return value
 
 
 def _in_rank_order(results: dict[int, Any]) -> list[Any]:
@@ -227,8 +240,10 @@ def _share_one(value: Any, share: Callable[[Any], Any]) -> Any:
 
 
 def _split_args(method: DispatchedMethod[Any, Any, Any, Any], dp_size: int, args: tuple[Any, ...],
-                kwargs: dict[str, Any], share: Callable[[Any], Any]) -> tuple[list[ArgsKwargs], int, int]:
-    """Per-DP-rank ``(args, kwargs)`` (``Batch`` values chunked, others broadcast), rows per rank, pad count."""
+                kwargs: dict[str, Any], share_chunk: Callable[[Any], Any],
+                share_broadcast: Callable[[Any], Any]) -> tuple[list[ArgsKwargs], int, int]:
+    """Per-DP-rank ``(args, kwargs)`` (``Batch`` values chunked, others broadcast), rows per rank, pad count.
+    ``share_chunk`` stores a chunk for its tensor-parallel peers, ``share_broadcast`` a value for every rank."""
     slots: list[tuple[int | str, Batch]] = [(i, a) for i, a in enumerate(args) if isinstance(a, Batch)]
     slots += [(k, v) for k, v in kwargs.items() if isinstance(v, Batch)]
     if not slots:
@@ -244,10 +259,10 @@ def _split_args(method: DispatchedMethod[Any, Any, Any, Any], dp_size: int, args
         if pad_count and not method.spec.pad:
             raise ValueError(f"{method.qualname} splits without padding: a batch of {len(batch)} rows must be "
                              f"divisible by the data-parallel size {dp_size}")
-        chunks[slot] = [share(chunk) for chunk in padded.chunk(dp_size)]
+        chunks[slot] = [share_chunk(chunk) for chunk in padded.chunk(dp_size)]
     base_args, base_kwargs = _share_all(
         tuple(None if isinstance(a, Batch) else a for a in args),
-        {k: None if isinstance(v, Batch) else v for k, v in kwargs.items()}, share)
+        {k: None if isinstance(v, Batch) else v for k, v in kwargs.items()}, share_broadcast)
     per_dp = []
     for d in range(dp_size):
         rank_args = tuple(chunks[i][d] if i in chunks else a for i, a in enumerate(base_args))

@@ -36,11 +36,12 @@ from hybridrl.protocol import Batch, Fields
 from hybridrl.rewards.custom import load_custom_reward_fn
 from hybridrl.rewards.registry import check_data_sources
 from hybridrl.rewards.scorer import build_reward_scorer
+from hybridrl.rollout import holds_own_weights
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.seeding import derive_seed
 from hybridrl.utils.timing import PhaseTimer
 from hybridrl.utils.tracking import Tracker, prepare_metrics_file
-from hybridrl.workers.actor_worker import ActorRolloutRefWorker
+from hybridrl.workers.actor_worker import NO_WEIGHT_SYNC, ActorRolloutRefWorker
 from hybridrl.workers.critic_worker import CriticWorker
 from hybridrl.workers.reward_model_worker import RewardModelWorker
 from hybridrl.workers.model_builder import load_tokenizer
@@ -179,7 +180,8 @@ class RLTrainer:
                 ptx = self.ptx.batch(self.global_step) if self.ptx is not None else None
                 metrics.update(_prefixed("actor", actor.call(ActorRolloutRefWorker.update_actor, batch, ptx=ptx)[0]))
             with timer.phase("weight_sync"):
-                metrics.update(actor.call(ActorRolloutRefWorker.sync_rollout_weights))
+                metrics.update(actor.call(ActorRolloutRefWorker.sync_rollout_weights)
+                               if holds_own_weights(config.rollout.name) else NO_WEIGHT_SYNC)
         metrics.update(reward_metrics)
         metrics.update(replay_metrics)
         metrics.update(batch_metrics(batch))

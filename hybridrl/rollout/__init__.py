@@ -16,7 +16,7 @@ from hybridrl.rollout.base import RolloutEngine, SamplingParams, assemble_rollou
 from hybridrl.utils.registry import Registry
 
 __all__ = ["ROLLOUT_ENGINES", "EngineInputs", "RolloutEngine", "SamplingParams", "assemble_rollout",
-           "build_rollout_engine", "response_mask_from_eos"]
+           "build_rollout_engine", "holds_own_weights", "response_mask_from_eos"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,12 @@ class EngineInputs:
 
 
 ROLLOUT_ENGINES: Registry[Callable[[EngineInputs], RolloutEngine]] = Registry("rollout engine")
+
+
+def holds_own_weights(name: str) -> bool:
+    """Whether engine ``name`` (``rollout.name``) generates from a copy of the weights that each update must be
+    synced into (``vllm``), rather than from the actor's own module (``hf``)."""
+    return name != "hf"
 
 
 def build_rollout_engine(name: str, inputs: EngineInputs) -> RolloutEngine:

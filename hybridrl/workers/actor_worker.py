@@ -40,6 +40,9 @@ from hybridrl.workers.step_metrics import update_resource_metrics
 logger = logging.getLogger(__name__)
 
 
+NO_WEIGHT_SYNC = {"weight_sync/seconds": 0.0, "weight_sync/bytes": 0.0}  # what a rollout on the actor's module syncs
+
+
 def data_parallel_group(worker: Worker) -> DataParallelGroup:
     """The worker's data-parallel group (all ranks of the group; FSDP shards over it)."""
     mesh = worker.dp_mesh
@@ -129,7 +132,7 @@ class ActorRolloutRefWorker(Worker):
         """The generation engine: ``hf`` shares ``actor_model``; ``vllm`` holds its own copy, fed by a resharder."""
         config = self.config
         self.resharder = None
-        if config.rollout.name != "hf":
+        if holds_own_weights(config.rollout.name):
             if config.rollout.tensor_model_parallel_size != 1:
                 raise ValueError("rollout.tensor_model_parallel_size > 1 with an in-process vLLM engine is not "
                                  "supported yet (each rank runs its own engine); use 1")
@@ -166,7 +169,7 @@ class ActorRolloutRefWorker(Worker):
         Returns the sync's seconds and bytes received by rank 0 (the collective runs on every rank).
         """
         if self.resharder is None:
-            return {"weight_sync/seconds": 0.0, "weight_sync/bytes": 0.0}
+            return dict(NO_WEIGHT_SYNC)
         started = time.perf_counter()
         free_cache = self.config.rollout.free_cache_engine
         if free_cache:  # a sleeping engine (GPU) has dropped its weights' memory: wake it to load new ones

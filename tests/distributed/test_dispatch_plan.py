@@ -143,6 +143,20 @@ def test_one_to_all_stores_large_arguments_once_and_inlines_scalars():
     assert call.collect({0: "a", 1: "b", 2: "c"}) == ["a", "b", "c"]
 
 
+def test_values_bound_for_one_rank_are_passed_as_they_are():
+    """An explicit ``ray.put`` costs milliseconds whatever the size: a value only one rank reads goes as it is (Ray
+    inlines a small one and stores a large one itself) — every argument of a one-rank group, each DP chunk."""
+    shared: list = []
+    weights, batch = torch.ones(4), make_batch(6)
+    one_rank = plan(EchoWorker.rank_info, 1, (weights,), shared=shared)
+    assert one_rank.rank_args[0][0][0] is weights and shared == []
+    split = plan(EchoWorker.add_offset, 2, (batch, weights), shared=shared)
+    assert [len(args[0]) for args, _ in split.rank_args.values()] == [3, 3]
+    assert shared == [weights]  # the broadcast value is still stored once for both ranks; the chunks are not
+    split_one = plan(EchoWorker.add_offset, 1, (batch, weights), shared=shared)
+    assert shared == [weights] and torch.equal(split_one.rank_args[0][0][0]["ids"], batch["ids"])
+
+
 def test_rank_zero_runs_on_rank_zero_only():
     call = plan(EchoWorker.whoami, 4, ("t",))
     assert list(call.rank_args) == [0]
