@@ -10,6 +10,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -63,10 +64,12 @@ def matmul_parameters(model_path: str) -> int:
 
 class TreeMemorySampler:
     """Peak resident memory (RSS summed over a process and all its descendants, e.g. Ray's raylet and workers),
-    sampled every ``interval_s`` on a thread while the process runs. ``peak_mib`` after ``stop()``."""
+    sampled every ``interval_s`` on a thread while the process runs. ``peak_mib`` after ``stop()``; ``seen``: every
+    process of the tree it sampled."""
 
     def __init__(self, pid: int, interval_s: float = 0.2) -> None:
         self.pid, self.interval_s, self.peak_bytes = pid, interval_s, 0
+        self.seen: dict[int, Any] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -79,6 +82,7 @@ class TreeMemorySampler:
                 root = psutil.Process(self.pid)
                 total = 0
                 for process in [root, *root.children(recursive=True)]:
+                    self.seen.setdefault(process.pid, process)
                     try:
                         total += process.memory_info().rss
                     except psutil.Error:
@@ -100,7 +104,9 @@ class TreeMemorySampler:
 
 def run_measured(command: Sequence[str], timeout_s: float, env: Optional[dict[str, str]] = None) -> tuple[int, float,
                                                                                                            str]:
-    """Run ``command``; returns (exit code, peak tree RSS in MiB, the last 3000 characters of its output)."""
+    """Run ``command``; returns (exit code, peak tree RSS in MiB, the last 3000 characters of its output). Returns
+    once every process of its tree has exited (up to 60 s: Ray's daemons outlive the driver by a moment), so the
+    next side measured does not share the cores with this one's leftovers."""
     process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, **(env or {})})
     sampler = TreeMemorySampler(process.pid)
@@ -110,7 +116,18 @@ def run_measured(command: Sequence[str], timeout_s: float, env: Optional[dict[st
         process.kill()
         output, _ = process.communicate()
         output += f"\n[timed out after {timeout_s:.0f} s]"
-    return process.returncode, sampler.stop(), output[-3000:]
+    peak_mib = sampler.stop()
+    _wait_for_exit(list(sampler.seen.values()), timeout_s=60.0)
+    return process.returncode, peak_mib, output[-3000:]
+
+
+def _wait_for_exit(processes: list[Any], timeout_s: float) -> None:
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    if alive:
+        print(f"[benchmarks] {len(alive)} process(es) of the last run still alive after {timeout_s:.0f} s: "
+              f"{[process.pid for process in alive]}", file=sys.stderr)
 
 
 def fit_with_step_clock(trainer: Any) -> list[float]:
