@@ -1,6 +1,6 @@
 """One rank with ``gather_once``: bf16 mixed precision without FSDP2 (``hybridrl.workers.single_rank``) gives the
 same numbers, bit for bit, as the same model under FSDP2 on one rank — two optimizer steps of three micro-batches,
-log-probs, sampled generation — with tied embeddings and with activation checkpointing; the module keeps its fp32
+log-probs, sampled generation — with tied embeddings, with activation checkpointing and with LoRA adapters; the module keeps its fp32
 parameters outside forward (also after a failed forward) and returns fp32 outputs."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from gloo_spawn import run_on_gloo
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 
-from hybridrl.config.schema import ModelConfig, OptimConfig
+from hybridrl.config.schema import LoraConfig, ModelConfig, OptimConfig
 from hybridrl.protocol import Batch
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.hf import HFRollout
@@ -40,11 +40,12 @@ def make_batch(seed: int) -> Batch:
                           "advantages": torch.randn(6, 6, generator=generator)})
 
 
-def run_layout(model_dir, keep_gathered: bool, checkpointing: bool) -> dict:
+def run_layout(model_dir, keep_gathered: bool, checkpointing: bool, lora: bool) -> dict:
     """Two optimizer steps (3 micro-batches each, parameters gathered once per step), then log-probs and a sampled
     generation, on one rank; ``keep_gathered`` picks the path without FSDP2."""
     torch.manual_seed(0)
-    model = build_model(ModelConfig(path=str(model_dir), dtype="bfloat16"), "actor")
+    adapters = LoraConfig(rank=4, alpha=8) if lora else LoraConfig()
+    model = build_model(ModelConfig(path=str(model_dir), dtype="bfloat16", lora=adapters), "actor")
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     shard_model(model, init_device_mesh("cpu", (1,)),
@@ -69,20 +70,24 @@ def run_layout(model_dir, keep_gathered: bool, checkpointing: bool) -> dict:
                 plain=has_compute_casts(model))
 
 
-def compare_layouts(rank, world, model_dir, checkpointing, out_path):
-    torch.save({keep: run_layout(model_dir, keep, checkpointing) for keep in (False, True)}, out_path)
+def compare_layouts(rank, world, model_dir, checkpointing, lora, out_path):
+    torch.save({keep: run_layout(model_dir, keep, checkpointing, lora) for keep in (False, True)}, out_path)
 
 
-@pytest.mark.parametrize("tied,checkpointing", [(False, False), (True, False), (False, True)],
-                         ids=["untied", "tied", "checkpointing"])
-def test_same_bits_as_fsdp2_on_one_rank(tmp_path, tied, checkpointing):
+@pytest.mark.parametrize("tied,checkpointing,lora", [(False, False, False), (True, False, False),
+                                                     (False, True, False), (False, False, True)],
+                         ids=["untied", "tied", "checkpointing", "lora"])
+def test_same_bits_as_fsdp2_on_one_rank(tmp_path, tied, checkpointing, lora):
     model_dir = save_tiny_model(tmp_path / "model", TinyModelSpec(tie_word_embeddings=tied))
-    run_on_gloo(1, compare_layouts, model_dir, checkpointing, tmp_path / "out.pt")
+    run_on_gloo(1, compare_layouts, model_dir, checkpointing, lora, tmp_path / "out.pt")
     results = torch.load(tmp_path / "out.pt", weights_only=False)
     fsdp2, plain = results[False], results[True]
     assert fsdp2["fsdp"] and not fsdp2["plain"] and plain["plain"] and not plain["fsdp"]
+    trained = [name for name, value in plain["params"].items() if "lora_B" in name or not lora]
+    assert any(plain["params"][name].abs().sum() > 0 for name in trained)  # LoRA: B starts at zero
     initial = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor").state_dict()
-    assert any(not torch.equal(plain["params"][name], initial[name]) for name in plain["params"])  # it trained
+    if not lora:
+        assert any(not torch.equal(plain["params"][name], initial[name]) for name in plain["params"])  # it trained
     for name, value in fsdp2["params"].items():
         assert value.dtype == plain["params"][name].dtype == torch.float32, name  # fp32 master weights
         assert torch.equal(value, plain["params"][name]), name
