@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
+import traceback
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessRaisedException
 
 
 def free_port() -> int:
@@ -18,12 +22,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple) -> None:
+class GlooRankError(RuntimeError):
+    """One or more ranks raised; the message holds every failed rank's traceback, the likely cause first."""
+
+
+def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, error_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         fn(rank, world_size, *args)
+    except BaseException:
+        Path(error_dir, f"rank{rank}.txt").write_text(traceback.format_exc())
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -31,9 +42,11 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: 
 def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any) -> None:
     """Call ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; raises if any rank fails.
 
-    A rank killed by a *signal* (not an exception) is retried once, with a new port: under heavy CPU contention a
-    gloo process has been seen to abort (SIGABRT) during start-up (issue noted for investigation). An exception in
-    ``fn`` — a failed assertion included — is never retried.
+    A failing rank's exception reaches the caller even when a peer, left waiting in a collective, fails too and is
+    noticed first: :class:`GlooRankError` lists every failed rank's traceback, those that are not the fallout of a
+    closed connection first. A rank killed by a *signal* (not an exception) is retried once, with a new port: under
+    heavy CPU contention a gloo process has been seen to abort (SIGABRT) during start-up. An exception in ``fn`` —
+    a failed assertion included — is never retried.
     """
     try:
         _spawn(world_size, fn, args)
@@ -45,5 +58,25 @@ def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any) -> None:
 
 
 def _spawn(world_size: int, fn: Callable[..., Any], args: tuple) -> None:
-    mp.start_processes(_entry, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True,
-                       start_method="spawn")
+    with tempfile.TemporaryDirectory(prefix="gloo_errors_") as error_dir:
+        try:
+            mp.start_processes(_entry, args=(world_size, free_port(), fn, args, error_dir), nprocs=world_size,
+                               join=True, start_method="spawn")
+        except ProcessRaisedException as error:  # a rank killed by a signal propagates as is (retried above)
+            failures = {int(path.stem[len("rank"):]): path.read_text() for path in Path(error_dir).glob("rank*.txt")}
+            if not failures:
+                raise
+            raise GlooRankError(_failure_report(failures)) from error
+
+
+_FALLOUT = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout", "timed out")
+
+
+def _failure_report(failures: dict[int, str]) -> str:
+    """Every failed rank's traceback; a rank whose error is a peer's fallout (a closed connection) comes last."""
+    def fallout(rank: int) -> bool:
+        last_line = failures[rank].strip().splitlines()[-1]
+        return any(marker in last_line for marker in _FALLOUT)
+
+    order = sorted(failures, key=lambda rank: (fallout(rank), rank))
+    return "\n".join(f"--- rank {rank} ---\n{failures[rank]}" for rank in order)
