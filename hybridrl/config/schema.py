@@ -110,8 +110,9 @@ class FSDPConfig(FreezableConfig):
     of the parameters in the compute dtype for the duration, like ZeRO-2. ``auto``: on for CPU workers (gloo
     all-gathers are slow, memory is plentiful) and on a single GPU (nothing to gather: per-layer groups only add work
     to every micro-batch), off on several GPUs (FSDP2 overlaps the all-gathers with compute). On one rank (without
-    ``param_offload``) it skips FSDP2 altogether: the fp32 weights are cast to the compute dtype once per step or
-    pass and gradients accumulate in fp32, the same numbers bit for bit with less per-forward work."""
+    ``param_offload``, with ``reduce_dtype: float32``) it skips FSDP2 altogether: the fp32 weights are cast to the
+    compute dtype once per step or pass and gradients accumulate in fp32, the same numbers bit for bit with less
+    per-forward work."""
     grad_sync: str = "step"
     """When gradient accumulation reduce-scatters gradients. ``step``: once per optimizer step (on the last
     micro-batch); between micro-batches FSDP2 keeps the *unsharded* gradients of the whole model in

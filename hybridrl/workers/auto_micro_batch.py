@@ -104,8 +104,8 @@ def cuda_measure_fn(model: nn.Module, shape: DecoderShape, options: dict, *, bud
                     grad_sync: str = "step") -> MeasureFn:
     """Probe the process's peak on the device (two micro-batches synced as ``grad_sync`` says), screened by the
     analytic model (see the module docstring)."""
-    probe = make_probe(model, packed=options["packed"], accumulating=True, grad_sync=grad_sync, optimizer=optimizer,
-                       dp=dp)
+    probe = make_probe(model, packed=options["packed"], accumulating=True, grad_sync=grad_sync,
+                       gather_once=options["gather_once"], optimizer=optimizer, dp=dp)
     lazy_moments = 0 if optimizer is not None and optimizer.state else model_state_bytes(
         shape, world_size=options["world_size"], precision=options["precision"]).optimizer
 

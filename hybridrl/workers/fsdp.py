@@ -23,7 +23,7 @@ class ShardingOptions:
 
     ``reduce_dtype`` is the dtype of the gradient reduce-scatter (fp32 keeps accumulation exact).
     ``keep_gathered``: the parameters stay gathered through each step or pass (``*.fsdp.gather_once``). On a one-rank
-    mesh (without ``param_offload``) the model is then not FSDP2-wrapped at all: per-layer groups only let layers be
+    mesh (:func:`without_fsdp`: no ``param_offload``, fp32 ``reduce_dtype``) the model is then not FSDP2-wrapped: per-layer groups only let layers be
     gathered, freed and reduced one at a time, which a kept-gathered single rank never does, and FSDP2 costs hooks
     on every forward (every decode step of HF generation too), a gradient copy and a reduce call per micro-batch.
     :func:`~hybridrl.workers.single_rank.apply_compute_dtype` gives the same numerics (fp32 master weights, compute
@@ -37,6 +37,14 @@ class ShardingOptions:
     keep_gathered: bool = False
 
 
+def without_fsdp(world_size: int, options: ShardingOptions) -> bool:
+    """Whether a model is left unwrapped (:mod:`~hybridrl.workers.single_rank` mixed precision) rather than FSDP2:
+    one rank keeping its parameters gathered, no parameter offload (FSDP2's), fp32 gradient accumulation (the
+    single-rank path always accumulates in fp32; a bf16 ``reduce_dtype`` keeps FSDP2's bf16 accumulation)."""
+    return (options.keep_gathered and world_size == 1 and not options.param_offload
+            and options.reduce_dtype == torch.float32)
+
+
 def shard_model(model: nn.Module, mesh: Optional[DeviceMesh], options: ShardingOptions) -> nn.Module:
     """Apply FSDP2 in place and return ``model`` (now an ``FSDPModule``). ``mesh=None`` leaves it unsharded.
 
@@ -46,7 +54,7 @@ def shard_model(model: nn.Module, mesh: Optional[DeviceMesh], options: ShardingO
     """
     if mesh is None:
         return model
-    if options.keep_gathered and mesh.size() == 1 and not options.param_offload:
+    if without_fsdp(mesh.size(), options):
         return apply_compute_dtype(model, options.compute_dtype)
     # Inside the model activations stay in the compute dtype (a layer emitting fp32 would meet bf16 weights in the
     # next root-level op, e.g. a tied lm_head); only the root's outputs (logits, values) come back in fp32.
@@ -57,7 +65,7 @@ def shard_model(model: nn.Module, mesh: Optional[DeviceMesh], options: ShardingO
     if options.param_offload:
         # pin_memory needs an accelerator; on CPU-only machines it must be off.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
-    if not (options.keep_gathered and mesh.size() == 1):  # with param_offload: the root alone, one group
+    if not (options.keep_gathered and mesh.size() == 1):  # param_offload or a low reduce dtype: the root alone
         for layer in decoder_layers(model):
             fully_shard(layer, mp_policy=layer_policy, **kwargs)
     fully_shard(model, mp_policy=root_policy, **kwargs)

@@ -7,6 +7,7 @@ takes.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable, Optional
 
@@ -16,7 +17,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from hybridrl.workers.fsdp import set_gradient_sync, syncs_gradients
+from hybridrl.workers.fsdp import parameters_kept_gathered, set_gradient_sync, syncs_gradients
 from hybridrl.workers.precision import plain_tensors
 from hybridrl.workers.sequences import response_log_probs
 
@@ -96,7 +97,7 @@ def resident_bytes(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] 
 
 
 def probe_peak_bytes(model: nn.Module, micro_batch_size: int, seq_len: int, *, packed: bool = False,
-                     accumulating: bool = True, grad_sync: str = "step",
+                     accumulating: bool = True, grad_sync: str = "step", gather_once: bool = False,
                      optimizer: Optional[torch.optim.Optimizer] = None, dp=None) -> float:
     """Peak bytes of a forward+backward of ``micro_batch_size`` random sequences of ``seq_len`` tokens on this rank.
 
@@ -106,7 +107,8 @@ def probe_peak_bytes(model: nn.Module, micro_batch_size: int, seq_len: int, *, p
     ``grad_sync`` (:func:`~hybridrl.workers.fsdp.syncs_gradients`): with ``step`` the first runs without gradient sync
     (FSDP2 then holds the whole model's unsharded gradients), the second with it; with ``micro_batch`` both sync, so
     only the sharded gradients accumulate. The peak includes the gradients already accumulated; without
-    ``accumulating`` one synced micro-batch. CUDA: ``max_memory_allocated`` (absolute,
+    ``accumulating`` one synced micro-batch. ``gather_once``: the micro-batches run with the parameters kept gathered
+    (cast once, on one rank), as the update then does. CUDA: ``max_memory_allocated`` (absolute,
     states included; an out-of-memory error returns ``math.inf``). CPU: :func:`resident_bytes` +
     :class:`LiveTensorPeak` over the whole probe.
 
@@ -124,11 +126,13 @@ def probe_peak_bytes(model: nn.Module, micro_batch_size: int, seq_len: int, *, p
     num_micro_batches = 2 if accumulating else 1
 
     def forward_backward() -> None:
-        for index in range(num_micro_batches):
-            set_gradient_sync(model, syncs_gradients(grad_sync, index, num_micro_batches))
-            log_probs, _ = response_log_probs(model, input_ids, attention_mask, seq_len - 2, packed=packed)
-            (-log_probs.sum() / log_probs.numel()).backward()
-            del log_probs
+        kept = parameters_kept_gathered(model, through_backward=True) if gather_once else contextlib.nullcontext()
+        with kept:
+            for index in range(num_micro_batches):
+                set_gradient_sync(model, syncs_gradients(grad_sync, index, num_micro_batches))
+                log_probs, _ = response_log_probs(model, input_ids, attention_mask, seq_len - 2, packed=packed)
+                (-log_probs.sum() / log_probs.numel()).backward()
+                del log_probs
 
     model.zero_grad(set_to_none=True)
     if device.type == "cuda":

@@ -42,6 +42,7 @@ class _ComputeCasts:
                       if param is not None and param.is_floating_point()]
         self.kept: Optional[dict[int, torch.Tensor]] = None
         self.depth = 0
+        self.open_calls: dict[int, int] = {}  # id(module) → its forwards that entered and have not exited
 
     def _casts(self) -> dict[int, torch.Tensor]:
         if self.kept is not None and self.kept:
@@ -54,18 +55,29 @@ class _ComputeCasts:
             self.kept.update(casts)
         return casts
 
-    def enter(self) -> None:
+    def enter(self, caller: nn.Module) -> None:
+        """Before ``caller``'s forward: swap the casts in (outermost forward only). If casting fails (e.g. out of
+        memory) nothing is counted, so the ``exit`` that runs anyway leaves the count as it was."""
         if self.depth == 0:
             casts = self._casts()
             for module, name, param in self.slots:
                 module._parameters[name] = casts[id(param)]
         self.depth += 1
+        self.open_calls[id(caller)] = self.open_calls.get(id(caller), 0) + 1
 
-    def exit(self) -> None:
+    def exit(self, caller: nn.Module) -> None:
+        """After ``caller``'s forward (also a failed one): the parameters back once the outermost forward ends."""
+        if not self.open_calls.get(id(caller)):
+            return  # its ``enter`` did not complete
+        self.open_calls[id(caller)] -= 1
         self.depth -= 1
         if self.depth == 0:
-            for module, name, param in self.slots:
-                module._parameters[name] = param
+            self.restore()
+
+    def restore(self) -> None:
+        for module, name, param in self.slots:
+            module._parameters[name] = param
+        self.depth, self.open_calls = 0, {}
 
 
 def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
@@ -73,14 +85,18 @@ def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
     cast to ``dtype``; anything else (e.g. a KV cache object) unchanged."""
     if isinstance(value, torch.Tensor):
         return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
-    if isinstance(value, dict):  # ModelOutput is a dict too: assigning a key also sets its attribute
+    if type(value) is dict:
+        return {key: _cast_floats(item, dtype) for key, item in value.items()}
+    if isinstance(value, dict):  # a ModelOutput (built by the forward itself): assigning a key also sets its attribute
         for key in list(value.keys()):
             value[key] = _cast_floats(value[key], dtype)
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changes = {field.name: _cast_floats(getattr(value, field.name), dtype) for field in dataclasses.fields(value)}
         return dataclasses.replace(value, **changes)
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_cast_floats(item, dtype) for item in value))
+    if isinstance(value, (list, tuple)):
         return type(value)(_cast_floats(item, dtype) for item in value)
     return value
 
@@ -96,11 +112,11 @@ def apply_compute_dtype(model: nn.Module, compute_dtype: torch.dtype) -> nn.Modu
     setattr(model, _STATE_ATTRIBUTE, casts)
 
     def before(module, args, kwargs):
-        casts.enter()
+        casts.enter(module)
         return _cast_floats(args, compute_dtype), _cast_floats(kwargs, compute_dtype)
 
     def after(module, args, kwargs, output):
-        casts.exit()
+        casts.exit(module)
         return _cast_floats(output, torch.float32) if module is model else output
 
     hooked = [model]
@@ -140,3 +156,5 @@ def casts_kept(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         casts.kept = None
+        if casts.depth:  # a forward did not unwind (it cannot, short of a bug): never leave the casts swapped in
+            casts.restore()

@@ -122,3 +122,53 @@ def test_fp32_parameters_outside_forward_and_fp32_outputs(tmp_path):
     model(input_ids=ids)
     assert torch.equal(first, second) and weights[0].dtype == torch.bfloat16
     assert weights[0] is weights[1] and weights[2] is not weights[3]  # outside: a fresh cast per forward
+
+
+def test_a_failed_cast_leaves_the_hooks_balanced(tmp_path, monkeypatch):
+    """A cast that fails in the pre-hook (say, out of memory) must not unbalance the nesting count: the next forward
+    still computes in the compute dtype, and the parameters are the fp32 ones outside forward."""
+    from hybridrl.workers.single_rank import _STATE_ATTRIBUTE, apply_compute_dtype
+
+    model_dir = save_tiny_model(tmp_path / "model", TinyModelSpec())
+    model = apply_compute_dtype(build_model(ModelConfig(path=str(model_dir), dtype="bfloat16"), "actor"),
+                                torch.bfloat16)
+    casts = getattr(model, _STATE_ATTRIBUTE)
+    ids = torch.randint(4, 60, (2, 7))
+    real_casts = casts._casts
+    monkeypatch.setattr(casts, "_casts", lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("simulated")))
+    with pytest.raises(torch.OutOfMemoryError):
+        model(input_ids=ids)
+    monkeypatch.setattr(casts, "_casts", real_casts)
+    seen = []
+    model.get_input_embeddings().register_forward_hook(lambda module, args, output: seen.append(output.dtype))
+    model(input_ids=ids)
+    assert seen == [torch.bfloat16] and casts.depth == 0
+    assert all(isinstance(param, torch.nn.Parameter) for param in model.parameters())
+
+
+def test_casting_inputs_and_outputs_leaves_the_callers_containers_alone():
+    from collections import namedtuple
+
+    from hybridrl.workers.single_rank import _cast_floats
+
+    Pair = namedtuple("Pair", "values ids")
+    inner = {"x": torch.ones(2)}
+    cast = _cast_floats({"inner": inner, "pair": Pair(torch.ones(2), torch.arange(2))}, torch.bfloat16)
+    assert inner["x"].dtype == torch.float32  # the caller's dict is not rewritten
+    assert cast["inner"]["x"].dtype == torch.bfloat16 and isinstance(cast["pair"], Pair)
+    assert cast["pair"].values.dtype == torch.bfloat16 and cast["pair"].ids.dtype == torch.int64
+
+
+def wrap_with_bf16_reduction(rank, world, model_dir, out_path):
+    model = build_model(ModelConfig(path=str(model_dir), dtype="bfloat16"), "actor")
+    shard_model(model, init_device_mesh("cpu", (1,)), ShardingOptions(
+        compute_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, keep_gathered=True))
+    torch.save(isinstance(model, FSDPModule), out_path)
+
+
+def test_a_bf16_reduce_dtype_keeps_fsdp2(tmp_path):
+    """``fsdp.reduce_dtype=bfloat16`` accumulates gradients in bf16 under FSDP2; the single-rank path only does fp32,
+    so that setting keeps the FSDP2 model (one group) rather than silently changing the numerics."""
+    model_dir = save_tiny_model(tmp_path / "model", TinyModelSpec())
+    run_on_gloo(1, wrap_with_bf16_reduction, model_dir, tmp_path / "out.pt")
+    assert torch.load(tmp_path / "out.pt") is True
