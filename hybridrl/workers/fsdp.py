@@ -23,9 +23,10 @@ class ShardingOptions:
 
     ``reduce_dtype`` is the dtype of the gradient reduce-scatter (fp32 keeps accumulation exact).
     ``keep_gathered``: the parameters stay gathered through each step or pass (``*.fsdp.gather_once``). On a one-rank
-    mesh (:func:`without_fsdp`: no ``param_offload``, fp32 ``reduce_dtype``) the model is then not FSDP2-wrapped: per-layer groups only let layers be
-    gathered, freed and reduced one at a time, which a kept-gathered single rank never does, and FSDP2 costs hooks
-    on every forward (every decode step of HF generation too), a gradient copy and a reduce call per micro-batch.
+    mesh (:func:`without_fsdp`: no ``param_offload``, fp32 ``reduce_dtype``) the model is then not FSDP2-wrapped:
+    per-layer groups only let layers be gathered, freed and reduced one at a time, which a kept-gathered single rank
+    never does, and FSDP2 costs hooks on every forward (every decode step of HF generation too), a gradient copy and
+    a reduce call per micro-batch.
     :func:`~hybridrl.workers.single_rank.apply_compute_dtype` gives the same numerics (fp32 master weights, compute
     dtype in forward and backward, fp32 gradient accumulation) with one cast of the weights per step.
     """

@@ -45,7 +45,7 @@ class _ComputeCasts:
         self.open_calls: dict[int, int] = {}  # id(module) → its forwards that entered and have not exited
 
     def _casts(self) -> dict[int, torch.Tensor]:
-        if self.kept is not None and self.kept:
+        if self.kept:  # cast earlier inside casts_kept
             return self.kept
         casts = {}
         for _, _, param in self.slots:
