@@ -5,6 +5,8 @@ parameters outside forward (also after a failed forward) and returns fp32 output
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import pytest
 import torch
 from gloo_spawn import run_on_gloo
@@ -22,7 +24,7 @@ from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
 from hybridrl.workers.fsdp import ShardingOptions, parameters_kept_gathered, shard_model
 from hybridrl.workers.model_builder import build_model
 from hybridrl.workers.optim import build_optimizer, build_scheduler
-from hybridrl.workers.single_rank import has_compute_casts
+from hybridrl.workers.single_rank import _STATE_ATTRIBUTE, _cast_floats, apply_compute_dtype, has_compute_casts
 
 pytestmark = pytest.mark.distributed
 OPTIM = OptimConfig(lr=1e-2, weight_decay=0.01)
@@ -83,11 +85,11 @@ def test_same_bits_as_fsdp2_on_one_rank(tmp_path, tied, checkpointing, lora):
     results = torch.load(tmp_path / "out.pt", weights_only=False)
     fsdp2, plain = results[False], results[True]
     assert fsdp2["fsdp"] and not fsdp2["plain"] and plain["plain"] and not plain["fsdp"]
-    trained = [name for name, value in plain["params"].items() if "lora_B" in name or not lora]
-    assert any(plain["params"][name].abs().sum() > 0 for name in trained)  # LoRA: B starts at zero
-    initial = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor").state_dict()
-    if not lora:
-        assert any(not torch.equal(plain["params"][name], initial[name]) for name in plain["params"])  # it trained
+    if lora:  # it trained: the adapters' B matrices start at zero
+        assert any(value.abs().sum() > 0 for name, value in plain["params"].items() if "lora_B" in name)
+    else:
+        initial = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor").state_dict()
+        assert any(not torch.equal(plain["params"][name], initial[name]) for name in plain["params"])
     for name, value in fsdp2["params"].items():
         assert value.dtype == plain["params"][name].dtype == torch.float32, name  # fp32 master weights
         assert torch.equal(value, plain["params"][name]), name
@@ -98,11 +100,8 @@ def test_same_bits_as_fsdp2_on_one_rank(tmp_path, tied, checkpointing, lora):
 
 def test_fp32_parameters_outside_forward_and_fp32_outputs(tmp_path):
     model_dir = save_tiny_model(tmp_path / "model", TinyModelSpec())
-    model = build_model(ModelConfig(path=str(model_dir), dtype="bfloat16"), "actor")
-    # one rank, no process group needed: mesh=None would skip mixed precision, so apply it as shard_model does
-    from hybridrl.workers.single_rank import apply_compute_dtype
-
-    apply_compute_dtype(model, torch.bfloat16)
+    model = apply_compute_dtype(build_model(ModelConfig(path=str(model_dir), dtype="bfloat16"), "actor"),
+                                torch.bfloat16)  # as shard_model does on one rank; no process group needed
     ids = torch.randint(4, 60, (2, 7))
     seen = []
     model.get_input_embeddings().register_forward_hook(lambda module, args, output: seen.append(output.dtype))
@@ -127,8 +126,6 @@ def test_fp32_parameters_outside_forward_and_fp32_outputs(tmp_path):
 def test_a_failed_cast_leaves_the_hooks_balanced(tmp_path, monkeypatch):
     """A cast that fails in the pre-hook (say, out of memory) must not unbalance the nesting count: the next forward
     still computes in the compute dtype, and the parameters are the fp32 ones outside forward."""
-    from hybridrl.workers.single_rank import _STATE_ATTRIBUTE, apply_compute_dtype
-
     model_dir = save_tiny_model(tmp_path / "model", TinyModelSpec())
     model = apply_compute_dtype(build_model(ModelConfig(path=str(model_dir), dtype="bfloat16"), "actor"),
                                 torch.bfloat16)
@@ -147,10 +144,6 @@ def test_a_failed_cast_leaves_the_hooks_balanced(tmp_path, monkeypatch):
 
 
 def test_casting_inputs_and_outputs_leaves_the_callers_containers_alone():
-    from collections import namedtuple
-
-    from hybridrl.workers.single_rank import _cast_floats
-
     Pair = namedtuple("Pair", "values ids")
     inner = {"x": torch.ones(2)}
     cast = _cast_floats({"inner": inner, "pair": Pair(torch.ones(2), torch.arange(2))}, torch.bfloat16)
