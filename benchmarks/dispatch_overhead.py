@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 import torch  # noqa: E402
 
 from hybridrl.config.ray import RayConfig  # noqa: E402
-from hybridrl.controller import (PoolSpec, ResourcePool, Worker, WorkerGroup, dp_split, one_to_all,  # noqa: E402
+from hybridrl.runtime import (PoolSpec, ResourcePool, Worker, WorkerGroup, dp_split, one_to_all,  # noqa: E402
                                  start_ray)
 from hybridrl.protocol import Batch  # noqa: E402
 

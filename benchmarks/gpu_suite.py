@@ -12,7 +12,7 @@ script prints why and exits with status 2, measuring nothing.
 Sections (each guarded: a failure is recorded in the JSON and the next section runs):
 
 1. ``tests``: ``pytest tests/gpu`` in a subprocess (bounded by ``--tests-timeout``), its summary line and exit code.
-2. ``train``: FSDP2 (``hybridrl.workers.fsdp.shard_model``, one rank, bf16 compute, fp32 master weights) + AdamW, next-
+2. ``train``: FSDP2 (``hybridrl.modeling.fsdp.shard_model``, one rank, bf16 compute, fp32 master weights) + AdamW, next-
    token loss on random tokens; MFU = model FLOPs (6·N per token + 12·layers·hidden·seq per token for attention)
    ÷ step time ÷ peak, against the datasheet bf16 peak (when the GPU is known) and against this GPU's measured
    bf16 matmul rate.
@@ -144,7 +144,7 @@ def build_model(attn_implementation: str, device: str, shape: dict[str, Any], co
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from hybridrl.utils.distributed import build_device_meshes, init_single_rank_group
-    from hybridrl.workers.fsdp import ShardingOptions, shard_model
+    from hybridrl.modeling.fsdp import ShardingOptions, shard_model
 
     init_single_rank_group(device)
     dp_mesh, _ = build_device_meshes(device, 1, 1)
@@ -153,7 +153,7 @@ def build_model(attn_implementation: str, device: str, shape: dict[str, Any], co
     with torch.device(device):
         model = Qwen2ForCausalLM(config)
     if compile_layers:
-        from hybridrl.workers.model_builder import decoder_layers
+        from hybridrl.modeling.model_builder import decoder_layers
 
         for layer in decoder_layers(model):
             layer.compile()
@@ -254,7 +254,7 @@ def measure_shared_prompts(model: torch.nn.Module, args: argparse.Namespace) -> 
     vs packed rows (``benchmarks/shared_prompts.py``'s timing, on the FSDP2 model), per (prompt, response) regime."""
     from shared_prompts import drain_device, grpo_batch, positions_and_groupings, run_layout, time_layouts  # here
 
-    from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching, split_micro_batches
+    from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, split_micro_batches
 
     device = next(model.parameters()).device
     rows = []

@@ -48,12 +48,12 @@ from hybridrl.protocol import Batch
 from hybridrl.utils.collectives import CollectiveCounter
 from hybridrl.utils.distributed import find_free_port
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching, global_normalizer, train_mini_batch
-from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
-from hybridrl.workers.fsdp import ShardingOptions, set_gradient_sync, shard_model
-from hybridrl.workers.memory_sizing import LiveTensorPeak
-from hybridrl.workers.model_builder import build_model
-from hybridrl.workers.optim import build_optimizer, build_scheduler, clipped_step
+from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, global_normalizer, train_mini_batch
+from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.modeling.fsdp import ShardingOptions, set_gradient_sync, shard_model
+from hybridrl.autotune.memory_sizing import LiveTensorPeak
+from hybridrl.modeling.model_builder import build_model
+from hybridrl.engines.optim import build_optimizer, build_scheduler, clipped_step
 
 RESULTS = Path(__file__).resolve().parent / "results" / "grad_accum.json"
 WORLD = 2

@@ -33,7 +33,7 @@ from hybridrl.data.sft import encode_sft_examples
 from hybridrl.data.synthetic import ArithmeticTask
 from hybridrl.utils.tiny_model import TinyModelSpec, build_char_tokenizer, build_tiny_model
 from hybridrl.workers.local_sgd import PeriodicSync, default_group_of, profile_gradient_change, propose_intervals
-from hybridrl.workers.sequences import response_log_probs
+from hybridrl.modeling.sequences import response_log_probs
 
 SPEC = TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
 RESPONSE = 4

@@ -37,8 +37,8 @@ import torch
 from hybridrl.data.partition import partition_stats
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients, split_micro_batches
-from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
+from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients, split_micro_batches
+from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
 
 RESULTS = Path(__file__).resolve().parent / "results" / "packing.json"
 SPEC = TinyModelSpec(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=688)

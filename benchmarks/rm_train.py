@@ -42,11 +42,11 @@ from hybridrl.protocol import Batch  # noqa: E402
 from hybridrl.utils.collectives import CollectiveCounter  # noqa: E402
 from hybridrl.utils.distributed import find_free_port  # noqa: E402
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model  # noqa: E402
-from hybridrl.workers.accumulation import DataParallelGroup  # noqa: E402
-from hybridrl.workers.fsdp import ShardingOptions, shard_model  # noqa: E402
-from hybridrl.workers.model_builder import build_model  # noqa: E402
-from hybridrl.workers.optim import build_optimizer, build_scheduler  # noqa: E402
-from hybridrl.workers.preference import PreferenceEngine, PreferenceLossSettings  # noqa: E402
+from hybridrl.engines.accumulation import DataParallelGroup  # noqa: E402
+from hybridrl.modeling.fsdp import ShardingOptions, shard_model  # noqa: E402
+from hybridrl.modeling.model_builder import build_model  # noqa: E402
+from hybridrl.engines.optim import build_optimizer, build_scheduler  # noqa: E402
+from hybridrl.engines.preference import PreferenceEngine, PreferenceLossSettings  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rm_train.json"
 WORLD = 2

@@ -7,7 +7,7 @@ micro-batches of ``--micro`` rows, single process) in three layouts:
 
 - ``padded``  — each row on its own (all-padding columns of the micro-batch dropped);
 - ``shared``  — ``model.share_prompts``: the rows of one prompt as one row over a single copy of it, where the FLOP
-  estimate says so (``hybridrl.workers.shared_prompts.grouping_pays``), else padded;
+  estimate says so (``hybridrl.modeling.shared_prompts.grouping_pays``), else padded;
 - ``packed``  — ``model.use_remove_padding``: the real tokens of the micro-batch as one row.
 
 For each (P, R) regime: ``positions`` = token positions the layers compute (rows × width; packed: real tokens),
@@ -30,10 +30,10 @@ import torch
 
 from hybridrl.protocol import Batch, Fields
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients, split_micro_batches
-from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
-from hybridrl.workers.attention import attention_implementation
-from hybridrl.workers.shared_prompts import grouping_pays, prompt_groups, trim_padding
+from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients, split_micro_batches
+from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.modeling.attention import attention_implementation
+from hybridrl.modeling.shared_prompts import grouping_pays, prompt_groups, trim_padding
 
 import common
 

@@ -44,7 +44,7 @@ PHASE_METHODS = {
 
 def demo_trainer(workdir: Path, steps: int, overrides: list[str]):
     from hybridrl.config import load_config
-    from hybridrl.controller.trainer import RLTrainer
+    from hybridrl.trainers.rl_trainer import RLTrainer
     from hybridrl.demo import build_base_model
 
     base = build_base_model(workdir / "base")

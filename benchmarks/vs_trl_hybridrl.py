@@ -47,7 +47,7 @@ def overrides(spec: dict, run_dir: Path) -> list[str]:
 
 def run(spec: dict, out: Path) -> dict:
     from hybridrl.config import load_config
-    from hybridrl.controller.trainer import RLTrainer
+    from hybridrl.trainers.rl_trainer import RLTrainer
     from hybridrl.utils.tracking import read_metrics
 
     run_dir = out.parent / (out.stem + "_run")

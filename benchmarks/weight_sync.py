@@ -81,7 +81,7 @@ def rank_main(rank: int, port: int, model_dir: str, bucket_mbs: list[float], rep
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
 
-    from hybridrl.workers.fsdp import ShardingOptions, shard_model
+    from hybridrl.modeling.fsdp import ShardingOptions, shard_model
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

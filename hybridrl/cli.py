@@ -79,7 +79,7 @@ def plan(args: argparse.Namespace) -> int:
 @command("train", "run the RL trainer (PPO, GRPO, ...): hybridrl train model.path=... algorithm=grpo")
 def train(args: argparse.Namespace) -> int:
     from hybridrl.config import load_config
-    from hybridrl.controller.trainer import RLTrainer
+    from hybridrl.trainers.rl_trainer import RLTrainer
     from hybridrl.utils.report import format_summary, plot_learning_curves, step_time_breakdown
     from hybridrl.utils.tracking import read_metrics
 
@@ -95,7 +95,7 @@ def train(args: argparse.Namespace) -> int:
 @command("sft", "supervised fine-tuning (the warm start for RL): hybridrl sft model.path=...", "sft_trainer")
 def sft(args: argparse.Namespace) -> int:
     from hybridrl.config import load_config
-    from hybridrl.controller.sft_trainer import SFTTrainer
+    from hybridrl.trainers.sft_trainer import SFTTrainer
 
     config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths)
     result = SFTTrainer(config).fit()
@@ -106,7 +106,7 @@ def sft(args: argparse.Namespace) -> int:
 @command("rm", "train a reward model on preference pairs (Bradley-Terry): hybridrl rm model.path=...", "rm_trainer")
 def rm(args: argparse.Namespace) -> int:
     from hybridrl.config import load_config
-    from hybridrl.controller.rm_trainer import RMTrainer
+    from hybridrl.trainers.rm_trainer import RMTrainer
 
     config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths)
     result = RMTrainer(config).fit()
@@ -135,7 +135,7 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
 @command("export", "write a checkpoint's policy as a Hugging Face directory: hybridrl export RUN_DIR OUT_DIR",
          None, arguments=_export_arguments)
 def export(args: argparse.Namespace) -> int:
-    from hybridrl.controller.export import ExportError, export_checkpoint, resolve_checkpoint
+    from hybridrl.trainers.export import ExportError, export_checkpoint, resolve_checkpoint
 
     try:
         checkpoint = resolve_checkpoint(args.source)
@@ -201,8 +201,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 # Controller errors a user acts on (not bugs): looked up only if their module was loaded, since importing it here
 # would import Ray for every command.
-LATE_USER_ERRORS = (("hybridrl.controller.errors", "ResourceUnavailableError"),
-                    ("hybridrl.controller.health", "TrainingHealthError"))
+LATE_USER_ERRORS = (("hybridrl.runtime.errors", "ResourceUnavailableError"),
+                    ("hybridrl.trainers.health", "TrainingHealthError"))
 
 
 def _user_errors() -> tuple[type[Exception], ...]:

@@ -39,8 +39,8 @@ def run_demo(overrides: Sequence[str] = (), demo_dir: Path = DEMO_DIR, *, sft_ov
     (``conf/demo_sft.yaml``); ``model_spec`` sizes the base model (tests shrink it).
     """
     from hybridrl.config import load_config
-    from hybridrl.controller.sft_trainer import SFTTrainer
-    from hybridrl.controller.trainer import RLTrainer
+    from hybridrl.trainers.sft_trainer import SFTTrainer
+    from hybridrl.trainers.rl_trainer import RLTrainer
     from hybridrl.utils.report import format_summary, plot_learning_curves, step_time_breakdown
 
     started = time.perf_counter()

@@ -1,6 +1,6 @@
 """Config of the anti-forgetting features: PPO-ptx (``actor.ptx``), EWC (``actor.ewc``) and prompt replay
-(``data.replay``). Each is off by default; the mechanics live in ``hybridrl.workers.anti_forgetting`` (ptx, EWC)
-and ``hybridrl.controller.continual`` (SFT batches, replay mixing)."""
+(``data.replay``). Each is off by default; the mechanics live in ``hybridrl.engines.anti_forgetting`` (ptx, EWC)
+and ``hybridrl.trainers.continual`` (SFT batches, replay mixing)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The reliability tests use these to make a failure happen at a chosen point of a real run — a real ``SIGKILL`` of a
 worker or of the controller, or an ``OSError(ENOSPC)`` at the checkpoint write — so that restart, resume and
 checkpoint integrity can be checked deterministically. Every field defaults to "off"; never set them in a real run.
-``hybridrl.controller.faults`` acts on them.
+``hybridrl.trainers.faults`` acts on them.
 """
 
 from __future__ import annotations

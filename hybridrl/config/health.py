@@ -1,4 +1,4 @@
-"""Training-health alarm settings (``trainer.health``), read by ``hybridrl.controller.health.HealthMonitor``.
+"""Training-health alarm settings (``trainer.health``), read by ``hybridrl.trainers.health.HealthMonitor``.
 
 Each alarm compares the mean of one metric over the last ``window`` steps with a bound; ``null`` turns an alarm off.
 ``validate()`` raises ``ValueError`` naming the offending ``trainer.health.<field>``.

@@ -1,6 +1,6 @@
 """Ray start-up and worker-group settings (``trainer.ray``).
 
-``hybridrl.controller.ray_runtime.start_ray`` reads this; every field carries an attribute docstring (the config
+``hybridrl.runtime.ray_runtime.start_ray`` reads this; every field carries an attribute docstring (the config
 reference is generated from them). ``validate()`` raises ``ValueError`` naming the offending ``trainer.ray.<field>``.
 """
 
@@ -34,7 +34,7 @@ class RayConfig(FreezableConfig):
     """Ray's log level: ``debug`` | ``info`` | ``warning`` | ``error`` | ``critical``."""
     local_mode: bool = False
     """Run workers in the controller process without Ray (the serial executor): each rank's worker object is built
-    and called in turn, so a breakpoint in a worker method works. See ``hybridrl.controller.executors``."""
+    and called in turn, so a breakpoint in a worker method works. See ``hybridrl.runtime.executors``."""
     call_timeout_s: float = 1800.0
     """Seconds a worker-group call may take before the controller raises ``WorkerTimeoutError``."""
     placement_timeout_s: float = 120.0

@@ -11,6 +11,10 @@ from hybridrl.config.job_schema import JobTrainerConfig
 from hybridrl.config.schema import FSDPConfig, ModelConfig, OptimConfig
 
 
+SYNTHETIC_PREFERENCES = ("correct", "shorter")
+"""``data.synthetic_preference`` choices (built by :mod:`hybridrl.data.synthetic_preference`)."""
+
+
 @dataclass
 class RMDataConfig(FreezableConfig):
     train_files: list[str] = field(default_factory=list)

@@ -49,7 +49,7 @@ class ModelConfig(FreezableConfig):
     """``auto`` | ``sdpa`` | ``eager`` | ``flex_attention`` | ``flash_attention_2`` (GPU with flash-attn installed
     only). ``auto``: on GPU flash-attn 2 when installed and the dtype is bf16/fp16, else ``sdpa``; on CPU direct
     matmul-softmax attention for short sequences (query × key ≤ 192², where it is 1.5–6× faster than CPU sdpa) and
-    ``sdpa`` for longer ones (``hybridrl.workers.attention``)."""
+    ``sdpa`` for longer ones (``hybridrl.modeling.attention``)."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30 % more compute)."""
     use_remove_padding: bool = False
@@ -129,9 +129,13 @@ class MicroBatchSizingConfig(FreezableConfig):
     """Memory (MiB) one rank may use for this role's training when ``ppo_micro_batch_size_per_gpu: auto``.
     ``null`` = on CUDA, what the process can allocate at start-up (free + its own reserved memory, the least over
     ranks), compared with a measured forward/backward; required on CPU, where it is compared with the analytic model
-    of this role's model states and activations (``hybridrl.workers.memory_sizing``)."""
+    of this role's model states and activations (``hybridrl.autotune.memory_sizing``)."""
     headroom: float = 0.15
     """Fraction of the budget kept free (allocator caching, fragmentation, kernel workspaces); 0.10–0.20 is usual."""
+
+
+LR_SCALINGS = ("linear", "sqrt", "none")
+"""``actor.adaptive_accumulation.lr_scaling`` choices (the exponents are :data:`hybridrl.autotune.grad_noise.LR_EXPONENTS`)."""
 
 
 @dataclass

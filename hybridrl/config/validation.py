@@ -6,11 +6,12 @@ this module checks values, choices, cross-field rules and files.
 
 from __future__ import annotations
 
+from hybridrl.config.components import COMPONENT_REGISTRIES, registered_names, value_at
 from hybridrl.config.checks import _choice, _positive, _require, critic_enabled
 from hybridrl.config.errors import PREFORMATTED, ConfigError
 from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS
-from hybridrl.config.rm_schema import RMConfig
-from hybridrl.config.schema import TrainConfig
+from hybridrl.config.rm_schema import SYNTHETIC_PREFERENCES, RMConfig
+from hybridrl.config.schema import LR_SCALINGS, TrainConfig
 from hybridrl.config.sft_schema import SFTConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH, role_plan, world_size
 from hybridrl.config.validation_machine import (DATA_FILE_SUFFIXES, _check_cpu_limits, _check_data_file,
@@ -22,7 +23,6 @@ __all__ = ["DATA_FILE_SUFFIXES", "critic_enabled", "resolved_device", "validate_
 # Choices owned by the config layer. Names owned by a registry (estimators, losses, …) are read from that registry.
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flex_attention", "flash_attention_2")
-ROLLOUT_ENGINES = ("hf", "vllm")
 TRUNCATION_MODES = ("error", "left", "right")
 DEVICES = ("auto", "cuda", "cpu")
 RESUME_MODES = ("auto", "disable", "resume_path")
@@ -161,18 +161,10 @@ def _check_anti_forgetting(config: TrainConfig, error: ConfigError) -> None:
 
 
 def _check_choices(config: TrainConfig, error: ConfigError) -> None:
-    from hybridrl import algorithms  # the registries own their names
-
-    _choice(error, "algorithm.adv_estimator", config.algorithm.adv_estimator, algorithms.ADVANTAGE_ESTIMATORS)
-    _choice(error, "actor.policy_loss", config.actor.policy_loss, algorithms.POLICY_LOSSES)
-    _choice(error, "actor.loss_agg_mode", config.actor.loss_agg_mode, algorithms.LOSS_AGG_MODES)
-    _choice(error, "critic.loss_agg_mode", config.critic.loss_agg_mode, algorithms.LOSS_AGG_MODES)
-    _choice(error, "actor.kl_loss_type", config.actor.kl_loss_type, algorithms.KL_PENALTY_KINDS)
-    _choice(error, "algorithm.kl_penalty", config.algorithm.kl_penalty, algorithms.KL_PENALTY_KINDS)
-    _choice(error, "algorithm.kl_ctrl.type", config.algorithm.kl_ctrl.type, algorithms.KL_CONTROLLER_KINDS)
+    for key in COMPONENT_REGISTRIES:
+        _choice(error, key, value_at(config, key), registered_names(key))
     _choice(error, "model.dtype", config.model.dtype, MODEL_DTYPES)
     _choice(error, "model.attn_implementation", config.model.attn_implementation, ATTENTION_IMPLEMENTATIONS)
-    _choice(error, "rollout.name", config.rollout.name, ROLLOUT_ENGINES)
     _choice(error, "data.truncation", config.data.truncation, TRUNCATION_MODES)
     _choice(error, "trainer.device", config.trainer.device, DEVICES)
     _choice(error, "trainer.resume_mode", config.trainer.resume_mode, RESUME_MODES)
@@ -273,13 +265,11 @@ def _check_micro_batch_sizing(config: TrainConfig, error: ConfigError) -> None:
     adaptive = config.actor.adaptive_accumulation
     if not adaptive.enable:
         return
-    from hybridrl.workers.grad_noise import LR_EXPONENTS  # the rule owns its scaling names
-
     key = "actor.adaptive_accumulation"
     _require(error, f"{key}.min_steps", adaptive.min_steps, adaptive.min_steps >= 1, "must be >= 1")
     _require(error, f"{key}.max_steps", adaptive.max_steps, adaptive.max_steps >= adaptive.min_steps,
              f"must be >= {key}.min_steps={adaptive.min_steps}")
-    _choice(error, f"{key}.lr_scaling", adaptive.lr_scaling, LR_EXPONENTS)
+    _choice(error, f"{key}.lr_scaling", adaptive.lr_scaling, LR_SCALINGS)
     _require(error, f"{key}.tolerance", adaptive.tolerance, adaptive.tolerance >= 1, "must be >= 1 (a factor)")
     _require(error, f"{key}.min_updates", adaptive.min_updates, adaptive.min_updates >= 0, "must be >= 0")
     if config.actor.use_dynamic_bsz:
@@ -344,8 +334,6 @@ def validate_sft_config(config: SFTConfig, *, check_paths: bool = True) -> None:
 
 def validate_rm_config(config: RMConfig, *, check_paths: bool = True) -> None:
     """Raise ``ConfigError`` naming every invalid key of a reward-model training config."""
-    from hybridrl.data.synthetic_preference import SYNTHETIC_PREFERENCES
-
     error = ConfigError()
     data, trainer, loss = config.data, config.trainer, config.loss
     _positive(error, [

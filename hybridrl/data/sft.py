@@ -19,7 +19,7 @@ import torch
 
 from hybridrl.data.dataset import format_prompt, tokenize_prompts
 from hybridrl.protocol import Batch, Fields
-from hybridrl.rollout.base import assemble_rollout
+from hybridrl.protocol.rollout_layout import assemble_rollout
 
 __all__ = ["SFTExample", "sft_examples_from_rows", "encode_sft_examples"]
 

@@ -17,11 +17,10 @@ import random
 from collections.abc import Mapping
 from typing import Any, Sequence
 
+from hybridrl.config.rm_schema import SYNTHETIC_PREFERENCES
 from hybridrl.data.preference import PreferencePair
 
 __all__ = ["SYNTHETIC_PREFERENCES", "synthetic_pair", "synthetic_pairs"]
-
-SYNTHETIC_PREFERENCES = ("correct", "shorter")
 
 
 def synthetic_pair(row: Mapping[str, Any], kind: str, rng: random.Random, spread: int = 9) -> PreferencePair:

@@ -87,7 +87,7 @@ class WeightResharder:
             2× faster (``benchmarks/weight_sync.py``); ``"gather"`` stays for backends whose all-gather is the
             fastest primitive (NCCL) — measure before switching.
         source: a ``WeightSource`` deriving the engine's weights from the model's shards (default: the parameters
-            as they are); ``hybridrl.workers.lora.MergedLoraWeights`` sends LoRA-merged weights.
+            as they are); ``hybridrl.hybrid_engine.lora_weights.MergedLoraWeights`` sends LoRA-merged weights.
     """
 
     def __init__(self, model: nn.Module, *, tp_size: int, bucket_bytes: int, dtype: Optional[torch.dtype] = None,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from hybridrl.config import ConfigError
-from hybridrl.workers.memory_sizing import DecoderShape
+from hybridrl.autotune.memory_sizing import DecoderShape
 
 KNOWN_SHAPES: dict[str, DecoderShape] = {
     "qwen2.5-0.5b": DecoderShape(24, 896, 4864, 14, 2, 64, 151936, tie_word_embeddings=True, qkv_bias=True),

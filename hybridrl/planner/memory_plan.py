@@ -10,7 +10,7 @@ keeps resident plus what the running phase adds:
   HF ``generate``: the KV cache of this rank's sequences on the actor's own module).
 - ``log_probs``: states + no-grad forwards of the actor/reference and the critic (they run concurrently).
 - ``update_actor`` / ``update_critic``: states + that role's gradients and one micro-batch's activation peak (the
-  analytic model of :mod:`hybridrl.workers.memory_sizing`, validated against measured allocations). With
+  analytic model of :mod:`hybridrl.autotune.memory_sizing`, validated against measured allocations). With
   ``fsdp.grad_sync=step`` and several micro-batches the gradients are the whole model's, unsharded, in the reduce dtype
   (FSDP2 holds them between micro-batches); with ``micro_batch`` only this rank's shard.
 
@@ -29,7 +29,7 @@ from hybridrl.config.precision import DTYPE_BYTES, PrecisionMode, precision_mode
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import gathers_once, role_plan, world_size
 from hybridrl.config.validation import critic_enabled
-from hybridrl.workers.memory_sizing import (
+from hybridrl.autotune.memory_sizing import (
     FP32,
     DecoderShape,
     ForwardLayout,
@@ -129,7 +129,7 @@ def training_layout(config: TrainConfig, role: str, micro_batch: int) -> Forward
     """The worst-case micro-batch of ``role``: full-length rows (max prompt + max response), responses scored.
 
     ``model.share_prompts`` is not modelled: it replaces padded rows only when that costs fewer FLOPs and holds at
-    most twice their attention scores (``hybridrl.workers.shared_prompts.grouping_pays``), with fewer rows through
+    most twice their attention scores (``hybridrl.modeling.shared_prompts.grouping_pays``), with fewer rows through
     every other activation."""
     role_config = getattr(config, role)
     seq_len = config.data.max_prompt_length + config.data.max_response_length

@@ -31,7 +31,7 @@ from typing import Optional
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import role_plan, world_size
 from hybridrl.planner.memory_plan import MemoryPlan, Setup, Shapes, plan_memory, setup_from
-from hybridrl.workers.memory_sizing import MicroBatchDecision, choose_micro_batch_size
+from hybridrl.autotune.memory_sizing import MicroBatchDecision, choose_micro_batch_size
 
 # Each saver: the Setup fields it changes, with their values; SETUP_KEYS names the config key behind each field.
 SAVERS = {

@@ -13,7 +13,7 @@ from hybridrl.planner.known_models import model_shape
 from hybridrl.planner.memory_plan import MemoryPlan, Shapes, kv_bytes_per_token, plan_memory
 from hybridrl.planner.recommend import Recommendation, recommend
 from hybridrl.planner.time_plan import StepTime, roofline_step_time, run_cost
-from hybridrl.workers.memory_sizing import DecoderShape
+from hybridrl.autotune.memory_sizing import DecoderShape
 
 GIB = 2**30
 COLUMNS = ("parameters", "gradients", "optimizer", "activations", "kv_cache", "buffers")

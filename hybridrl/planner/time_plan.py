@@ -18,7 +18,7 @@ from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import world_size
 from hybridrl.config.validation import critic_enabled
 from hybridrl.planner.hardware import GpuSpec
-from hybridrl.workers.memory_sizing import DecoderShape
+from hybridrl.autotune.memory_sizing import DecoderShape
 
 DEFAULT_EFFICIENCY = 0.4
 

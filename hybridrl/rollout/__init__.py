@@ -12,7 +12,8 @@ from typing import Callable, Optional, Sequence
 from torch import nn
 
 from hybridrl.config.schema import RolloutConfig
-from hybridrl.rollout.base import RolloutEngine, SamplingParams, assemble_rollout, response_mask_from_eos
+from hybridrl.protocol.rollout_layout import assemble_rollout, response_mask_from_eos
+from hybridrl.rollout.base import RolloutEngine, SamplingParams
 from hybridrl.utils.registry import Registry
 
 __all__ = ["ROLLOUT_ENGINES", "EngineInputs", "RolloutEngine", "SamplingParams", "assemble_rollout",

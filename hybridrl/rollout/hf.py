@@ -2,7 +2,7 @@
 
 It shares the training module (FSDP2-sharded or not), so there are no weights to sync: ``update_weights`` is a no-op
 and generation always sees the latest update. With several data-parallel ranks each layer's parameters are gathered
-once per ``generate`` and kept until it returns (:func:`~hybridrl.workers.fsdp.parameters_kept_gathered`), not once
+once per ``generate`` and kept until it returns (:func:`~hybridrl.modeling.fsdp.parameters_kept_gathered`), not once
 per decode step; ``synced_gpus`` keeps all ranks stepping until the slowest finishes. The ``n`` samples of a prompt
 share its prefill: the prompt runs once and its KV cache is repeated ``n`` times.
 """
@@ -17,7 +17,8 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridrl.protocol import Batch, Fields
-from hybridrl.rollout.base import SamplingParams, assemble_rollout, response_mask_from_eos
+from hybridrl.protocol.rollout_layout import assemble_rollout, response_mask_from_eos
+from hybridrl.rollout.base import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class HFRollout:
         self.model.eval()
         if params.seed is not None:
             torch.manual_seed(params.seed)
-        from hybridrl.workers.fsdp import parameters_kept_gathered
+        from hybridrl.modeling.fsdp import parameters_kept_gathered
 
         prompts_per_chunk = max((self.micro_batch_size or len(prompts) * params.n) // params.n, 1)
         with parameters_kept_gathered(self.model):  # one all-gather per layer, not one per decode step
@@ -74,7 +75,8 @@ class HFRollout:
         one-token prompts: ``generate`` then prefills by itself)."""
         if n == 1 or input_ids.shape[1] < 2:
             return None
-        from hybridrl.workers.sequences import accepts_logits_to_keep, position_ids_from_mask
+        from hybridrl.modeling.positions import position_ids_from_mask
+        from hybridrl.modeling.sequences import accepts_logits_to_keep
 
         prefix_mask = attention_mask[:, :-1]
         head = {"logits_to_keep": 1} if accepts_logits_to_keep(self.model) else {}  # no [b, P, V] logits

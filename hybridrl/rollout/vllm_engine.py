@@ -28,7 +28,8 @@ import torch
 
 from hybridrl.config.schema import RolloutConfig
 from hybridrl.protocol import Batch, Fields
-from hybridrl.rollout.base import SamplingParams, assemble_rollout, response_mask_from_eos
+from hybridrl.protocol.rollout_layout import assemble_rollout, response_mask_from_eos
+from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.vllm_extension import WORKER_EXTENSION
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,6 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Protocol, Sequence
 
-from hybridrl.config.monitoring import MonitoringConfig
 from hybridrl.utils.timing import RunClock, format_duration
 
 # The figures the console shows after the progress bar, in order, when present.
@@ -116,19 +115,27 @@ class MlflowBackend:
         self._mlflow.end_run()
 
 
+class MonitoringSettings(Protocol):
+    """What the tracker reads of ``trainer.monitoring`` (:class:`hybridrl.config.monitoring.MonitoringConfig`)."""
+
+    prometheus_host: str
+    prometheus_port: int
+    price_per_gpu_hour: Optional[float]
+
+
 class Tracker:
-    """Sends every step's metrics to each backend named in ``loggers``."""
+    """Sends every step's metrics to each backend named in ``loggers``. ``monitoring`` (``trainer.monitoring``)
+    is needed by the ``prometheus`` backend and for cost figures; without it there are neither."""
 
     def __init__(self, loggers: Sequence[str], run_dir: str | Path, *, total_steps: int, project: str = "hybridrl",
                  experiment: str = "default", config: Optional[dict[str, Any]] = None,
-                 monitoring: Optional[MonitoringConfig] = None, num_devices: int = 1, start_step: int = 0) -> None:
+                 monitoring: Optional[MonitoringSettings] = None, num_devices: int = 1, start_step: int = 0) -> None:
         run_dir = Path(run_dir)
-        monitoring = monitoring or MonitoringConfig()
         self.backends: list[Backend] = []
         for name in loggers:
             self.backends.append(_build(name, run_dir, total_steps, project, experiment, config or {}, monitoring))
         self.clock = RunClock(total_steps, start_step=start_step, num_devices=num_devices,
-                              price_per_gpu_hour=monitoring.price_per_gpu_hour)
+                              price_per_gpu_hour=monitoring.price_per_gpu_hour if monitoring else None)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         metrics = {**metrics, **self.clock.mark(step)}
@@ -141,7 +148,7 @@ class Tracker:
 
 
 def _build(name: str, run_dir: Path, total_steps: int, project: str, experiment: str, config: dict,
-           monitoring: MonitoringConfig) -> Backend:
+           monitoring: Optional[MonitoringSettings]) -> Backend:
     try:
         if name == "console":
             return ConsoleBackend(total_steps, f"{project}/{experiment}")
@@ -156,6 +163,8 @@ def _build(name: str, run_dir: Path, total_steps: int, project: str, experiment:
         if name == "prometheus":
             from hybridrl.utils.prometheus import PrometheusBackend
 
+            if monitoring is None:
+                raise ValueError("trainer.logger includes 'prometheus' but this run has no trainer.monitoring settings")
             return PrometheusBackend(monitoring.prometheus_host, monitoring.prometheus_port, project, experiment)
     except ImportError as error:
         raise ValueError(f"trainer.logger includes {name!r} but its package is not installed "

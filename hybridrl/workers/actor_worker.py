@@ -16,7 +16,7 @@ import torch
 
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
-from hybridrl.controller import Worker, dp_split, one_to_all
+from hybridrl.runtime import Worker, dp_split, one_to_all
 from hybridrl.protocol import Batch, Fields
 from hybridrl.hybrid_engine import WeightResharder, bucket_bytes_from_mb
 from hybridrl.rollout import EngineInputs, RolloutEngine, build_rollout_engine, holds_own_weights
@@ -24,17 +24,18 @@ from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.distributed import full_tensor
 from hybridrl.utils.seeding import derive_seed
 from hybridrl.utils.collectives import CollectiveTimer
-from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching
-from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
-from hybridrl.workers.anti_forgetting import EWC_DIR, EWCRegularizer
-from hybridrl.workers.adaptive_accumulation import AccumulationControl
-from hybridrl.workers.auto_micro_batch import resolve_plan
-from hybridrl.workers.checkpoint import export_hf, load_sharded, save_sharded
-from hybridrl.workers.fsdp import ShardingOptions, shard_model
-from hybridrl.workers.lora import MergedLoraWeights, adapted_layers, adapters_disabled, lora_enabled, merged_state_dict
-from hybridrl.workers.offload import move_optimizer_state
-from hybridrl.workers.model_builder import build_model, load_tokenizer, torch_dtype
-from hybridrl.workers.optim import build_optimizer, build_scheduler
+from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching
+from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.engines.anti_forgetting import EWC_DIR, EWCRegularizer
+from hybridrl.autotune.adaptive_accumulation import AccumulationControl
+from hybridrl.autotune.auto_micro_batch import resolve_plan
+from hybridrl.engines.checkpoint import export_hf, load_sharded, save_sharded
+from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+from hybridrl.hybrid_engine.lora_weights import MergedLoraWeights
+from hybridrl.modeling.lora import adapted_layers, adapters_disabled, lora_enabled, merged_state_dict
+from hybridrl.engines.offload import move_optimizer_state
+from hybridrl.modeling.model_builder import build_model, load_tokenizer, torch_dtype
+from hybridrl.engines.optim import build_optimizer, build_scheduler
 from hybridrl.workers.step_metrics import update_resource_metrics
 
 logger = logging.getLogger(__name__)

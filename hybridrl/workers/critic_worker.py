@@ -10,17 +10,17 @@ import torch
 
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
-from hybridrl.controller import Worker, dp_split, one_to_all
+from hybridrl.runtime import Worker, dp_split, one_to_all
 from hybridrl.protocol import Batch
 from hybridrl.utils.collectives import CollectiveTimer
-from hybridrl.workers.accumulation import MicroBatching
+from hybridrl.engines.accumulation import MicroBatching
 from hybridrl.workers.actor_worker import data_parallel_group, training_micro_batching
-from hybridrl.workers.auto_micro_batch import resolve_plan
-from hybridrl.workers.critic import ValueEngine, ValueLossSettings
+from hybridrl.autotune.auto_micro_batch import resolve_plan
+from hybridrl.engines.value import ValueEngine, ValueLossSettings
 from hybridrl.workers.engine_checkpoints import EngineCheckpoints
-from hybridrl.workers.fsdp import ShardingOptions, shard_model
-from hybridrl.workers.model_builder import build_model, torch_dtype
-from hybridrl.workers.optim import build_optimizer, build_scheduler
+from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+from hybridrl.modeling.model_builder import build_model, torch_dtype
+from hybridrl.engines.optim import build_optimizer, build_scheduler
 from hybridrl.workers.step_metrics import update_resource_metrics
 
 

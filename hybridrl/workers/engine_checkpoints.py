@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from hybridrl.controller import one_to_all
-from hybridrl.workers.checkpoint import load_sharded, save_sharded
+from hybridrl.runtime import one_to_all
+from hybridrl.engines.checkpoint import load_sharded, save_sharded
 
 
 class EngineCheckpoints:

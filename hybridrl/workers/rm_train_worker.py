@@ -1,6 +1,6 @@
 """The reward-model training worker: one rank of an FSDP2-sharded sequence classifier trained on preference pairs.
 
-The controller (``hybridrl.controller.rm_trainer``) calls ``update`` once per optimizer step with the step's pairs
+The controller (``hybridrl.trainers.rm_trainer``) calls ``update`` once per optimizer step with the step's pairs
 (split over DP ranks), ``compute_rewards`` for validation, and the checkpoint/export methods — the actor's.
 """
 
@@ -9,15 +9,15 @@ from __future__ import annotations
 import torch
 
 from hybridrl.config.rm_schema import RMConfig
-from hybridrl.controller import Worker, dp_split, one_to_all
+from hybridrl.runtime import Worker, dp_split, one_to_all
 from hybridrl.protocol import Batch
 from hybridrl.workers.actor_worker import data_parallel_group
-from hybridrl.workers.checkpoint import export_hf
+from hybridrl.engines.checkpoint import export_hf
 from hybridrl.workers.engine_checkpoints import EngineCheckpoints
-from hybridrl.workers.fsdp import ShardingOptions, shard_model
-from hybridrl.workers.model_builder import build_model, load_tokenizer, torch_dtype
-from hybridrl.workers.optim import build_optimizer, build_scheduler
-from hybridrl.workers.preference import PreferenceEngine, PreferenceLossSettings
+from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+from hybridrl.modeling.model_builder import build_model, load_tokenizer, torch_dtype
+from hybridrl.engines.optim import build_optimizer, build_scheduler
+from hybridrl.engines.preference import PreferenceEngine, PreferenceLossSettings
 
 
 def rm_sharding_options(config: RMConfig) -> ShardingOptions:

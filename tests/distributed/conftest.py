@@ -11,7 +11,7 @@ from typing import Iterator
 import pytest
 from distributed_helpers import ray_config
 
-from hybridrl.controller import RayRuntime, start_ray
+from hybridrl.runtime import RayRuntime, start_ray
 
 
 @pytest.fixture(scope="module")

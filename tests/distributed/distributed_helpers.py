@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hybridrl.config.ray import RayConfig
-from hybridrl.controller import PoolSpec, RayRuntime, ResourcePool
+from hybridrl.runtime import PoolSpec, RayRuntime, ResourcePool
 
 TESTS_DIR = str(Path(__file__).resolve().parent)
 

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hybridrl.controller import Worker, dp_leaders, dp_split, one_to_all, rank_zero
+from hybridrl.runtime import Worker, dp_leaders, dp_split, one_to_all, rank_zero
 from hybridrl.protocol import Batch
 
 

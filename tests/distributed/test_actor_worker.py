@@ -8,12 +8,12 @@ from distributed_helpers import cpu_pool
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.config import load_config
-from hybridrl.controller import WorkerGroup, gather
+from hybridrl.runtime import WorkerGroup, gather
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.tiny_model import encode_chat, save_tiny_model
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
-from hybridrl.workers.sequences import response_log_probs
+from hybridrl.modeling.sequences import response_log_probs
 
 pytestmark = pytest.mark.distributed
 

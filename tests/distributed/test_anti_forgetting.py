@@ -14,8 +14,8 @@ from gloo_spawn import run_on_gloo
 from hybridrl.config.schema import ModelConfig, OptimConfig
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching
-from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
+from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching
+from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
 
 pytestmark = pytest.mark.distributed
 
@@ -54,9 +54,9 @@ def global_chunk(data, chunk, num_chunks, world=WORLD):
 def run_rank(rank, world, model_dir, rl, ptx, out_path):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from hybridrl.workers.fsdp import ShardingOptions, shard_model
-    from hybridrl.workers.model_builder import build_model
-    from hybridrl.workers.optim import build_scheduler
+    from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+    from hybridrl.modeling.model_builder import build_model
+    from hybridrl.engines.optim import build_scheduler
 
     model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor")
     shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions())
@@ -139,9 +139,9 @@ def ewc_rank(rank, world, model_dir, rl, checkpoint, out_path, save):
     weights; rank 0 writes the gathered anchor and Fisher."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from hybridrl.workers.anti_forgetting import EWCRegularizer, like_param
-    from hybridrl.workers.fsdp import ShardingOptions, shard_model
-    from hybridrl.workers.model_builder import build_model
+    from hybridrl.engines.anti_forgetting import EWCRegularizer, like_param
+    from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+    from hybridrl.modeling.model_builder import build_model
 
     model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor")
     shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions())

@@ -40,12 +40,12 @@ from hybridrl.config.schema import (
 from hybridrl.config.sizes import role_plan
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.accumulation import MicroBatching
-from hybridrl.workers.actor import PolicyLossSettings
-from hybridrl.workers.adaptive_accumulation import AccumulationControl
-from hybridrl.workers.auto_micro_batch import resolve_plan
-from hybridrl.workers.grad_noise import NoiseScaleEstimate
-from hybridrl.workers.memory_sizing import DecoderShape, Precision, estimate_micro_batch_bytes, probe_peak_bytes
+from hybridrl.engines.accumulation import MicroBatching
+from hybridrl.engines.policy import PolicyLossSettings
+from hybridrl.autotune.adaptive_accumulation import AccumulationControl
+from hybridrl.autotune.auto_micro_batch import resolve_plan
+from hybridrl.autotune.grad_noise import NoiseScaleEstimate
+from hybridrl.autotune.memory_sizing import DecoderShape, Precision, estimate_micro_batch_bytes, probe_peak_bytes
 
 pytestmark = pytest.mark.distributed
 

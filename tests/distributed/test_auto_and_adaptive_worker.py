@@ -12,14 +12,14 @@ from test_actor_worker import prompt_batch
 from transformers import AutoConfig
 
 from hybridrl.config import load_config
-from hybridrl.controller import PoolSpec, ResourcePool, WorkerGroup, start_ray
+from hybridrl.runtime import PoolSpec, ResourcePool, WorkerGroup, start_ray
 from hybridrl.protocol import Fields
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.tiny_model import save_tiny_model
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
-from hybridrl.workers.auto_micro_batch import sizing_options
+from hybridrl.autotune.auto_micro_batch import sizing_options
 from hybridrl.workers.critic_worker import CriticWorker
-from hybridrl.workers.memory_sizing import DecoderShape, estimate_micro_batch_bytes
+from hybridrl.autotune.memory_sizing import DecoderShape, estimate_micro_batch_bytes
 
 pytestmark = pytest.mark.distributed
 

@@ -12,10 +12,10 @@ from transformers import AutoModelForCausalLM
 from hybridrl.config.schema import ModelConfig
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients
-from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
-from hybridrl.workers.fsdp import ShardingOptions, shard_model
-from hybridrl.workers.model_builder import build_model
+from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients
+from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+from hybridrl.modeling.model_builder import build_model
 
 pytestmark = pytest.mark.distributed
 

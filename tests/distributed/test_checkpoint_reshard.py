@@ -10,10 +10,10 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from hybridrl.config.schema import ModelConfig, OptimConfig
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.checkpoint import full_state_dict, load_sharded, save_sharded
-from hybridrl.workers.fsdp import ShardingOptions, shard_model
-from hybridrl.workers.model_builder import build_model
-from hybridrl.workers.optim import build_optimizer, build_scheduler
+from hybridrl.engines.checkpoint import full_state_dict, load_sharded, save_sharded
+from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+from hybridrl.modeling.model_builder import build_model
+from hybridrl.engines.optim import build_optimizer, build_scheduler
 
 pytestmark = pytest.mark.distributed
 

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from hybridrl.config.ray import RayConfig
-from hybridrl.controller import PoolSpec, ResourcePool, ResourcePoolManager, start_ray
-from hybridrl.controller.ray_runtime import RAY_ENV_DEFAULTS, ray_init_kwargs
+from hybridrl.runtime import PoolSpec, ResourcePool, ResourcePoolManager, start_ray
+from hybridrl.runtime.ray_runtime import RAY_ENV_DEFAULTS, ray_init_kwargs
 from hybridrl.utils.distributed import dp_tp_coordinates, package_root, worker_process_env
 
 

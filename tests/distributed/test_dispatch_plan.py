@@ -8,8 +8,8 @@ import pytest
 import torch
 from sample_workers import EchoWorker, make_batch
 
-from hybridrl.controller import Dispatch, DispatchedMethod, Worker, one_to_all
-from hybridrl.controller.dispatch import plan_call
+from hybridrl.runtime import Dispatch, DispatchedMethod, Worker, one_to_all
+from hybridrl.runtime.dispatch import plan_call
 from hybridrl.protocol import Batch
 
 
@@ -76,7 +76,7 @@ def test_dp_split_needs_a_batch_and_equal_lengths():
         plan(EchoWorker.add_offset, 2, (), {"scale": 1.0})
 
     class TwoBatches(Worker):
-        from hybridrl.controller import dp_split
+        from hybridrl.runtime import dp_split
 
         @dp_split
         def pair(self, left: Batch, right: Batch) -> Batch:
@@ -92,7 +92,7 @@ def test_unpadded_split_cuts_batches_of_different_lengths_each_evenly():
     """An update with an RL batch and a smaller SFT batch (PPO-ptx): each is chunked on its own, none padded."""
 
     class Update(Worker):
-        from hybridrl.controller import dp_split
+        from hybridrl.runtime import dp_split
 
         @dp_split(pad=False)
         def update(self, rl: Batch, sft: Batch | None = None) -> int:

@@ -21,19 +21,19 @@ from hybridrl.config.schema import ModelConfig
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import save_tiny_model
 from hybridrl.utils.collectives import CollectiveCounter
-from hybridrl.workers.accumulation import (
+from hybridrl.engines.accumulation import (
     DataParallelGroup,
     MicroBatching,
     accumulate_gradients,
     split_micro_batches,
     train_mini_batch,
 )
-from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
-from hybridrl.workers.critic import ValueEngine, ValueLossSettings
+from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.engines.value import ValueEngine, ValueLossSettings
 from hybridrl.utils.distributed import full_tensor
-from hybridrl.workers.fsdp import ShardingOptions, shard_model
-from hybridrl.workers.model_builder import build_model
-from hybridrl.workers.optim import build_optimizer, build_scheduler
+from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+from hybridrl.modeling.model_builder import build_model
+from hybridrl.engines.optim import build_optimizer, build_scheduler
 from hybridrl.config.schema import OptimConfig
 from gloo_spawn import run_on_gloo
 

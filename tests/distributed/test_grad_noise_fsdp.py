@@ -20,11 +20,11 @@ from transformers import AutoModelForCausalLM
 from hybridrl.config.schema import ModelConfig, OptimConfig
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching, train_mini_batch
-from hybridrl.workers.actor import PolicyEngine
-from hybridrl.workers.grad_noise import GradientNoiseScale, GradientSample, MicroBatchGradNorms, summarize
-from hybridrl.workers.model_builder import build_model
-from hybridrl.workers.sequences import response_log_probs
+from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, train_mini_batch
+from hybridrl.engines.policy import PolicyEngine
+from hybridrl.autotune.grad_noise import GradientNoiseScale, GradientSample, MicroBatchGradNorms, summarize
+from hybridrl.modeling.model_builder import build_model
+from hybridrl.modeling.sequences import response_log_probs
 
 pytestmark = pytest.mark.distributed
 
@@ -45,8 +45,8 @@ def make_data() -> dict[str, torch.Tensor]:
 def measure_on_rank(rank, world, model_dir, data, compute_dtype, out_path):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from hybridrl.workers.fsdp import ShardingOptions, shard_model
-    from hybridrl.workers.optim import build_optimizer, build_scheduler
+    from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+    from hybridrl.engines.optim import build_optimizer, build_scheduler
 
     model = build_model(ModelConfig(path=str(model_dir)), "actor")
     shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions(compute_dtype=compute_dtype))
@@ -112,9 +112,9 @@ def test_micro_batch_norms_under_fsdp2(model_dir, tmp_path, compute_dtype, toler
 def probe_on_rank(rank, world, model_dir, out_path):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from hybridrl.workers.attention import CPU_ATTENTION  # what model.attn_implementation=auto builds on CPU
-    from hybridrl.workers.fsdp import ShardingOptions, shard_model
-    from hybridrl.workers.memory_sizing import DecoderShape, Precision, estimate_micro_batch_bytes, probe_peak_bytes
+    from hybridrl.modeling.attention import CPU_ATTENTION  # what model.attn_implementation=auto builds on CPU
+    from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+    from hybridrl.autotune.memory_sizing import DecoderShape, Precision, estimate_micro_batch_bytes, probe_peak_bytes
 
     model = build_model(ModelConfig(path=str(model_dir)), "actor")
     shape = DecoderShape.from_hf_config(model.config)

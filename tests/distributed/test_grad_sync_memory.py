@@ -17,8 +17,8 @@ from gloo_spawn import run_on_gloo
 
 from hybridrl.config.schema import ModelConfig
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup
-from hybridrl.workers.model_builder import build_model
+from hybridrl.engines.accumulation import DataParallelGroup
+from hybridrl.modeling.model_builder import build_model
 
 pytestmark = pytest.mark.distributed
 
@@ -31,8 +31,8 @@ MICRO_BATCH, SEQ_LEN = 2, 32
 def probe_both_modes(rank, world, model_dir, out_path):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from hybridrl.workers.fsdp import ShardingOptions, shard_model
-    from hybridrl.workers.memory_sizing import probe_peak_bytes
+    from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+    from hybridrl.autotune.memory_sizing import probe_peak_bytes
 
     model = build_model(ModelConfig(path=str(model_dir)), "actor")
     shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions())
@@ -45,7 +45,7 @@ def probe_both_modes(rank, world, model_dir, out_path):
 
 
 def test_micro_batch_sync_drops_the_unsharded_gradients(tmp_path):
-    from hybridrl.workers.memory_sizing import DecoderShape, Precision, estimate_micro_batch_bytes
+    from hybridrl.autotune.memory_sizing import DecoderShape, Precision, estimate_micro_batch_bytes
 
     model_dir = save_tiny_model(tmp_path / "model", SPEC)
     run_on_gloo(WORLD, probe_both_modes, model_dir, tmp_path / "peaks.pt")

@@ -15,8 +15,8 @@ from hybridrl.protocol import Batch
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.hf import HFRollout
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.fsdp import ShardingOptions, parameters_kept_gathered, shard_model
-from hybridrl.workers.model_builder import build_model
+from hybridrl.modeling.fsdp import ShardingOptions, parameters_kept_gathered, shard_model
+from hybridrl.modeling.model_builder import build_model
 
 pytestmark = pytest.mark.distributed
 NEW_TOKENS = 6

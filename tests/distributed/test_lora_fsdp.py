@@ -14,8 +14,8 @@ from gloo_spawn import run_on_gloo
 from hybridrl.config.schema import LoraConfig, ModelConfig, OptimConfig
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching
-from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
+from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching
+from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
 
 pytestmark = pytest.mark.distributed
 
@@ -54,11 +54,12 @@ def run_rank(rank, world, model_dir, data, checkpoint_dir, out_path):
     from torch.distributed.device_mesh import init_device_mesh
 
     from hybridrl.hybrid_engine import WeightResharder
-    from hybridrl.workers.checkpoint import load_sharded, save_sharded
-    from hybridrl.workers.fsdp import ShardingOptions, shard_model
-    from hybridrl.workers.lora import MergedLoraWeights, adapters_disabled
-    from hybridrl.workers.model_builder import build_model
-    from hybridrl.workers.optim import build_optimizer, build_scheduler
+    from hybridrl.engines.checkpoint import load_sharded, save_sharded
+    from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+    from hybridrl.hybrid_engine.lora_weights import MergedLoraWeights
+    from hybridrl.modeling.lora import adapters_disabled
+    from hybridrl.modeling.model_builder import build_model
+    from hybridrl.engines.optim import build_optimizer, build_scheduler
 
     model = build_model(ModelConfig(path=str(model_dir), dtype="float32", lora=LORA), "actor")
     shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions())

@@ -11,12 +11,12 @@ from test_actor_worker import prompt_batch
 from transformers import AutoModelForCausalLM
 
 from hybridrl.config import load_config
-from hybridrl.controller import WorkerGroup
+from hybridrl.runtime import WorkerGroup
 from hybridrl.protocol import Fields
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.tiny_model import save_tiny_model
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
-from hybridrl.workers.sequences import response_log_probs
+from hybridrl.modeling.sequences import response_log_probs
 
 pytestmark = pytest.mark.distributed
 

@@ -11,7 +11,7 @@ from distributed_helpers import cpu_pool, ray_config
 from ray.cluster_utils import Cluster
 from sample_workers import EchoWorker, make_batch
 
-from hybridrl.controller import ResourceUnavailableError, WorkerGroup, start_ray
+from hybridrl.runtime import ResourceUnavailableError, WorkerGroup, start_ray
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 

@@ -9,8 +9,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from hybridrl.config.schema import ModelConfig
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.fsdp import ShardingOptions, shard_model
-from hybridrl.workers.model_builder import build_model
+from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+from hybridrl.modeling.model_builder import build_model
 
 pytestmark = pytest.mark.distributed
 

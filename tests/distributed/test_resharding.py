@@ -23,7 +23,7 @@ from hybridrl.hybrid_engine import (
 )
 from hybridrl.hybrid_engine.sync import param_metas
 from hybridrl.utils.tiny_model import DEFAULT_CHARACTERS, TinyModelSpec, save_tiny_model
-from hybridrl.workers.fsdp import ShardingOptions, shard_model
+from hybridrl.modeling.fsdp import ShardingOptions, shard_model
 from gloo_spawn import run_on_gloo
 
 pytestmark = pytest.mark.distributed

@@ -8,7 +8,7 @@ from distributed_helpers import cpu_pool
 from transformers import AutoModelForSequenceClassification
 
 from hybridrl.config import load_config
-from hybridrl.controller import WorkerGroup
+from hybridrl.runtime import WorkerGroup
 from hybridrl.protocol import Batch, Fields
 from hybridrl.utils.tiny_model import save_tiny_model
 from hybridrl.workers.reward_model_worker import RM_SCORES, RewardModelWorker

@@ -20,11 +20,11 @@ from hybridrl.data.preference import PairFields
 from hybridrl.protocol import Batch
 from hybridrl.utils.collectives import CollectiveCounter
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
-from hybridrl.workers.accumulation import PAIR_MEAN, DataParallelGroup, MicroBatching, accumulate_gradients
-from hybridrl.workers.fsdp import ShardingOptions, shard_model
-from hybridrl.workers.model_builder import build_model
-from hybridrl.workers.optim import build_optimizer, build_scheduler
-from hybridrl.workers.preference import PreferenceEngine, PreferenceLossSettings
+from hybridrl.engines.accumulation import PAIR_MEAN, DataParallelGroup, MicroBatching, accumulate_gradients
+from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+from hybridrl.modeling.model_builder import build_model
+from hybridrl.engines.optim import build_optimizer, build_scheduler
+from hybridrl.engines.preference import PreferenceEngine, PreferenceLossSettings
 from gloo_spawn import run_on_gloo
 
 pytestmark = pytest.mark.distributed

@@ -1,4 +1,4 @@
-"""One rank with ``gather_once``: bf16 mixed precision without FSDP2 (``hybridrl.workers.single_rank``) gives the
+"""One rank with ``gather_once``: bf16 mixed precision without FSDP2 (``hybridrl.modeling.single_rank``) gives the
 same numbers, bit for bit, as the same model under FSDP2 on one rank — two optimizer steps of three micro-batches,
 log-probs, sampled generation — with tied embeddings, with activation checkpointing and with LoRA adapters; the module keeps its fp32
 parameters outside forward (also after a failed forward) and returns fp32 outputs."""
@@ -19,12 +19,12 @@ from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.hf import HFRollout
 from hybridrl.utils.distributed import full_tensor
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching, train_mini_batch
-from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
-from hybridrl.workers.fsdp import ShardingOptions, parameters_kept_gathered, shard_model
-from hybridrl.workers.model_builder import build_model
-from hybridrl.workers.optim import build_optimizer, build_scheduler
-from hybridrl.workers.single_rank import _STATE_ATTRIBUTE, _cast_floats, apply_compute_dtype, has_compute_casts
+from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, train_mini_batch
+from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.modeling.fsdp import ShardingOptions, parameters_kept_gathered, shard_model
+from hybridrl.modeling.model_builder import build_model
+from hybridrl.engines.optim import build_optimizer, build_scheduler
+from hybridrl.modeling.single_rank import _STATE_ATTRIBUTE, _cast_floats, apply_compute_dtype, has_compute_casts
 
 pytestmark = pytest.mark.distributed
 OPTIM = OptimConfig(lr=1e-2, weight_decay=0.01)

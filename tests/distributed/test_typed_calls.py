@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 PROBE = textwrap.dedent('''
-    from hybridrl.controller import Worker, WorkerGroup, dp_leaders, dp_split, gather, one_to_all, rank_zero
+    from hybridrl.runtime import Worker, WorkerGroup, dp_leaders, dp_split, gather, one_to_all, rank_zero
     from hybridrl.protocol import Batch
 
     class Base(Worker):

@@ -19,7 +19,7 @@ from hybridrl.rollout import EngineInputs, build_rollout_engine
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.vllm_engine import VLLMRollout, VLLMSettings
 from hybridrl.utils.tiny_model import encode_chat, save_tiny_model
-from hybridrl.workers.sequences import response_log_probs
+from hybridrl.modeling.sequences import response_log_probs
 
 pytest.importorskip("vllm", reason="needs vLLM (pip install 'hybridrl[cpu]')")
 pytestmark = pytest.mark.distributed

@@ -11,7 +11,7 @@ import pytest
 from distributed_helpers import cpu_pool
 from sample_workers import EchoWorker, FailingInitWorker
 
-from hybridrl.controller import (WorkerDiedError, WorkerError, WorkerGroup, WorkerGroupStoppedError,
+from hybridrl.runtime import (WorkerDiedError, WorkerError, WorkerGroup, WorkerGroupStoppedError,
                                  WorkerTimeoutError)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]

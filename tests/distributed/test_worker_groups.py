@@ -10,7 +10,7 @@ import torch
 from distributed_helpers import cpu_pool, ray_config
 from sample_workers import ActorRolloutRefWorker, EchoWorker, ValueWorker, make_batch
 
-from hybridrl.controller import (PoolSpec, ResourcePool, ResourceUnavailableError, WorkerError, WorkerGroup, gather,
+from hybridrl.runtime import (PoolSpec, ResourcePool, ResourceUnavailableError, WorkerError, WorkerGroup, gather,
                                  start_ray)
 from hybridrl.protocol import Batch
 

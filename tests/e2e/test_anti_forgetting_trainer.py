@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_rl_trainer import COMPARED, final_weights, run_config
 
-from hybridrl.controller.trainer import RLTrainer
+from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tiny_model import save_tiny_model
 from hybridrl.utils.tracking import read_metrics
 

@@ -15,7 +15,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from hybridrl.config import load_config
-from hybridrl.controller.trainer import RLTrainer
+from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.memory import CUDA_MEMORY_KEYS
 from hybridrl.utils.prometheus import prometheus_name, scrape
 from hybridrl.utils.tiny_model import save_tiny_model

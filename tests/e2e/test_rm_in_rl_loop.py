@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from hybridrl.config import load_config
-from hybridrl.controller.trainer import RLTrainer
+from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tiny_model import DEFAULT_CHARACTERS, save_tiny_model
 from hybridrl.utils.tracking import read_metrics
 

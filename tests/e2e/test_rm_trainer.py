@@ -8,12 +8,12 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from hybridrl.config import load_config
-from hybridrl.controller.rm_trainer import RMTrainer, validation_metrics
+from hybridrl.trainers.rm_trainer import RMTrainer, validation_metrics
 from hybridrl.data.preference import PairFields, encode_pairs
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import save_tiny_model
 from hybridrl.utils.tracking import read_metrics
-from hybridrl.workers.reward_model_worker import sequence_scores
+from hybridrl.modeling.sequences import sequence_scores
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
 

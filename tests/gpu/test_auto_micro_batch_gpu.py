@@ -9,8 +9,8 @@ import torch
 from hybridrl.config.schema import ActorConfig, DataConfig, ModelConfig, RolloutConfig, TrainConfig, TrainerConfig
 from hybridrl.config.sizes import role_plan
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup
-from hybridrl.workers.auto_micro_batch import memory_budget, resolve_plan
+from hybridrl.engines.accumulation import DataParallelGroup
+from hybridrl.autotune.auto_micro_batch import memory_budget, resolve_plan
 
 pytestmark = pytest.mark.gpu
 

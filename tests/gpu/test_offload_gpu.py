@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridrl.workers.offload import move_optimizer_state, optimizer_state_bytes
+from hybridrl.engines.offload import move_optimizer_state, optimizer_state_bytes
 
 pytestmark = pytest.mark.gpu
 

@@ -15,8 +15,8 @@ from hybridrl.config.precision import precision_mode
 from hybridrl.config.schema import OptimConfig
 from hybridrl.planner.memory_plan import trained_role
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.workers.memory_sizing import DecoderShape, ForwardLayout, probe_peak_bytes
-from hybridrl.workers.optim import build_optimizer
+from hybridrl.autotune.memory_sizing import DecoderShape, ForwardLayout, probe_peak_bytes
+from hybridrl.engines.optim import build_optimizer
 
 pytestmark = pytest.mark.gpu
 

@@ -12,8 +12,9 @@ import torch
 
 from hybridrl.config.schema import OptimConfig
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.workers.optim import build_optimizer
-from hybridrl.workers.precision import apply_fp8_compute, build_adamw
+from hybridrl.engines.optim import build_optimizer
+from hybridrl.engines.precision import build_adamw
+from hybridrl.modeling.fp8 import apply_fp8_compute
 
 pytestmark = pytest.mark.gpu
 

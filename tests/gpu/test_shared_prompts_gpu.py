@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.workers.sequences import response_log_probs
-from hybridrl.workers.shared_prompts import attention_takes_custom_mask
+from hybridrl.modeling.sequences import response_log_probs
+from hybridrl.modeling.shared_prompts import attention_takes_custom_mask
 
 pytestmark = pytest.mark.gpu
 

@@ -17,7 +17,7 @@ from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.vllm_engine import VLLMRollout, VLLMSettings
 from hybridrl.utils.tiny_model import encode_chat, save_tiny_model
-from hybridrl.workers.sequences import response_log_probs
+from hybridrl.modeling.sequences import response_log_probs
 
 pytestmark = pytest.mark.gpu
 

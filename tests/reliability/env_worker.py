@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from hybridrl.controller import Worker, one_to_all
+from hybridrl.runtime import Worker, one_to_all
 
 
 class EnvWorker(Worker):

@@ -20,7 +20,7 @@ import torch
 
 from bad_input_cases import run_overrides
 from hybridrl.config import load_config
-from hybridrl.controller.trainer import RLTrainer
+from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tiny_model import save_tiny_model
 
 LEFTOVER_WAIT_S = 30

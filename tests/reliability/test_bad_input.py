@@ -17,8 +17,8 @@ from bad_input_cases import (copy_model, empty_parquet, encoded, good_rows, json
                              parquet_without_column, reward_file, run_overrides, train_files)
 
 from hybridrl.config import load_config
-from hybridrl.controller.checkpoints import CheckpointManager
-from hybridrl.controller.trainer import RLTrainer
+from hybridrl.trainers.checkpoints import CheckpointManager
+from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.data.io import write_rows
 from hybridrl.utils.tiny_model import save_tiny_model
 

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 import hybridrl
-from hybridrl.controller.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
-from hybridrl.workers.checkpoint import load_sharded, save_sharded
-from hybridrl.workers.safe_load import UnsafeCheckpointError
+from hybridrl.trainers.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
+from hybridrl.engines.checkpoint import load_sharded, save_sharded
+from hybridrl.modeling.safe_load import UnsafeCheckpointError
 
 
 class Payload:
@@ -91,8 +91,8 @@ def test_pickle_payload_in_the_trainer_state_is_refused(tmp_path):
 def test_every_torch_load_in_the_package_is_weights_only_and_pickle_loads_are_known():
     """The audit, as a test: a new ``torch.load`` without ``weights_only=True`` or a new ``pickle.load`` fails here."""
     allowed_pickle = {"rewards/worker_pool.py",  # the parent's own bytes, sent to its reward worker over a pipe
-                      "controller/executors.py",  # an in-process deep copy of call arguments (local mode)
-                      "workers/safe_load.py"}  # the allow-listed unpickler itself
+                      "runtime/executors.py",  # an in-process deep copy of call arguments (local mode)
+                      "modeling/safe_load.py"}  # the allow-listed unpickler itself
     root = Path(hybridrl.__file__).parent
     torch_loads, pickle_loads = [], []
     for path in root.rglob("*.py"):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from bad_input_cases import encoded, good_rows, jsonl_lines, reward_file, run_overrides, train_files
 
-from hybridrl.controller.checkpoints import CheckpointManager
+from hybridrl.trainers.checkpoints import CheckpointManager
 from hybridrl.utils.tiny_model import save_tiny_model
 
 CLI_TIMEOUT_S = 180  # generous for a loaded machine; a hang would still fail the test

@@ -13,8 +13,8 @@ import pytest
 from reliability_helpers import assert_same_run, overrides, run_train_subprocess
 
 from hybridrl.config import load_config
-from hybridrl.controller.checkpoints import TRAINER_STATE, CheckpointManager
-from hybridrl.controller.trainer import RLTrainer
+from hybridrl.trainers.checkpoints import TRAINER_STATE, CheckpointManager
+from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tracking import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.slow]

@@ -7,8 +7,8 @@ import pytest
 from bad_input_cases import run_overrides
 
 from hybridrl.config import load_config
-from hybridrl.controller.health import TrainingHealthError
-from hybridrl.controller.trainer import RLTrainer
+from hybridrl.trainers.health import TrainingHealthError
+from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tiny_model import save_tiny_model
 from hybridrl.utils.tracking import read_metrics
 

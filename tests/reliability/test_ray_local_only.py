@@ -17,7 +17,7 @@ PROBE = r'''
 import sys
 if sys.argv[1] == "ray_first":  # a notebook that imported ray itself before hybridrl
     import ray
-from hybridrl.controller.ray_runtime import start_ray  # sets Ray's environment defaults
+from hybridrl.runtime.ray_runtime import start_ray  # sets Ray's environment defaults
 import json, os, psutil, ray
 
 @ray.remote

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from hybridrl.config.schema import ModelConfig
-from hybridrl.controller.validation import Scoring
+from hybridrl.trainers.evaluation import Scoring
 from hybridrl.data.loader import DataFields
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rewards import RewardFunctionSource, RewardScorer
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.model_builder import load_tokenizer
+from hybridrl.modeling.model_builder import load_tokenizer
 
 REWARD = '''
 import math, time

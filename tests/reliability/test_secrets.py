@@ -15,8 +15,8 @@ from env_worker import EnvWorker
 
 from hybridrl.config import ConfigError, load_config
 from hybridrl.config.ray import RayConfig
-from hybridrl.controller import PoolSpec, ResourcePool, WorkerGroup, start_ray
-from hybridrl.controller.trainer import RLTrainer
+from hybridrl.runtime import PoolSpec, ResourcePool, WorkerGroup, start_ray
+from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tiny_model import save_tiny_model
 
 

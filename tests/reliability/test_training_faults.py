@@ -8,9 +8,9 @@ import pytest
 from reliability_helpers import checkpoint_weights, overrides
 
 from hybridrl.config import load_config
-from hybridrl.controller.checkpoints import CheckpointManager, CheckpointWriteError, load_trainer_state
-from hybridrl.controller.faults import NonFiniteTrainingError
-from hybridrl.controller.trainer import RLTrainer
+from hybridrl.trainers.checkpoints import CheckpointManager, CheckpointWriteError, load_trainer_state
+from hybridrl.trainers.faults import NonFiniteTrainingError
+from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tracking import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.slow]

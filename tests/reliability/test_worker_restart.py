@@ -9,7 +9,7 @@ import pytest
 from reliability_helpers import assert_same_run, overrides
 
 from hybridrl.config import load_config
-from hybridrl.controller.trainer import RLTrainer
+from hybridrl.trainers.rl_trainer import RLTrainer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.slow]
 

@@ -27,7 +27,7 @@ def test_cli_logging_shows_hybridrl_info_lines_through_the_current_stderr(capsys
 
     configure_logging()
     configure_logging()  # idempotent: one handler, one line per record
-    logging.getLogger("hybridrl.controller.trainer").info("micro-batch sized: 4 x 2")
+    logging.getLogger("hybridrl.trainers.rl_trainer").info("micro-batch sized: 4 x 2")
     logging.getLogger("some.library").info("chatter a user does not need")
     err = capsys.readouterr().err    # capsys swaps sys.stderr: the handler must follow it, not keep the old stream
     assert err.count("micro-batch sized: 4 x 2") == 1

@@ -141,7 +141,7 @@ def test_recipe_scripts_name_existing_configs():
 
 def test_sft_fsdp_settings_reach_the_policy_worker():
     from hybridrl.config import ConfigError
-    from hybridrl.controller.sft_trainer import worker_config
+    from hybridrl.trainers.sft_trainer import worker_config
 
     sft = load_config(["data.synthetic_task=arithmetic", "fsdp.grad_sync=micro_batch"], "sft_trainer",
                       check_paths=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridrl.controller.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
+from hybridrl.trainers.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
 
 
 def commit(manager: CheckpointManager, step: int) -> None:

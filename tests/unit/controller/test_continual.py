@@ -8,11 +8,11 @@ import statistics
 
 import torch
 
-from hybridrl.controller.continual import PromptReplay, prompt_items
+from hybridrl.trainers.continual import PromptReplay, prompt_items
 from hybridrl.data.dataset import TokenizedPrompt
 from hybridrl.data.loader import collate_prompts
 from hybridrl.protocol import Fields
-from hybridrl.rollout.base import assemble_rollout
+from hybridrl.protocol.rollout_layout import assemble_rollout
 
 PAD, N = 0, 3
 

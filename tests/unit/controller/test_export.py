@@ -9,11 +9,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.cli import main
 from hybridrl.config.schema import ModelConfig, OptimConfig
-from hybridrl.controller.checkpoints import TRAINER_STATE, CheckpointManager
+from hybridrl.trainers.checkpoints import TRAINER_STATE, CheckpointManager
 from hybridrl.utils.tiny_model import TinyModelSpec, encode_chat, save_tiny_model
-from hybridrl.workers.checkpoint import save_sharded
-from hybridrl.workers.model_builder import build_model
-from hybridrl.workers.optim import build_optimizer, build_scheduler
+from hybridrl.engines.checkpoint import save_sharded
+from hybridrl.modeling.model_builder import build_model
+from hybridrl.engines.optim import build_optimizer, build_scheduler
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from hybridrl.controller.checkpoints import TRAINER_STATE, CheckpointManager, load_trainer_state
-from hybridrl.controller.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
-from hybridrl.controller.faults import NonFiniteGuard, NonFiniteTrainingError
-from hybridrl.controller.restarts import Supervisor
+from hybridrl.trainers.checkpoints import TRAINER_STATE, CheckpointManager, load_trainer_state
+from hybridrl.runtime.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from hybridrl.trainers.faults import NonFiniteGuard, NonFiniteTrainingError
+from hybridrl.trainers.restarts import Supervisor
 
 FINITE = {"actor/skipped_step": 0.0, "actor/grad_norm": 0.5}
 SKIPPED = {"actor/skipped_step": 2.0, "actor/grad_norm": float("nan"), "actor/pg_loss": float("nan")}
@@ -95,7 +95,7 @@ def test_failed_checkpoint_write_is_removed_and_named(tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys, torch
-    from hybridrl.controller.checkpoints import CheckpointManager
+    from hybridrl.trainers.checkpoints import CheckpointManager
     manager = CheckpointManager(sys.argv[1])
     manager.partial_dir(1)
     manager.commit(1, {"global_step": 1})

@@ -10,7 +10,7 @@ import pytest
 
 from hybridrl.config import ConfigError, load_config
 from hybridrl.config.health import HealthConfig
-from hybridrl.controller.health import ENTROPY_METRIC, REWARD_METRIC, HealthMonitor, TrainingHealthError
+from hybridrl.trainers.health import ENTROPY_METRIC, REWARD_METRIC, HealthMonitor, TrainingHealthError
 
 
 def run(config: HealthConfig, rows: list[dict[str, float]]) -> list[tuple[int, str]]:

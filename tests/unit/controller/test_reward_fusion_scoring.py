@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from hybridrl.config import load_config
-from hybridrl.controller.reward_fusion import FusedScoring, retokenize, same_vocabulary
-from hybridrl.controller.validation import Scoring
+from hybridrl.trainers.reward_fusion import FusedScoring, retokenize, same_vocabulary
+from hybridrl.trainers.evaluation import Scoring
 from hybridrl.data import ArithmeticTask, PromptDataset
 from hybridrl.data.loader import DataFields, collate_prompts
 from hybridrl.data.sft import SFTExample, encode_sft_examples

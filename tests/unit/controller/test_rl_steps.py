@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybridrl.config.schema import AlgorithmConfig
-from hybridrl.controller.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
+from hybridrl.trainers.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
 from hybridrl.protocol import Batch, Fields
 
 

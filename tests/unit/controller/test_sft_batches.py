@@ -7,12 +7,12 @@ import torch
 from hybridrl.config import load_config
 from hybridrl.config.sft_schema import SFTConfig, SFTDataConfig
 from hybridrl.config.schema import ModelConfig
-from hybridrl.controller.continual import PtxBatches
-from hybridrl.controller.sft_trainer import SFTTrainer
+from hybridrl.trainers.continual import PtxBatches
+from hybridrl.trainers.sft_trainer import SFTTrainer
 from hybridrl.data import ArithmeticTask, encode_sft_examples, write_rows
 from hybridrl.utils.seeding import derive_seed
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.model_builder import load_tokenizer
+from hybridrl.modeling.model_builder import load_tokenizer
 
 
 def test_sft_trainer_batches_from_files_and_ptx_batches_from_the_task(tmp_path):

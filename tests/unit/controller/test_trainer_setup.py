@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hybridrl.config import load_config
-from hybridrl.controller.trainer import RLTrainer
+from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tiny_model import save_tiny_model
 
 

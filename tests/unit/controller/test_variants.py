@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybridrl.config.schema import AlgorithmConfig, DataConfig, OverlongBufferConfig, TrainConfig
-from hybridrl.controller.variants import (concat_rollouts, first_groups, keep_groups, non_constant_score,
+from hybridrl.trainers.variants import (concat_rollouts, first_groups, keep_groups, non_constant_score,
                                           num_groups, overlong_penalty, prompt_rows)
 from hybridrl.protocol import Batch, Fields
 

@@ -15,8 +15,8 @@ from hybridrl.planner import Shapes, gpu_spec, plan_job, plan_memory, recommend,
 from hybridrl.planner.memory_plan import trained_role
 from hybridrl.planner.time_plan import forward_flops, matmul_parameters
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.workers.memory_sizing import DecoderShape, ForwardLayout, probe_peak_bytes
-from hybridrl.workers.optim import build_optimizer
+from hybridrl.autotune.memory_sizing import DecoderShape, ForwardLayout, probe_peak_bytes
+from hybridrl.engines.optim import build_optimizer
 from hybridrl.config.schema import OptimConfig
 
 TOLERANCE = 0.10  # as the activation-peak tests of the memory model: transients are modelled per step

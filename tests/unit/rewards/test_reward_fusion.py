@@ -71,7 +71,7 @@ def test_diversity_penalty_is_the_mean_similarity_to_group_mates():
 
 def test_fused_scoring_state_round_trips_the_normalisers():
     from hybridrl.config import load_config
-    from hybridrl.controller.reward_fusion import FusedScoring
+    from hybridrl.trainers.reward_fusion import FusedScoring
 
     config = load_config(["reward_fusion.enable=true", "reward_fusion.normalize=[rule]"], check_paths=False)
     first, second = FusedScoring(None, config), FusedScoring(None, config)
@@ -106,7 +106,7 @@ def test_dynamic_weighting_keeps_the_weight_until_there_is_a_spread():
 
 def test_fused_scoring_saves_the_dynamic_weighting_statistics():
     from hybridrl.config import load_config
-    from hybridrl.controller.reward_fusion import FusedScoring
+    from hybridrl.trainers.reward_fusion import FusedScoring
 
     config = load_config(["reward_fusion.enable=true", "reward_fusion.weighting=inverse_std"], check_paths=False)
     first, second = FusedScoring(None, config), FusedScoring(None, config)

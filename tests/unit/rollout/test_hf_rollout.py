@@ -10,7 +10,7 @@ from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.hf import HFRollout
 from hybridrl.utils.tiny_model import encode_chat, save_tiny_model
-from hybridrl.workers.sequences import response_log_probs
+from hybridrl.modeling.sequences import response_log_probs
 
 PROMPTS = ["12+34=", "7*8=", "100-1=", "9+9="]
 
@@ -71,7 +71,7 @@ def test_sampled_layout_and_log_prob_gate(setup):
 
 
 def test_response_mask_ends_after_the_first_eos():
-    from hybridrl.rollout.base import response_mask_from_eos
+    from hybridrl.protocol.rollout_layout import response_mask_from_eos
 
     responses = torch.tensor([[5, 6, 1, 7, 1], [5, 5, 5, 5, 5], [1, 9, 9, 9, 9]])
     assert response_mask_from_eos(responses, [1]).tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]

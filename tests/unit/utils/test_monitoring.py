@@ -18,7 +18,7 @@ from hybridrl.utils.prometheus import prometheus_name, scrape
 from hybridrl.utils.timing import RunClock, format_duration
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
 from hybridrl.utils.tracking import Tracker
-from hybridrl.workers.optim import build_optimizer, build_scheduler, clipped_step
+from hybridrl.engines.optim import build_optimizer, build_scheduler, clipped_step
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "monitoring" / "grafana_dashboard.json"
 

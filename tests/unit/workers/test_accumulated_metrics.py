@@ -8,9 +8,9 @@ import torch
 from hybridrl.config.schema import ModelConfig
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients
-from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
-from hybridrl.workers.model_builder import build_model
+from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients
+from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.modeling.model_builder import build_model
 
 
 def test_logged_loss_does_not_depend_on_micro_batching(tmp_path):

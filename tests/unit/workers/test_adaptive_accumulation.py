@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from hybridrl.config.schema import AdaptiveAccumulationConfig, OptimConfig
-from hybridrl.workers.adaptive_accumulation import AccumulationControl, ScaledSchedule, allowed_steps
-from hybridrl.workers.grad_noise import GradientNoiseScale, GradientSample, SmallBatchSummary
-from hybridrl.workers.optim import build_scheduler
+from hybridrl.autotune.adaptive_accumulation import AccumulationControl, ScaledSchedule, allowed_steps
+from hybridrl.autotune.grad_noise import GradientNoiseScale, GradientSample, SmallBatchSummary
+from hybridrl.engines.optim import build_scheduler
 
 
 def sgd_with_warmup(lr: float = 1.0, warmup: int = 4):

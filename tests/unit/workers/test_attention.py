@@ -11,10 +11,10 @@ import torch.nn.functional as F
 
 from hybridrl.config.schema import ModelConfig
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
-from hybridrl.workers import attention
-from hybridrl.workers.attention import CPU_ATTENTION, EAGER_MAX_SCORES, attention_implementation, direct_attention
-from hybridrl.workers.model_builder import build_model
-from hybridrl.workers.sequences import response_log_probs
+from hybridrl.modeling import attention
+from hybridrl.modeling.attention import CPU_ATTENTION, EAGER_MAX_SCORES, attention_implementation, direct_attention
+from hybridrl.modeling.model_builder import build_model
+from hybridrl.modeling.sequences import response_log_probs
 
 
 def qkv(batch=3, heads=4, kv_heads=2, q_len=7, k_len=7, dim=16, seed=0):

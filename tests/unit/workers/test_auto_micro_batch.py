@@ -21,9 +21,9 @@ from hybridrl.config.schema import (
 )
 from hybridrl.config.sizes import role_plan
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup
-from hybridrl.workers.auto_micro_batch import memory_budget, resolve_plan, sizing_options
-from hybridrl.workers.memory_sizing import DecoderShape, Precision, estimate_micro_batch_bytes, format_bytes
+from hybridrl.engines.accumulation import DataParallelGroup
+from hybridrl.autotune.auto_micro_batch import memory_budget, resolve_plan, sizing_options
+from hybridrl.autotune.memory_sizing import DecoderShape, Precision, estimate_micro_batch_bytes, format_bytes
 
 CPU = torch.device("cpu")
 PROMPT, RESPONSE = 256, 256  # the longest expected sequence: 512 tokens
@@ -59,7 +59,7 @@ def test_picks_the_largest_fitting_micro_batch_and_logs_one_line(model, caplog):
     config = auto_config(budget_mb)
     plan = role_plan(config, "actor")
     assert plan.auto_micro_batch and plan.micro_batch_size_per_gpu is None and plan.grad_accum_steps is None
-    with caplog.at_level(logging.INFO, logger="hybridrl.workers.auto_micro_batch"):
+    with caplog.at_level(logging.INFO, logger="hybridrl.autotune.auto_micro_batch"):
         resolved, sized = resolve_plan(config, "actor", model, plan, dp=DataParallelGroup(), device=CPU)
     assert (resolved.micro_batch_size_per_gpu, resolved.grad_accum_steps) == (4, 4)  # 4 × 4 × 1 = 16
     assert sized.decision.measured == pytest.approx({1: by_hand(model, 1), 2: by_hand(model, 2),

@@ -7,7 +7,7 @@ import torch
 
 from hybridrl.config.schema import ModelConfig
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
-from hybridrl.workers.model_builder import build_model
+from hybridrl.modeling.model_builder import build_model
 
 pytestmark = pytest.mark.slow
 
@@ -31,8 +31,8 @@ def test_compiled_layers_match_eager(tmp_path):
 def test_compiled_layers_under_single_rank_mixed_precision_match_eager(tmp_path):
     """One rank with ``gather_once`` (bf16 casts swapped in by hooks, no FSDP2): compiled layers see the casts as
     inputs — the same loss and fp32 gradients as eager layers, over two micro-batches through one set of casts."""
-    from hybridrl.workers.fsdp import parameters_kept_gathered
-    from hybridrl.workers.single_rank import apply_compute_dtype
+    from hybridrl.modeling.fsdp import parameters_kept_gathered
+    from hybridrl.modeling.single_rank import apply_compute_dtype
 
     model_dir = save_tiny_model(tmp_path / "model", TinyModelSpec(num_layers=1))
     ids = torch.randint(4, 60, (2, 10), generator=torch.Generator().manual_seed(0))

@@ -17,8 +17,8 @@ from torch import nn
 
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients
-from hybridrl.workers.grad_noise import (
+from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients
+from hybridrl.autotune.grad_noise import (
     AdaptiveAccumulation,
     GradientNoiseScale,
     GradientSample,
@@ -28,7 +28,7 @@ from hybridrl.workers.grad_noise import (
     summarize,
     unbiased_estimates,
 )
-from hybridrl.workers.sequences import response_log_probs
+from hybridrl.modeling.sequences import response_log_probs
 
 DIM, SIGMA = 8, 1.0
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from hybridrl.config import load_config
-from hybridrl.workers.accumulation import MicroBatching
+from hybridrl.engines.accumulation import MicroBatching
 from hybridrl.workers.actor_worker import log_prob_micro_batching, training_micro_batching
-from hybridrl.workers.fsdp import syncs_gradients
+from hybridrl.modeling.fsdp import syncs_gradients
 
 
 def test_which_micro_batches_reduce_scatter():
@@ -45,8 +45,8 @@ def test_gather_once_resolves_auto_by_device_and_world_size(setting, device_type
 
 def test_auto_micro_batch_sizing_drops_the_unsharded_gradients_with_micro_batch_sync():
     from hybridrl.planner.known_models import KNOWN_SHAPES
-    from hybridrl.workers.auto_micro_batch import sizing_options
-    from hybridrl.workers.memory_sizing import estimate_micro_batch_bytes
+    from hybridrl.autotune.auto_micro_batch import sizing_options
+    from hybridrl.autotune.memory_sizing import estimate_micro_batch_bytes
 
     shape = KNOWN_SHAPES["qwen2.5-0.5b"]
     estimates = {}

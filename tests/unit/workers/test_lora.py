@@ -7,8 +7,8 @@ import torch
 
 from hybridrl.config.schema import LoraConfig, ModelConfig
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.lora import adapted_layers, hf_name, merge_rows, merged_state_dict
-from hybridrl.workers.model_builder import build_model
+from hybridrl.modeling.lora import adapted_layers, hf_name, merge_rows, merged_state_dict
+from hybridrl.modeling.model_builder import build_model
 
 
 @pytest.fixture(scope="module")

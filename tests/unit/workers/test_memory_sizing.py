@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.workers.attention import attention_implementation
-from hybridrl.workers.memory_sizing import (
+from hybridrl.modeling.attention import attention_implementation
+from hybridrl.autotune.memory_sizing import (
     DecoderShape,
     ForwardLayout,
     LiveTensorPeak,
@@ -29,7 +29,7 @@ from hybridrl.workers.memory_sizing import (
     model_state_bytes,
     probe_peak_bytes,
 )
-from hybridrl.workers.sequences import response_log_probs
+from hybridrl.modeling.sequences import response_log_probs
 
 SAVED_TOLERANCE = 0.01  # what autograd saves: the per-op derivation is exact up to a few small tensors
 PEAK_TOLERANCE = 0.10  # the peak: transient temporaries are modelled per step, not traced op by op
@@ -203,7 +203,7 @@ class FakeMeasure:
 def test_picks_the_largest_fitting_divisor_and_stops_probing(caplog):
     measure = FakeMeasure()
     # usable = 2000 × 0.85 = 1700 → up to 7 sequences fit; powers of two dividing 16: 1, 2, 4, 8, 16
-    with caplog.at_level(logging.INFO, logger="hybridrl.workers.memory_sizing"):
+    with caplog.at_level(logging.INFO, logger="hybridrl.autotune.memory_sizing"):
         decision = choose_micro_batch_size(2000, seq_len=512, local_mini_batch_size=16, measure_fn=measure,
                                            world_size=4)
     assert (decision.micro_batch_size, decision.grad_accum_steps) == (4, 4)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.workers.memory_sizing import (
+from hybridrl.autotune.memory_sizing import (
     DecoderShape,
     Precision,
     choose_micro_batch_size,

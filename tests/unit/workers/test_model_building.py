@@ -6,7 +6,7 @@ import torch
 
 from hybridrl.config.schema import ModelConfig
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.model_builder import attention_implementation, build_model
+from hybridrl.modeling.model_builder import attention_implementation, build_model
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridrl.workers.offload import move_optimizer_state, optimizer_state_bytes
+from hybridrl.engines.offload import move_optimizer_state, optimizer_state_bytes
 
 
 def adam_after_one_step():

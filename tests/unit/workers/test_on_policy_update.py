@@ -14,10 +14,10 @@ from hybridrl.config.schema import ModelConfig, OptimConfig
 from hybridrl.config.sizes import reuses_update_log_probs
 from hybridrl.protocol import Batch, Fields
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup, MicroBatching
-from hybridrl.workers.actor import PolicyEngine, PolicyLossSettings
-from hybridrl.workers.model_builder import build_model
-from hybridrl.workers.optim import build_optimizer, build_scheduler
+from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching
+from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.modeling.model_builder import build_model
+from hybridrl.engines.optim import build_optimizer, build_scheduler
 
 ROWS, WIDTH, RESPONSE = 8, 10, 4
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybridrl.config.schema import OptimConfig
-from hybridrl.workers.optim import build_optimizer, build_scheduler, clipped_step, lr_multiplier
+from hybridrl.engines.optim import build_optimizer, build_scheduler, clipped_step, lr_multiplier
 
 
 def test_warmup_then_cosine_by_hand():

@@ -16,8 +16,9 @@ from hybridrl.config.precision import (
 )
 from hybridrl.config.schema import OptimConfig
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.workers.optim import build_optimizer, build_scheduler, clipped_step
-from hybridrl.workers.precision import apply_fp8_compute, optimizer_state_bytes, tensor_bytes
+from hybridrl.engines.optim import build_optimizer, build_scheduler, clipped_step
+from hybridrl.engines.precision import optimizer_state_bytes, tensor_bytes
+from hybridrl.modeling.fp8 import apply_fp8_compute
 
 
 def test_bytes_per_parameter_of_each_mode_by_hand():

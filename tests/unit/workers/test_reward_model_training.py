@@ -8,9 +8,9 @@ import torch
 from hybridrl.config import load_config
 from hybridrl.data.preference import PreferencePair, encode_pairs
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.workers.accumulation import DataParallelGroup
-from hybridrl.workers.optim import build_optimizer, build_scheduler
-from hybridrl.workers.preference import PreferenceEngine, PreferenceLossSettings, pair_rewards
+from hybridrl.engines.accumulation import DataParallelGroup
+from hybridrl.engines.optim import build_optimizer, build_scheduler
+from hybridrl.engines.preference import PreferenceEngine, PreferenceLossSettings, pair_rewards
 from hybridrl.workers.rm_train_worker import build_reward_model
 
 

@@ -1,0 +1,191 @@
+"""Forward passes over prompt+response sequences, padded, packed (padding removed) or with shared prompts, with
+identical outputs.
+
+Layout of a batch row (DESIGN.md): ``input_ids = [left-padded prompt | right-padded response]`` of width
+``T = P + R``; ``attention_mask`` marks real tokens; ``responses`` is the last ``R`` columns. The model's output at
+position ``t`` scores token ``t + 1``, so the output that belongs to response token ``k`` sits at column ``P + k - 1``.
+
+All layouts reduce to the same thing: the model outputs at the *source* positions of the valid response tokens,
+as a flat ``[M, D]`` tensor (``M`` = valid response tokens in the micro-batch), plus the scatter back to ``[B, R]``.
+
+- padded: one forward on ``[B, T']`` with the attention mask and position ids, ``T'`` without the columns that are
+  padding in every row;
+- shared prompts (padded, ``share_prompts``): the rows with one prompt become one row over a single copy of it
+  (``hybridrl.modeling.shared_prompts``);
+- packed: the valid tokens of all rows concatenated into one ``[1, N]`` row, position ids restarting at 0 for each
+  sequence, no attention mask — transformers then builds a block-diagonal causal mask, so attention never crosses
+  sequences, and no FLOPs are spent on pad tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hybridrl.algorithms import entropy_from_logits, log_probs_from_logits
+from hybridrl.modeling.positions import position_ids_from_mask
+from hybridrl.modeling.shared_prompts import (TrimmedRows, attention_takes_custom_mask, grouped_source_outputs,
+                                             grouping_pays, prompt_groups, trim_padding)
+
+
+@dataclass(frozen=True)
+class ResponseTokens:
+    """Where the valid response tokens of a micro-batch are, and where their scoring outputs come from.
+
+    Attributes:
+        valid: ``[B, R]`` bool — response positions holding a real token (``attention_mask[:, P:]``).
+        targets: ``[M]`` the token ids at those positions, row-major order.
+    """
+
+    valid: torch.Tensor
+    targets: torch.Tensor
+
+    def scatter(self, values: torch.Tensor) -> torch.Tensor:
+        """``[M, ...]`` values at valid response positions → ``[B, R, ...]``, zeros elsewhere (autograd-safe)."""
+        out = values.new_zeros((*self.valid.shape, *values.shape[1:]))
+        out[self.valid] = values
+        return out
+
+
+def response_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int) -> ResponseTokens:
+    """Locate the valid response tokens of ``[B, T]`` sequences whose last ``response_length`` columns are responses."""
+    valid = attention_mask[:, -response_length:].bool()
+    return ResponseTokens(valid=valid, targets=input_ids[:, -response_length:][valid])
+
+
+def source_outputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
+                   *, packed: bool, share_prompts: bool = False) -> torch.Tensor:
+    """Model outputs (``logits`` for a causal LM, ``logits`` of the value head for a critic) at the source positions of
+    the valid response tokens: ``[M, D]`` in row-major order of the response positions.
+
+    ``share_prompts``: rows with the same prompt run as one row over a single copy of it when that costs fewer FLOPs
+    and the attention takes custom masks (``hybridrl.modeling.shared_prompts``); the outputs are the same.
+    """
+    response_length = int(response_length)
+    if packed:
+        return _packed_source_outputs(model, input_ids, attention_mask, response_length)
+    trimmed = trim_padding(input_ids, attention_mask, response_length)
+    if trimmed.response_width == 0:  # no response token to score: nothing to trim to
+        trimmed = TrimmedRows(input_ids, attention_mask, input_ids.shape[1] - response_length, response_length)
+    takes_keep = accepts_logits_to_keep(model)
+    if share_prompts and attention_takes_custom_mask(model):
+        groups = prompt_groups(trimmed)
+        if grouping_pays(model, trimmed, groups):
+            return grouped_source_outputs(model, trimmed, groups, takes_keep)
+    return _padded_source_outputs(model, trimmed, takes_keep)
+
+
+def _padded_source_outputs(model: nn.Module, trimmed: TrimmedRows, takes_logits_to_keep: bool) -> torch.Tensor:
+    width = trimmed.response_width
+    position_ids = position_ids_from_mask(trimmed.attention_mask)
+    # Only the last R + 1 positions can be sources: a causal LM then runs its head on those alone.
+    keep = {"logits_to_keep": width + 1} if takes_logits_to_keep else {}
+    logits = model(input_ids=trimmed.input_ids, attention_mask=trimmed.attention_mask, position_ids=position_ids,
+                   use_cache=False, **keep).logits
+    valid = trimmed.attention_mask[:, trimmed.prompt_width:].bool()
+    return logits[:, -width - 1:-1][valid]
+
+
+def _packed_source_outputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           response_length: int) -> torch.Tensor:
+    real = attention_mask.bool()
+    flat_ids = input_ids[real].unsqueeze(0)
+    flat_positions = position_ids_from_mask(attention_mask)[real].unsqueeze(0)
+    # Index of each real token in the packed row; the source of response column k is the token before it.
+    flat_index = real.flatten().long().cumsum(0).view_as(input_ids) - 1
+    source_columns = flat_index[:, -response_length - 1:-1]
+    valid = attention_mask[:, -response_length:].bool()
+    if not bool(real[:, -response_length - 1:-1][valid].all()):
+        raise ValueError("packed forward needs contiguous sequences: every valid response token must follow a real token")
+    sources = source_columns[valid]
+    if accepts_logits_to_keep(model):  # the head runs on the M source positions only, in their order
+        # use_cache=False matters: transformers only detects packed sequences when no KV cache is passed.
+        return model(input_ids=flat_ids, position_ids=flat_positions, use_cache=False, logits_to_keep=sources).logits[0]
+    logits = model(input_ids=flat_ids, position_ids=flat_positions, use_cache=False).logits[0]
+    return logits[sources]
+
+
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether ``model`` (a PEFT wrapper is looked through) takes transformers' ``logits_to_keep`` (an int: the last
+    positions; a 1-D tensor: those positions) — causal LMs do, so the LM head and the ``[*, vocab]`` logits cover only
+    the positions asked for (on prompts of P tokens and responses of R, a head of V × D costs (R + 1)/(P + R) of a
+    full pass). Value and score heads do not, and get the full pass."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _forward_takes_logits_to_keep(type(base))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_takes_logits_to_keep(model_class: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
+
+
+def response_log_probs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
+                       *, temperature: float = 1.0, packed: bool = False, share_prompts: bool = False,
+                       with_entropy: bool = False,
+                       entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs (nats) of the response tokens under ``model``, and optionally the policy entropy.
+
+    Logits are divided by ``temperature`` first, so the numbers match the distribution the rollout sampled from.
+
+    Returns:
+        ``(log_probs [B, R], entropy [B, R] or None)``, zero at invalid positions. The entropy keeps its graph only
+        when ``entropy_grad`` (an entropy bonus is in the loss); otherwise it is computed without gradients.
+    """
+    tokens = response_tokens(input_ids, attention_mask, response_length)
+    logits = source_outputs(model, input_ids, attention_mask, response_length, packed=packed,
+                            share_prompts=share_prompts)
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_probs = tokens.scatter(log_probs_from_logits(logits, tokens.targets))
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = tokens.scatter(entropy_from_logits(logits))
+    return log_probs, entropy
+
+
+def response_values(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
+                    *, packed: bool = False, share_prompts: bool = False) -> torch.Tensor:
+    """Critic values ``[B, R]`` of the state before each response token (zero at invalid positions)."""
+    tokens = response_tokens(input_ids, attention_mask, response_length)
+    values = source_outputs(model, input_ids, attention_mask, response_length, packed=packed,
+                            share_prompts=share_prompts)
+    return tokens.scatter(values.squeeze(-1).float())
+
+
+def sequence_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                    packed: bool = False) -> torch.Tensor:
+    """``[B]`` scores of a one-label sequence classifier at each row's last real token (rows left/right padded).
+
+    The per-token head outputs are captured with a forward hook on ``model.score`` during the root forward (FSDP2
+    only gathers the head's parameters inside that forward), then read at the last position of ``attention_mask``.
+    ``packed``: the real tokens of all rows go through as one ``[1, N]`` row with per-sequence position ids (a
+    block-diagonal causal mask: no attention across rows, no FLOPs on pads); the scores equal the padded forward's.
+    Gradients flow through the scores when grad mode is on (reward-model training).
+    """
+    captured: list[torch.Tensor] = []
+    handle = model.score.register_forward_hook(lambda module, inputs, output: captured.append(output))
+    positions = position_ids_from_mask(attention_mask)
+    real = attention_mask.bool()
+    try:
+        if packed:  # use_cache=False: transformers only detects packed sequences without a KV cache
+            output = model(input_ids=input_ids[real][None], position_ids=positions[real][None], use_cache=False)
+        else:
+            output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                           use_cache=False)
+    finally:
+        handle.remove()
+    per_token = captured[0].squeeze(-1).float()
+    if packed:
+        scores = per_token[0, real.sum(dim=-1).cumsum(dim=0) - 1]
+    else:
+        columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+        scores = per_token[torch.arange(len(per_token)), (real * columns).argmax(dim=-1)]
+    # FSDP2 unshards the root's parameters (embeddings, final norm, head) for backward in a hook on the root forward's
+    # *outputs*; scores read from a hooked intermediate would bypass it. A zero-weighted term keeps the output in the
+    # graph (exactly +0 to every score) so that hook fires.
+    return scores + 0.0 * output.logits.float().sum()

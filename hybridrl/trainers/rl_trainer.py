@@ -1,0 +1,409 @@
+"""The RL trainer: the PPO/GRPO dataflow written as plain Python on the single controller (DESIGN.md §2).
+
+    prompts → generate → reward → old/ref log-probs, values → (KL in reward) → advantages → critic / actor update
+
+Each heavy call goes to a worker group; everything between calls is tensor math on the driver
+(``rl_steps``). ``fit`` adds validation, tracking, checkpoints and exact resume around the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from hybridrl.algorithms import build_kl_controller
+from hybridrl.config import critic_enabled, dump_config, resolved_device, validate_config, world_size
+from hybridrl.config.schema import ModelConfig, TrainConfig
+from hybridrl.config.sizes import AUTO_MICRO_BATCH, reuses_update_log_probs
+from hybridrl.runtime import PoolSpec, ResourcePool, WorkerError, WorkerGroup, gather, start_ray
+from hybridrl.trainers.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
+from hybridrl.trainers.continual import PromptReplay, PtxBatches
+from hybridrl.trainers.faults import FaultInjector, NonFiniteGuard
+from hybridrl.trainers.health import HealthMonitor
+from hybridrl.trainers.restarts import RESTARTABLE, RestartRecord, Supervisor
+from hybridrl.trainers.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
+from hybridrl.trainers.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
+from hybridrl.trainers.evaluation import Scoring, validate
+from hybridrl.trainers.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups, num_groups,
+                                          prompt_rows, shape_rewards)
+from hybridrl.data.loader import build_prompt_loaders
+from hybridrl.protocol import Batch, Fields
+from hybridrl.rewards.custom import load_custom_reward_fn
+from hybridrl.rewards.registry import check_data_sources
+from hybridrl.rewards.scorer import build_reward_scorer
+from hybridrl.rollout import holds_own_weights
+from hybridrl.rollout.base import SamplingParams
+from hybridrl.utils.seeding import derive_seed
+from hybridrl.utils.timing import PhaseTimer
+from hybridrl.utils.tracking import Tracker, prepare_metrics_file
+from hybridrl.workers.actor_worker import NO_WEIGHT_SYNC, ActorRolloutRefWorker
+from hybridrl.workers.critic_worker import CriticWorker
+from hybridrl.workers.reward_model_worker import RewardModelWorker
+from hybridrl.modeling.model_builder import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """What ``fit`` returns: where the run lives, how far it got, and its validation figures."""
+
+    run_dir: Path
+    global_step: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    first_validation: Optional[dict[str, float]] = None
+    last_validation: Optional[dict[str, float]] = None
+    restarts: list[RestartRecord] = field(default_factory=list)
+    export_dir: Optional[Path] = None
+
+
+class RLTrainer:
+    """PPO / GRPO (and the other estimators) on Ray worker groups. Build with a validated, frozen ``TrainConfig``."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        if not config.is_frozen:  # built in Python (a notebook): validate it like the CLI would, then freeze it
+            validate_config(config)
+            config.freeze()
+        self.config = config
+        self.run_dir = Path(config.trainer.default_local_dir)
+        self.tokenizer = load_tokenizer(config.model)
+        self.loaders = build_prompt_loaders(config.data, self.tokenizer)
+        if config.custom_reward_function.path is None:  # every prompt's data_source needs a reward function, now
+            for loader in filter(None, self.loaders):
+                check_data_sources(sorted({prompt.data_source for prompt in loader.dataset}))
+        else:  # a bad reward file or name fails now, before Ray starts
+            load_custom_reward_fn(config.custom_reward_function.path, config.custom_reward_function.name)
+        self.total_steps = config.trainer.total_training_steps or \
+            config.trainer.total_epochs * self.loaders.train.steps_per_epoch
+        self.kl_controller = _kl_controller(config, self.total_steps)
+        self.checkpoints = CheckpointManager(self.run_dir, config.trainer.max_ckpt_to_keep)
+        self.with_reference = config.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+        self.ptx = PtxBatches(config, self.tokenizer) if config.actor.ptx.coef > 0 else None
+        self.replay = PromptReplay.from_config(config, self.loaders.train.pad_token_id)
+        self.global_step = self.first_step = 0  # first_step: where this process's run started (after a resume)
+        self.initial_state = self._controller_state()  # what a restart before the first checkpoint goes back to
+        self.restart_point: Optional[Path] = None  # the checkpoint a restart resumes from (last loaded or committed)
+        self.faults = FaultInjector(config.trainer.fault_injection)
+        self.health = HealthMonitor(config.trainer.health)
+        self.pool: Optional[ResourcePool] = None
+        self.reward_pool: Optional[ResourcePool] = None  # reward_model.n_gpus > 0: the reward model's own devices
+        self.actor: Optional[WorkerGroup[ActorRolloutRefWorker]] = None
+        self.critic: Optional[WorkerGroup[CriticWorker]] = None
+        self.reward_model: Optional[WorkerGroup[RewardModelWorker]] = None
+
+    # ------------------------------------------------------------------ the run
+    def fit(self) -> TrainResult:
+        """Train for ``total_steps`` (resuming if configured), validating and checkpointing as configured."""
+        dump_config(self.config, self.run_dir)
+        result = TrainResult(self.run_dir, 0)
+        supervisor = Supervisor(self.config.trainer.max_restarts)
+        with start_ray(self.config.trainer.ray) as runtime, \
+                build_reward_scorer(self.config.custom_reward_function) as scorer:
+            self.rule_scoring = self.scoring = Scoring(scorer, self.tokenizer)
+            supervisor.run(lambda: self._attempt(runtime, result, supervisor), lambda: self.global_step)
+        result.global_step, result.restarts = self.global_step, supervisor.records
+        return result
+
+    def _attempt(self, runtime, result: TrainResult, supervisor: Supervisor) -> None:
+        """Start the workers, restore the state (a resume, or after a lost worker the last checkpoint), train."""
+        trainer, tracker = self.config.trainer, None
+        try:
+            self._start_workers(runtime)
+            if supervisor.restarting:
+                self._restore(self.restart_point)
+            else:
+                self._resume()
+                self.first_step = self.global_step
+            supervisor.resumed(self.restart_point, self.global_step)
+            del result.history[self.global_step - self.first_step:]  # steps after the checkpoint run again
+            prepare_metrics_file(self.run_dir, self.global_step)
+            tracker = Tracker(trainer.logger, self.run_dir, total_steps=self.total_steps,
+                              project=trainer.project_name, experiment=trainer.experiment_name,
+                              monitoring=trainer.monitoring, num_devices=world_size(self.config),
+                              start_step=self.global_step)
+            self._train_loop(tracker, result)
+            if trainer.export_at_end:
+                result.export_dir = Path(self._actor().call(ActorRolloutRefWorker.export_hf, str(self.run_dir / "hf")))
+        finally:
+            if tracker is not None:
+                tracker.close()
+            self._stop_workers()
+
+    def _train_loop(self, tracker: Tracker, result: TrainResult) -> None:
+        trainer = self.config.trainer
+        guard = NonFiniteGuard(trainer.max_consecutive_nonfinite_steps)
+        if trainer.val_before_train and self.global_step == 0 and self.loaders.val is not None:
+            result.first_validation = self.validate()
+            tracker.log(result.first_validation, step=0)
+        while self.global_step < self.total_steps:
+            metrics = self.train_step(next(iter(self.loaders.train)))
+            self.global_step += 1
+            if self._due(trainer.test_freq) or self.global_step == self.total_steps:
+                result.last_validation = self.validate() if self.loaders.val is not None else None
+                metrics.update(result.last_validation or {})
+            metrics.update(self.health.observe(self.global_step, metrics))
+            tracker.log(metrics, step=self.global_step)
+            result.history.append(metrics)
+            guard.observe(self.global_step, metrics, self.restart_point)
+            if self._due(trainer.save_freq) or (self.global_step == self.total_steps and trainer.save_at_end):
+                self.save_checkpoint()
+            self.health.raise_if_stopping()
+
+    def train_step(self, prompts: Batch) -> dict[str, float]:
+        """One PPO/GRPO step on a batch of prompts; returns the step's metrics."""
+        config, timer = self.config, PhaseTimer()
+        actor = self._actor()
+        self._pop_worker_seconds()  # calls made since the last step (validation, a resume) are not this step's
+        replay_metrics: dict[str, float] = {}
+        if self.replay is not None:  # a share of the prompts comes back from earlier steps
+            prompts, replay_metrics = self.replay.mix(prompts, self.global_step)
+        batch, reward_metrics = self._rollout(prompts, timer)
+        # Balance tokens across DP ranks before any forward (only reorders rows; groups are found by uid).
+        batch = balance_batch(batch, world_size(config)) if config.trainer.balance_batch else batch
+        with timer.phase("log_probs_and_values"):
+            batch = self._old_log_probs_ref_and_values(batch)
+        with timer.phase("advantages"):
+            baselines = self._remax_baselines(batch) if config.algorithm.adv_estimator == "remax" else None
+            metrics = self._rewards_and_advantages(batch, baselines)
+            self.faults.corrupt_advantages(self.global_step + 1, batch)
+        if self.critic is not None:
+            with timer.phase("update_critic"):
+                metrics.update(_prefixed("critic", self.critic.call(CriticWorker.update_critic, batch)[0]))
+        self.faults.before_actor_update(self.global_step + 1, {"actor_rollout_ref": actor, "critic": self.critic})
+        if self.global_step >= config.trainer.critic_warmup:
+            with timer.phase("update_actor"):
+                ptx = self.ptx.batch(self.global_step) if self.ptx is not None else None
+                metrics.update(_prefixed("actor", actor.call(ActorRolloutRefWorker.update_actor, batch, ptx=ptx)[0]))
+            with timer.phase("weight_sync"):
+                metrics.update(actor.call(ActorRolloutRefWorker.sync_rollout_weights)
+                               if holds_own_weights(config.rollout.name) else NO_WEIGHT_SYNC)
+        metrics.update(reward_metrics)
+        metrics.update(replay_metrics)
+        metrics.update(batch_metrics(batch))
+        metrics.update(timer.metrics())
+        metrics.update(self._pop_worker_seconds())
+        metrics["perf/throughput_tokens_per_s"] = float(batch[Fields.ATTENTION_MASK].sum()) / max(
+            timer.total(), 1e-9)
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        """Greedy (``rollout.val_kwargs``) generation on the validation set, scored per data source."""
+        params = SamplingParams.for_validation(self.config.rollout, self.config.data.max_response_length,
+                                               seed=self.config.trainer.seed)
+        return validate(self._actor(), self.loaders.val, self.scoring, params)
+
+    # ------------------------------------------------------------------ steps between worker calls
+    def _generate_and_score(self, prompts: Batch, params: SamplingParams, timer: PhaseTimer) -> tuple[Batch, dict]:
+        with timer.phase("generate"):
+            batch = self._actor().call(ActorRolloutRefWorker.generate_sequences, prompts, params)
+        with timer.phase("reward"):
+            scores, metrics = self.scoring.token_level_scores(batch)
+            batch[Fields.TOKEN_LEVEL_SCORES] = scores
+            metrics.update(shape_rewards(batch, self.config))
+        if self.replay is not None:
+            self.replay.observe(batch)
+        return batch.with_meta(global_step=self.global_step), metrics
+
+    def _rollout(self, prompts: Batch, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
+        """Generate and score; with dynamic sampling, keep informative groups and generate more until the batch is
+        full (``algorithm.filter_groups``)."""
+        config, filtering = self.config, self.config.algorithm.filter_groups
+        params = SamplingParams.for_training(config.rollout, config.data.max_response_length, seed=self._sampling_seed())
+        batch, metrics = self._generate_and_score(prompts, params, timer)
+        if not filtering.enable:
+            return batch, metrics
+        kept, attempts = [], 1
+        while True:
+            kept.append(keep_groups(batch, GROUP_FILTERS["non_constant_score"](batch)))
+            collected = concat_rollouts(kept, self.tokenizer.pad_token_id)
+            if num_groups(collected) >= config.data.train_batch_size:
+                metrics["dapo/num_gen_batches"] = float(attempts)
+                return first_groups(collected, config.data.train_batch_size), metrics
+            if attempts >= filtering.max_num_gen_batches:
+                raise RuntimeError(f"dynamic sampling found {num_groups(collected)} of {config.data.train_batch_size} "
+                                   f"informative prompt groups in {attempts} generation batches; raise "
+                                   "algorithm.filter_groups.max_num_gen_batches or rollout.n, or disable the filter")
+            attempts += 1
+            batch, _ = self._generate_and_score(next(iter(self.loaders.train)),
+                                                params.with_seed(derive_seed(params.seed, "refill", attempts)), timer)
+
+    def _remax_baselines(self, batch: Batch) -> torch.Tensor:
+        """ReMax: the score of each prompt's greedy response, for every row of that prompt ``[B]``."""
+        prompts, group_of_row = prompt_rows(batch)
+        params = SamplingParams(n=1, max_new_tokens=self.config.data.max_response_length, do_sample=False)
+        greedy = self._actor().call(ActorRolloutRefWorker.generate_sequences, prompts, params)
+        greedy[Fields.TOKEN_LEVEL_SCORES], _ = self.scoring.token_level_scores(greedy)
+        shape_rewards(greedy, self.config)  # the baseline must be on the same scale as the rewards it is compared to
+        return greedy[Fields.TOKEN_LEVEL_SCORES].sum(-1)[torch.as_tensor(group_of_row)]
+
+    def _old_log_probs_ref_and_values(self, batch: Batch) -> Batch:
+        """Start the old-log-prob, reference and value forwards together, then merge their outputs. The old-log-prob
+        forward is skipped when the update is exactly on-policy (``actor.old_log_prob=auto``; the update then uses its
+        own log-probs, detached)."""
+        actor = self._actor()
+        futures = [] if reuses_update_log_probs(self.config) else [
+            actor.call_async(ActorRolloutRefWorker.compute_log_prob, batch)]
+        if self.with_reference:
+            futures.append(actor.call_async(ActorRolloutRefWorker.compute_ref_log_prob, batch))
+        if self.critic is not None:
+            futures.append(self.critic.call_async(CriticWorker.compute_values, batch))
+        for output in gather(*futures):
+            batch = batch.union(output)
+        return batch
+
+    def _rewards_and_advantages(self, batch: Batch, reward_baselines: Optional[torch.Tensor] = None) -> dict[str, float]:
+        algorithm, metrics = self.config.algorithm, {}
+        if algorithm.use_kl_in_reward:
+            rewards, metrics = apply_kl_in_reward(batch, self.kl_controller.value, algorithm.kl_penalty)
+            self.kl_controller.update(metrics["actor/reward_kl_penalty"], n_steps=len(batch))
+        else:
+            rewards = batch[Fields.TOKEN_LEVEL_SCORES]
+        batch[Fields.TOKEN_LEVEL_REWARDS] = rewards
+        advantages, returns = compute_advantages(batch, algorithm, reward_baselines)
+        batch[Fields.ADVANTAGES], batch[Fields.RETURNS] = advantages, returns
+        return metrics
+
+    # ------------------------------------------------------------------ workers, checkpoints
+    def _start_workers(self, runtime) -> None:
+        config, started = self.config, time.perf_counter()
+        device = resolved_device(config)
+        self.pool = pool = ResourcePool.create(PoolSpec("global", nnodes=config.trainer.nnodes,
+                                                        devices_per_node=config.trainer.n_gpus_per_node,
+                                                        device=device), runtime)
+        colocated_rm = config.reward_model.enable and config.reward_model.n_gpus == 0
+        share = 1.0 / (1 + critic_enabled(config) + colocated_rm)
+        self.actor = WorkerGroup(ActorRolloutRefWorker, pool, name="actor_rollout_ref", bundle_share=share,
+                                 args=(config, self.total_steps, self.with_reference))
+        if critic_enabled(config):
+            self.critic = WorkerGroup(CriticWorker, pool, name="critic", bundle_share=share,
+                                      args=(config, self.total_steps))
+        if config.reward_model.enable:
+            rm_pool, rm_share = pool, share
+            if not colocated_rm:
+                self.reward_pool = rm_pool = ResourcePool.create(
+                    PoolSpec("reward_model", devices_per_node=config.reward_model.n_gpus, device=device), runtime)
+                rm_share = 1.0
+            self.reward_model = WorkerGroup(RewardModelWorker, rm_pool, name="reward_model", bundle_share=rm_share,
+                                            args=(config,))
+        if fusion_enabled(config):
+            self.scoring = FusedScoring(self.rule_scoring, config, self.reward_model, self._rm_tokenizer())
+        logger.info("workers started in %.1f s", time.perf_counter() - started)
+        self._log_micro_batch_sizing()
+
+    def _log_micro_batch_sizing(self) -> None:
+        """The workers' decision for ``ppo_micro_batch_size_per_gpu: auto`` (made at their start-up), one line each."""
+        for role, group in (("actor", self.actor), ("critic", self.critic)):
+            if group is not None and getattr(self.config, role).ppo_micro_batch_size_per_gpu == AUTO_MICRO_BATCH:
+                logger.info("%s", group.call(group.worker_cls.batch_plan)[1])
+
+    def _rm_tokenizer(self):
+        """The reward model's tokenizer when its vocabulary differs from the policy's (re-tokenise), else None."""
+        if not self.config.reward_model.enable:
+            return None
+        tokenizer = load_tokenizer(ModelConfig(path=self.config.reward_model.model_path,
+                                               trust_remote_code=self.config.model.trust_remote_code))
+        return None if same_vocabulary(tokenizer, self.tokenizer) else tokenizer
+
+    def _stop_workers(self) -> None:
+        for group in (self.actor, self.critic, self.reward_model):
+            if group is not None:
+                group.shutdown()
+        for pool in (self.pool, self.reward_pool):
+            if pool is not None:
+                pool.release()
+
+    def save_checkpoint(self) -> Path:
+        """Checkpoint actor (+ critic) shards and the controller state; atomic, ``latest`` updated last.
+
+        A failed write (a full disk, a worker's error) removes the partial directory and raises
+        ``CheckpointWriteError`` naming the cause; the previous checkpoint and ``latest`` are untouched."""
+        step = self.global_step
+        try:
+            directory = self.checkpoints.partial_dir(step)
+            futures = [self._actor().call_async(ActorRolloutRefWorker.save_checkpoint, str(directory / "actor"))]
+            if self.critic is not None:
+                futures.append(self.critic.call_async(CriticWorker.save_checkpoint, str(directory / "critic")))
+            gather(*futures)
+            self.faults.before_checkpoint_commit(step, directory)
+            self.restart_point = self.checkpoints.commit(step, {"model_path": self.config.model.path,
+                                                                **self._controller_state()})
+        except (OSError, WorkerError) as error:
+            if isinstance(error, RESTARTABLE):  # a lost worker: the supervisor restarts, the partial is swept
+                raise
+            raise self.checkpoints.abort(step, error) from error
+        return self.restart_point
+
+    def _controller_state(self) -> dict[str, Any]:
+        return {"global_step": self.global_step, "loader": self.loaders.train.state_dict(),
+                "kl_controller": self.kl_controller.state_dict(),
+                **({"replay": self.replay.state_dict()} if self.replay is not None else {}),
+                **({"reward_fusion": self.scoring.state_dict()}
+                   if isinstance(getattr(self, "scoring", None), FusedScoring) else {})}
+
+    def _resume(self) -> None:
+        trainer = self.config.trainer
+        checkpoint = resume_checkpoint(trainer.resume_mode, self.run_dir, trainer.resume_from_path)
+        if checkpoint is not None:
+            state = load_trainer_state(checkpoint)
+            if state.get("model_path") != self.config.model.path:
+                raise ValueError(f"checkpoint {checkpoint} was trained from model.path={state.get('model_path')!r}, "
+                                 f"not {self.config.model.path!r}; use trainer.resume_mode=disable to start afresh")
+        self._restore(checkpoint)
+
+    def _restore(self, checkpoint: Optional[Path]) -> None:
+        """Load ``checkpoint`` into the (freshly started) workers and the controller; ``None``: the initial state."""
+        self.restart_point = checkpoint
+        for stale in self.checkpoints.sweep_partials():
+            logger.warning("removed a half-written checkpoint left by a crash: %s", stale)
+        state = self.initial_state if checkpoint is None else load_trainer_state(checkpoint)
+        if checkpoint is not None:
+            self._actor().call(ActorRolloutRefWorker.load_checkpoint, str(checkpoint / "actor"))
+            self._actor().call(ActorRolloutRefWorker.sync_rollout_weights)  # a separate engine still holds model.path
+            if self.critic is not None:
+                self.critic.call(CriticWorker.load_checkpoint, str(checkpoint / "critic"))
+            logger.info("resumed from %s at step %d", checkpoint, int(state["global_step"]))
+        self.loaders.train.load_state_dict(state["loader"])
+        self.kl_controller.load_state_dict(state["kl_controller"])
+        if self.replay is not None and "replay" in state:
+            self.replay.load_state_dict(state["replay"])
+        if isinstance(self.scoring, FusedScoring):
+            self.scoring.load_state_dict(state.get("reward_fusion", {}))
+        self.global_step = int(state["global_step"])
+
+    def _pop_worker_seconds(self) -> dict[str, float]:
+        """``timing_worker/<method>``: seconds inside the workers (slowest rank per call, summed over calls) since the
+        last pop. A phase's ``timing/`` wall time minus its methods' worker time is the controller's dispatch cost."""
+        return {f"timing_worker/{method}": seconds for group in (self.actor, self.critic) if group is not None
+                for method, seconds in group.pop_worker_seconds().items()}
+
+    def _actor(self) -> WorkerGroup[ActorRolloutRefWorker]:
+        if self.actor is None:
+            raise RuntimeError("workers are not started; call fit()")
+        return self.actor
+
+    def _due(self, frequency: int) -> bool:
+        return frequency > 0 and self.global_step % frequency == 0
+
+    def _sampling_seed(self) -> int:
+        """A different, reproducible seed every step (from ``rollout.seed``, else ``trainer.seed``)."""
+        base = self.config.rollout.seed if self.config.rollout.seed is not None else self.config.trainer.seed
+        return derive_seed(base, "step", self.global_step)
+
+
+def _kl_controller(config: TrainConfig, total_steps: int):
+    kl = config.algorithm.kl_ctrl
+    if kl.type == "fixed":
+        return build_kl_controller("fixed", kl_coef=kl.kl_coef)
+    if kl.type == "adaptive":
+        return build_kl_controller("adaptive", init_kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
+    return build_kl_controller("scheduled", init_kl_coef=kl.kl_coef, target_kl_coef=kl.target_kl_coef,
+                               total_steps=total_steps * config.data.train_batch_size * config.rollout.n)
+
+
+def _prefixed(prefix: str, metrics: dict[str, Any]) -> dict[str, float]:
+    return {f"{prefix}/{name}": float(value) for name, value in metrics.items()}

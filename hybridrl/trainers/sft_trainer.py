@@ -1,0 +1,95 @@
+"""Supervised fine-tuning on the same worker stack as RL — the warm-start checkpoint for an RL run.
+
+The loss is the negative log-likelihood of the target response tokens (prompt tokens masked), normalised by the
+global token count of the step, with the same exact gradient accumulation as the RL losses.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+from hybridrl.config.loader import dump_config
+from hybridrl.config.monitoring import MonitoringConfig
+from hybridrl.config.schema import ActorConfig, DataConfig, RolloutConfig, TrainConfig, TrainerConfig
+from hybridrl.config.sft_schema import SFTConfig
+from hybridrl.config.validation import resolved_device
+from hybridrl.runtime import PoolSpec, ResourcePool, WorkerGroup, start_ray
+from hybridrl.data.sft import encode_sft_examples
+from hybridrl.data.sft_source import build_sft_source
+from hybridrl.protocol import Batch
+from hybridrl.utils.tracking import Tracker
+from hybridrl.workers.actor_worker import ActorRolloutRefWorker
+from hybridrl.modeling.model_builder import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SFTResult:
+    run_dir: Path
+    export_dir: Path
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def worker_config(config: SFTConfig) -> TrainConfig:
+    """The policy worker's view of an SFT run: one mini-batch per step, no sampling, no critic."""
+    data = config.data
+    return TrainConfig(
+        model=config.model,
+        actor=ActorConfig(ppo_mini_batch_size=data.train_batch_size,
+                          ppo_micro_batch_size_per_gpu=data.micro_batch_size_per_gpu, optim=config.optim,
+                          fsdp=config.fsdp),
+        rollout=RolloutConfig(n=1),
+        data=DataConfig(train_batch_size=data.train_batch_size,
+                        max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length),
+        trainer=TrainerConfig(device=config.trainer.device, nnodes=config.trainer.nnodes,
+                              n_gpus_per_node=config.trainer.n_gpus_per_node, seed=config.trainer.seed,
+                              ray=config.trainer.ray),
+    )
+
+
+class SFTTrainer:
+    """Fine-tunes ``model.path`` on supervised pairs and exports the result as a Hugging Face directory."""
+
+    def __init__(self, config: SFTConfig) -> None:
+        self.config = config
+        self.run_dir = Path(config.trainer.default_local_dir)
+        self.export_dir = Path(config.trainer.export_dir) if config.trainer.export_dir else self.run_dir / "hf"
+        self.tokenizer = load_tokenizer(config.model)
+        data = config.data
+        self.source = build_sft_source(data.train_files if data.synthetic_task is None else [], data.synthetic_task,
+                                       data.synthetic_task_kwargs, seed=data.seed)
+
+    def batch(self, step: int) -> Batch:
+        """The ``step``-th batch of ``train_batch_size`` examples (cycling over the examples)."""
+        data = self.config.data
+        picked = self.source.take(step, data.train_batch_size)
+        return encode_sft_examples(self.tokenizer, picked, data.max_response_length, data.apply_chat_template,
+                                   max_prompt_length=data.max_prompt_length)
+
+    def fit(self) -> SFTResult:
+        config, trainer = self.config, self.config.trainer
+        dump_config(config, self.run_dir)
+        result = SFTResult(self.run_dir, self.export_dir)
+        with start_ray(trainer.ray) as runtime:
+            pool = ResourcePool.create(PoolSpec("sft", nnodes=trainer.nnodes, devices_per_node=trainer.n_gpus_per_node,
+                                                device=resolved_device(worker_config(config))), runtime)
+            group = WorkerGroup(ActorRolloutRefWorker, pool, name="sft_actor",
+                                args=(worker_config(config), trainer.total_training_steps, False))
+            tracker = Tracker(trainer.logger, self.run_dir, total_steps=trainer.total_training_steps,
+                              project=trainer.project_name, experiment=trainer.experiment_name,
+                              monitoring=MonitoringConfig())
+            try:
+                for step in range(trainer.total_training_steps):
+                    metrics = group.call(ActorRolloutRefWorker.update_sft, self.batch(step))[0]
+                    metrics = {f"sft/{name}": value for name, value in metrics.items()}
+                    tracker.log(metrics, step=step + 1)
+                    result.history.append(metrics)
+                group.call(ActorRolloutRefWorker.export_hf, str(self.export_dir))
+            finally:
+                tracker.close()
+                group.shutdown()
+        return result
