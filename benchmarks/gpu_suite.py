@@ -254,7 +254,7 @@ def measure_shared_prompts(model: torch.nn.Module, args: argparse.Namespace) -> 
     vs packed rows (``benchmarks/shared_prompts.py``'s timing, on the FSDP2 model), per (prompt, response) regime."""
     from shared_prompts import drain_device, grpo_batch, positions_and_groupings, run_layout, time_layouts  # here
 
-    from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, split_micro_batches
+    from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching, split_micro_batches
 
     device = next(model.parameters()).device
     rows = []

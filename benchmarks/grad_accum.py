@@ -3,9 +3,9 @@
 On 2 gloo ranks (spawned, one thread each), a Llama of hidden 256 × 4 layers (FSDP2: one shard group per layer plus
 the root) takes one optimizer step over ``K × m`` sequences per rank with the actor's PPO loss, four ways:
 
-- ``accumulate``  — ``train_mini_batch``: split into K micro-batches of m, all-reduce the global token count,
-  backward each with gradient sync only on the last, all-reduce the metrics, clip, step (what the actor runs with
-  ``fsdp.grad_sync=step``, the default);
+- ``accumulate``  — ``TrainingEngine.optimizer_step``: split into K micro-batches of m, all-reduce the global token
+  count, backward each with gradient sync only on the last, all-reduce the metrics, clip, step (what the actor runs
+  with ``fsdp.grad_sync=step``, the default);
 - ``accumulate micro_batch`` — the same with ``fsdp.grad_sync=micro_batch``: a reduce-scatter after every
   micro-batch into the sharded gradients (K per group per step; less memory, more communication);
 - ``bare no-sync`` — the same K forward/backwards and sync pattern, written as a bare loop on pre-split micro-batches
@@ -48,8 +48,9 @@ from hybridrl.protocol import Batch
 from hybridrl.utils.collectives import CollectiveCounter
 from hybridrl.utils.distributed import find_free_port
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
-from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, global_normalizer, train_mini_batch
-from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.losses import PolicyLoss, SequenceForward, global_normalizer
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
 from hybridrl.modeling.fsdp import ShardingOptions, set_gradient_sync, shard_model
 from hybridrl.autotune.memory_sizing import LiveTensorPeak
 from hybridrl.modeling.model_builder import build_model
@@ -90,28 +91,28 @@ def make_rows(num_rows: int, seed: int) -> Batch:
                               old_log_probs=-4.4 * response_mask.float()))
 
 
-def run_path(path: str, engine: PolicyEngine, loss_fn, batch: Batch, micro: int, dp: DataParallelGroup,
+def run_path(path: str, engine: TrainingEngine, loss: PolicyLoss, batch: Batch, micro: int, dp: DataParallelGroup,
              prepared: tuple) -> None:
     """One optimizer step over ``batch`` the way ``path`` does it (bare loops use the ``prepared`` normaliser and
     micro-batches)."""
     if path.startswith("accumulate"):
-        micro_batching = MicroBatching(micro_batch_size=micro, grad_sync=path.split(" ")[1] if " " in path else "step")
-        train_mini_batch(engine.model, engine.optimizer, engine.scheduler, batch, loss_fn, loss_agg_mode="token-mean",
-                         micro_batching=micro_batching, dp=dp, grad_clip=1.0)
+        engine.micro_batching = MicroBatching(micro_batch_size=micro,
+                                              grad_sync=path.split(" ")[1] if " " in path else "step")
+        engine.optimizer_step(batch, loss)
         return
     normalizer, micro_batches = prepared
     for index, micro_batch in enumerate(micro_batches):
         set_gradient_sync(engine.model, path == "bare sync-each" or index == len(micro_batches) - 1)
-        loss, _ = loss_fn(micro_batch, normalizer)
-        (loss * dp.size).backward()
+        share, _ = loss(engine.model, micro_batch, normalizer)
+        (share * dp.size).backward()
     clipped_step(engine.model, engine.optimizer, engine.scheduler, 1.0)
 
 
-def timed_step(path, engine, loss_fn, batch, micro, dp, prepared) -> tuple[float, float]:
+def timed_step(path, engine, loss, batch, micro, dp, prepared) -> tuple[float, float]:
     """``(wall seconds of the slower rank, CPU seconds summed over ranks)`` of one step."""
     dist.barrier()
     start, start_cpu = time.perf_counter(), time.process_time()
-    run_path(path, engine, loss_fn, batch, micro, dp, prepared)
+    run_path(path, engine, loss, batch, micro, dp, prepared)
     wall = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
     cpu = torch.tensor([time.process_time() - start_cpu], dtype=torch.float64)
     dist.all_reduce(wall, op=dist.ReduceOp.MAX)  # the step ends when the slower rank ends
@@ -130,18 +131,19 @@ def rank_main(rank: int, model_dir: str, port: int, micro: int, ks: list[int], r
     optim = OptimConfig(lr=1e-6)
     optimizer = build_optimizer(model, optim)
     dp = DataParallelGroup(rank=rank, size=WORLD)
-    engine = PolicyEngine(model, dp=dp, optimizer=optimizer, scheduler=build_scheduler(optimizer, optim, 10 ** 6))
-    loss_fn = engine.micro_batch_loss(PolicyLossSettings(loss_scale_factor=float(RESPONSE)), temperature=1.0)
+    engine = TrainingEngine(model, dp=dp, optimizer=optimizer, scheduler=build_scheduler(optimizer, optim, 10 ** 6),
+                            grad_clip=1.0)
+    loss = PolicyLoss(forward=SequenceForward(), temperature=1.0, loss_scale_factor=float(RESPONSE))
     results = []
     for k in ks:
         batch = make_rows(k * micro, seed=1000 * k + rank)
         prepared = (global_normalizer(batch, "token-mean", dp), batch.split([micro] * k))
-        run_path("accumulate", engine, loss_fn, batch, micro, dp, prepared)  # warm-up
+        run_path("accumulate", engine, loss, batch, micro, dp, prepared)  # warm-up
         times, cpu_times = {path: [] for path in PATHS}, {path: [] for path in PATHS}
         for repeat in range(repeats):
             for offset in range(len(PATHS)):  # rotate the order so drift and neighbours hit every path alike
                 path = PATHS[(repeat + offset) % len(PATHS)]
-                wall, cpu = timed_step(path, engine, loss_fn, batch, micro, dp, prepared)
+                wall, cpu = timed_step(path, engine, loss, batch, micro, dp, prepared)
                 times[path].append(wall)
                 cpu_times[path].append(cpu)
         row = {"K": k, "micro_batch_size": micro, "tokens_per_rank": int(batch["attention_mask"].sum()),
@@ -152,7 +154,7 @@ def rank_main(rank: int, model_dir: str, port: int, micro: int, ks: list[int], r
         for path in PATHS:
             dist.barrier()
             with CollectiveCounter() as counter, LiveTensorPeak() as tracker:
-                run_path(path, engine, loss_fn, batch, micro, dp, prepared)
+                run_path(path, engine, loss, batch, micro, dp, prepared)
             row["collectives"][path] = dict(sorted(counter.counts.items()))
             row["peak_mib_rank0"][path] = tracker.peak_bytes / 2 ** 20
         results.append(row)

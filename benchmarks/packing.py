@@ -3,8 +3,8 @@
 One mini-batch of ``--batch`` RL rows whose response lengths are log-normal (median ``--median``, σ ``--sigma``,
 clipped to ``[8, --max-response]``) and prompt lengths uniform in ``[16, 64]``. As in the rollout output, every row is
 ``[left-padded prompt | right-padded response]`` of the batch's width ``T = max prompt + max response``. One
-forward/backward of the whole mini-batch with the actor's PPO loss (``accumulate_gradients``, single process, one
-thread), four ways:
+forward/backward of the whole mini-batch with the actor's PPO loss (``TrainingEngine.accumulate_gradients``, single
+process, one thread), four ways:
 
 - ``padded, m``        — micro-batches of ``m`` rows, each row computed at full width ``T``;
 - ``packed, m``        — the same micro-batches with padding removed (``model.use_remove_padding``: one packed row);
@@ -37,8 +37,9 @@ import torch
 from hybridrl.data.partition import partition_stats
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients, split_micro_batches
-from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.losses import PolicyLoss, SequenceForward
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching, split_micro_batches
 
 RESULTS = Path(__file__).resolve().parent / "results" / "packing.json"
 SPEC = TinyModelSpec(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=688)
@@ -104,15 +105,15 @@ def main() -> None:
              f"packed, m={args.micro}": (MicroBatching(micro_batch_size=args.micro), True),
              f"budget {args.max_tokens}, padded": (MicroBatching(max_tokens=args.max_tokens), False),
              f"budget {args.max_tokens}, packed": (MicroBatching(max_tokens=args.max_tokens), True)}
-    settings = PolicyLossSettings(loss_scale_factor=float(batch["response_mask"].shape[-1]))
+    engine = TrainingEngine(model, dp=dp)
+    scale = float(batch["response_mask"].shape[-1])
     rows, times = [], {name: [] for name in modes}
     for repeat in range(args.repeats + 1):  # the first round is a warm-up
         for name, (micro_batching, packed) in modes.items():
-            engine = PolicyEngine(model, dp=dp, packed=packed)
-            loss_fn = engine.micro_batch_loss(settings, temperature=1.0)
+            engine.micro_batching = micro_batching
+            loss = PolicyLoss(forward=SequenceForward(packed=packed), temperature=1.0, loss_scale_factor=scale)
             start = time.perf_counter()
-            accumulate_gradients(model, batch, loss_fn, loss_agg_mode="token-mean", micro_batching=micro_batching,
-                                 dp=dp)
+            engine.accumulate_gradients(batch, loss)
             elapsed = time.perf_counter() - start
             model.zero_grad(set_to_none=True)
             if repeat:

@@ -2,10 +2,11 @@
 the gradient reductions each optimizer step issues.
 
 On 2 gloo ranks (spawned, one thread each), a Llama of hidden 256 × 4 layers with a scalar head (FSDP2: one shard group
-per layer plus the root) takes optimizer steps of the real path — ``PreferenceEngine.update``: split the rank's pairs
-into K micro-batches, all-reduce the global pair count, one forward of chosen + rejected per micro-batch, backward with
-gradient sync only on the last, metrics all-reduce, clip, AdamW — over a **fixed** global batch of ``--pairs`` pairs
-(so the micro-batch shrinks as K grows: ``pairs = micro × K × 2 ranks``). ``--packed`` runs the packed forward.
+per layer plus the root) takes optimizer steps of the real path — ``TrainingEngine.optimizer_step`` with a
+``BradleyTerryLoss``, as ``RewardModelTrainWorker.update`` runs it: split the rank's pairs into K micro-batches,
+all-reduce the global pair count, one forward of chosen + rejected per micro-batch, backward with gradient sync only
+on the last, metrics all-reduce, clip, AdamW — over a **fixed** global batch of ``--pairs`` pairs (so the micro-batch
+shrinks as K grows: ``pairs = micro × K × 2 ranks``). ``--packed`` runs the packed forward.
 
 Per K: the median (and best) wall time of an optimizer step over ``--repeats`` steps (the slower rank's; a barrier
 starts each step), pairs/s = global pairs ÷ median step time, process CPU time summed over ranks (and pairs per CPU
@@ -42,11 +43,13 @@ from hybridrl.protocol import Batch  # noqa: E402
 from hybridrl.utils.collectives import CollectiveCounter  # noqa: E402
 from hybridrl.utils.distributed import find_free_port  # noqa: E402
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model  # noqa: E402
-from hybridrl.engines.accumulation import DataParallelGroup  # noqa: E402
+from hybridrl.autotune.grad_noise import NoiseScaleMonitor  # noqa: E402
+from hybridrl.engines.base import TrainingEngine  # noqa: E402
+from hybridrl.engines.losses import BradleyTerryLoss  # noqa: E402
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching  # noqa: E402
 from hybridrl.modeling.fsdp import ShardingOptions, shard_model  # noqa: E402
 from hybridrl.modeling.model_builder import build_model  # noqa: E402
 from hybridrl.engines.optim import build_optimizer, build_scheduler  # noqa: E402
-from hybridrl.engines.preference import PreferenceEngine, PreferenceLossSettings  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rm_train.json"
 WORLD = 2
@@ -71,11 +74,17 @@ def make_pairs(num_pairs: int, seed: int) -> Batch:
     return Batch(tensors=tensors)
 
 
-def timed_step(engine: PreferenceEngine, pairs: Batch, micro: int) -> tuple[float, float]:
+def update(engine: TrainingEngine, pairs: Batch, loss: BradleyTerryLoss) -> dict[str, float]:
+    """One optimizer step over this rank's pairs, as ``RewardModelTrainWorker.update`` takes it."""
+    engine.model.train()
+    return engine.optimizer_step(pairs, loss)
+
+
+def timed_step(engine: TrainingEngine, pairs: Batch, loss: BradleyTerryLoss) -> tuple[float, float]:
     """``(wall seconds of the slower rank, CPU seconds summed over ranks)`` of one optimizer step."""
     dist.barrier()
     start, start_cpu = time.perf_counter(), time.process_time()
-    engine.update(pairs, PreferenceLossSettings(), micro)
+    update(engine, pairs, loss)
     wall = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
     cpu = torch.tensor([time.process_time() - start_cpu], dtype=torch.float64)
     dist.all_reduce(wall, op=dist.ReduceOp.MAX)
@@ -94,18 +103,21 @@ def rank_main(rank: int, model_dir: str, port: int, global_pairs: int, ks: list[
     shard_model(model, init_device_mesh("cpu", (WORLD,)), ShardingOptions())
     optim = OptimConfig(lr=1e-6)
     optimizer = build_optimizer(model, optim)
-    engine = PreferenceEngine(model, dp=DataParallelGroup(rank=rank, size=WORLD), packed=packed, optimizer=optimizer,
-                              scheduler=build_scheduler(optimizer, optim, 10 ** 6), grad_noise_scale=True)
+    dp = DataParallelGroup(rank=rank, size=WORLD)
+    engine = TrainingEngine(model, dp=dp, optimizer=optimizer, scheduler=build_scheduler(optimizer, optim, 10 ** 6),
+                            hooks=[NoiseScaleMonitor(model, dp)])
+    loss = BradleyTerryLoss(packed=packed)
     local = global_pairs // WORLD
     pairs = make_pairs(local, seed=rank)
     results = []
     for k in ks:
         micro = local // k
-        engine.update(pairs, PreferenceLossSettings(), micro)  # warm-up
-        timings = [timed_step(engine, pairs, micro) for _ in range(repeats)]
+        engine.micro_batching = MicroBatching(micro_batch_size=micro)
+        update(engine, pairs, loss)  # warm-up
+        timings = [timed_step(engine, pairs, loss) for _ in range(repeats)]
         dist.barrier()
         with CollectiveCounter() as counter:
-            engine.update(pairs, PreferenceLossSettings(), micro)
+            update(engine, pairs, loss)
         counts = dict(sorted(counter.counts.items()))
         walls = [wall for wall, _ in timings]
         results.append({

@@ -2,8 +2,8 @@
 
 A mini-batch of ``--prompts`` prompts × ``--n`` responses each, the responses to one prompt consecutive (as the
 rollout returns them), prompt lengths uniform in ``[P/2, P]`` (equal within a group), response lengths uniform in
-``[R/4, R]``. One forward/backward of the whole mini-batch with the actor's PPO loss (``accumulate_gradients``,
-micro-batches of ``--micro`` rows, single process) in three layouts:
+``[R/4, R]``. One forward/backward of the whole mini-batch with the actor's PPO loss
+(``TrainingEngine.accumulate_gradients``, micro-batches of ``--micro`` rows, single process) in three layouts:
 
 - ``padded``  — each row on its own (all-padding columns of the micro-batch dropped);
 - ``shared``  — ``model.share_prompts``: the rows of one prompt as one row over a single copy of it, where the FLOP
@@ -30,8 +30,9 @@ import torch
 
 from hybridrl.protocol import Batch, Fields
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients, split_micro_batches
-from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.losses import PolicyLoss, SequenceForward
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching, split_micro_batches
 from hybridrl.modeling.attention import attention_implementation
 from hybridrl.modeling.shared_prompts import grouping_pays, prompt_groups, trim_padding
 
@@ -102,11 +103,12 @@ def time_layouts(model, batch: Batch, micro: int, repeats: int, gather_once: boo
 def run_layout(model, batch: Batch, micro: int, layout: str, gather_once: bool = False) -> None:
     """One forward/backward of ``batch`` (PPO loss, micro-batches of ``micro`` rows) in ``layout``; grads cleared.
     ``gather_once``: an FSDP2 model's parameters stay gathered through the micro-batches (``*.fsdp.gather_once``)."""
-    dp = DataParallelGroup()
-    settings = PolicyLossSettings(loss_scale_factor=float(batch[Fields.RESPONSE_MASK].shape[-1]))
-    engine = PolicyEngine(model, dp=dp, packed=layout == "packed", share_prompts=layout == "shared")
-    accumulate_gradients(model, batch, engine.micro_batch_loss(settings, temperature=1.0), loss_agg_mode="token-mean",
-                         micro_batching=MicroBatching(micro_batch_size=micro, gather_once=gather_once), dp=dp)
+    forward = SequenceForward(packed=layout == "packed", share_prompts=layout == "shared")
+    loss = PolicyLoss(forward=forward, temperature=1.0,
+                      loss_scale_factor=float(batch[Fields.RESPONSE_MASK].shape[-1]))
+    engine = TrainingEngine(model, dp=DataParallelGroup(),
+                            micro_batching=MicroBatching(micro_batch_size=micro, gather_once=gather_once))
+    engine.accumulate_gradients(batch, loss)
     model.zero_grad(set_to_none=True)
 
 

@@ -1,7 +1,8 @@
 """``actor.adaptive_accumulation``: the actor's accumulation steps follow the gradient noise scale between updates.
 
-The rule is :class:`~hybridrl.autotune.grad_noise.AdaptiveAccumulation` (hysteresis, bounds, an explicit learning-rate
-multiplier); this module applies it in the training loop:
+The rule is :class:`AdaptiveAccumulation` (hysteresis, bounds, an explicit learning-rate multiplier) on the estimate
+of :class:`~hybridrl.autotune.grad_noise.NoiseScaleMonitor`; :class:`AccumulationControl` applies it in the training
+loop, as a hook of the actor's engine:
 
 - **When.** The steps ``K`` hold for a whole ``update_actor`` call (every PPO epoch and mini-batch of one training
   step) and are reconsidered after it, from the latest noise-scale estimate. The micro-batch stays fixed, so the
@@ -16,12 +17,111 @@ multiplier); this module applies it in the training loop:
 
 from __future__ import annotations
 
-from typing import Optional
+import logging
+import math
+from dataclasses import dataclass
+from typing import Literal, Optional
 
 import torch
 
-from hybridrl.config.schema import AdaptiveAccumulationConfig
-from hybridrl.autotune.grad_noise import AccumulationDecision, AdaptiveAccumulation, NoiseScaleEstimate
+from hybridrl.autotune.grad_noise import NoiseScaleEstimate, NoiseScaleMonitor
+from hybridrl.config.schema import LR_SCALINGS, AdaptiveAccumulationConfig
+from hybridrl.engines.hooks import EngineView, StepHook
+
+logger = logging.getLogger(__name__)
+
+LrScaling = Literal["linear", "sqrt", "none"]
+LR_EXPONENTS = {"linear": 1.0, "sqrt": 0.5, "none": 0.0}
+assert tuple(LR_EXPONENTS) == LR_SCALINGS, "the config's lr_scaling names and their exponents must agree"
+
+
+@dataclass(frozen=True)
+class AccumulationDecision:
+    """The accumulation steps for the next optimizer steps, and the learning-rate multiplier that goes with them
+    (relative to the learning rate configured at ``reference_steps``)."""
+
+    grad_accum_steps: int
+    lr_multiplier: float
+    batch_size: float
+    changed: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class AdaptiveAccumulation:
+    """Move the accumulation steps so that the mini-batch follows ``B_simple``, within ``[min_steps, max_steps]``.
+
+    Steps are ``min_steps · 2^k`` (or ``choices``). Nothing changes until the estimator has ``min_updates`` updates,
+    nor while ``B_simple`` stays within a factor ``tolerance`` of the current mini-batch (hysteresis: the estimate is
+    noisy). Then the steps whose mini-batch is closest to ``B_simple`` in log scale are chosen.
+
+    Learning rate: the configured rate was tuned at ``reference_steps``; at ``k`` steps it is multiplied by
+    ``(k / reference_steps)^p``, ``p = 1`` (``linear``: Goyal et al. 2017, SGD below the critical batch),
+    ``0.5`` (``sqrt``: Adam-family optimizers; Malladi et al. 2022), or ``0`` (``none``). The multiplier is returned
+    with every decision so the caller applies it explicitly.
+    """
+
+    min_steps: int
+    max_steps: int
+    reference_steps: int
+    lr_scaling: LrScaling = "sqrt"
+    tolerance: float = 2.0
+    min_updates: int = 10
+    choices: Optional[tuple[int, ...]] = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ValueError(f"need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}")
+        if self.reference_steps < 1:
+            raise ValueError(f"reference_steps must be >= 1, got {self.reference_steps}")
+        if self.lr_scaling not in LR_EXPONENTS:
+            raise ValueError(f"lr_scaling must be one of {', '.join(LR_EXPONENTS)}, got {self.lr_scaling!r}")
+        if self.tolerance < 1:
+            raise ValueError(f"tolerance must be >= 1, got {self.tolerance}")
+        if self.choices is not None and not all(self.min_steps <= c <= self.max_steps for c in self.choices):
+            raise ValueError(f"choices {self.choices} must lie in [{self.min_steps}, {self.max_steps}]")
+
+    def allowed_steps(self) -> list[int]:
+        if self.choices:
+            return sorted(set(self.choices))
+        steps, allowed = self.min_steps, []
+        while steps <= self.max_steps:
+            allowed.append(steps)
+            steps *= 2
+        return allowed
+
+    def lr_multiplier(self, steps: int) -> float:
+        return (steps / self.reference_steps) ** LR_EXPONENTS[self.lr_scaling]
+
+    def decide(self, current_steps: int, batch_size: float,
+               estimate: Optional[NoiseScaleEstimate]) -> AccumulationDecision:
+        """Steps for the next optimizer steps, given the current ones and the last mini-batch's ``batch_size``
+        (global normaliser units: tokens or sequences, as ``B_simple``)."""
+        per_step = batch_size / current_steps
+
+        def keep(reason: str) -> AccumulationDecision:
+            return AccumulationDecision(current_steps, self.lr_multiplier(current_steps), batch_size, False, reason)
+
+        if estimate is None or estimate.num_updates < self.min_updates:
+            have = 0 if estimate is None else estimate.num_updates
+            return keep(f"waiting for {self.min_updates} noise-scale updates (have {have})")
+        target = estimate.b_simple
+        if batch_size / self.tolerance <= target <= batch_size * self.tolerance:
+            return keep(f"B_simple={target:.4g} is within x{self.tolerance:g} of the mini-batch {batch_size:.4g}")
+        allowed = self.allowed_steps()
+        if math.isfinite(target):
+            desired = math.log(max(target, 1e-12) / per_step)
+            best = min(allowed, key=lambda steps: abs(math.log(steps) - desired))
+        else:  # |G|² estimate not positive: the gradient is all noise, take the largest batch allowed
+            best = allowed[-1]
+        if best == current_steps:
+            return keep(f"B_simple={target:.4g} asks for {target / per_step:.4g} steps; already at the bound")
+        new_batch = best * per_step
+        reason = (f"B_simple={target:.4g} vs mini-batch {batch_size:.4g}: grad_accum_steps {current_steps} -> {best} "
+                  f"(mini-batch {new_batch:.4g}); lr x{self.lr_multiplier(best):.4g} ({self.lr_scaling} scaling "
+                  f"from {self.reference_steps} steps)")
+        logger.info("adaptive accumulation: %s", reason)
+        return AccumulationDecision(best, self.lr_multiplier(best), new_batch, True, reason)
 
 
 class ScaledSchedule:
@@ -67,8 +167,9 @@ def allowed_steps(config: AdaptiveAccumulationConfig, *, reference_steps: int, m
     return tuple(sorted(k for k in ladder if local_step_sequences % (micro_batch_size * k) == 0))
 
 
-class AccumulationControl:
-    """The actor's current accumulation steps and the learning-rate schedule that goes with them.
+class AccumulationControl(StepHook):
+    """The actor's current accumulation steps and the learning-rate schedule that goes with them; as a hook of the
+    actor's engine it sets the rates before each update and reconsiders ``K`` after it, from ``monitor``'s estimate.
 
     Args:
         rule: when and where to move the steps.
@@ -76,11 +177,13 @@ class AccumulationControl:
         reference_steps: the configured steps ``K_ref`` (the learning rate was tuned there); the starting point.
         world_size: data-parallel ranks (for the effective batch metric).
         schedule: the optimizer's schedule, wrapped.
+        monitor: the noise-scale measurement the rule feeds on.
     """
 
     def __init__(self, rule: AdaptiveAccumulation, *, micro_batch_size: int, reference_steps: int, world_size: int,
-                 schedule: ScaledSchedule) -> None:
+                 schedule: ScaledSchedule, monitor: NoiseScaleMonitor) -> None:
         self.rule = rule
+        self.monitor = monitor
         self.micro_batch_size = micro_batch_size
         self.reference_steps = reference_steps
         self.world_size = world_size
@@ -90,8 +193,8 @@ class AccumulationControl:
 
     @classmethod
     def from_config(cls, config: AdaptiveAccumulationConfig, optimizer: torch.optim.Optimizer, scheduler, *,
-                    micro_batch_size: int, reference_steps: int, world_size: int,
-                    local_step_sequences: int) -> "AccumulationControl":
+                    micro_batch_size: int, reference_steps: int, world_size: int, local_step_sequences: int,
+                    monitor: NoiseScaleMonitor) -> "AccumulationControl":
         if not config.min_steps <= reference_steps <= config.max_steps:
             raise ValueError(f"actor.adaptive_accumulation: [{config.min_steps}, {config.max_steps}] must contain the "
                              f"configured {reference_steps} accumulation steps")
@@ -101,7 +204,21 @@ class AccumulationControl:
                                     reference_steps=reference_steps, lr_scaling=config.lr_scaling,
                                     tolerance=config.tolerance, min_updates=config.min_updates, choices=choices)
         return cls(rule, micro_batch_size=micro_batch_size, reference_steps=reference_steps, world_size=world_size,
-                   schedule=ScaledSchedule(optimizer, scheduler))
+                   schedule=ScaledSchedule(optimizer, scheduler), monitor=monitor)
+
+    def attach(self, engine: EngineView) -> None:
+        """Make ``engine`` step this control's scaled schedule and run this control as its hook."""
+        engine.lr_schedule = self.schedule
+        engine.hooks.append(self)
+
+    def before_update(self, engine: EngineView) -> None:
+        self.schedule.apply()
+
+    def after_update(self, metrics: dict[str, float]) -> dict[str, float]:
+        reported = self.metrics()
+        if self.monitor.norms.global_batch_size is not None:
+            self.update(self.monitor.norms.global_batch_size, self.monitor.estimator.latest)
+        return reported
 
     @property
     def local_mini_batch_size(self) -> int:

@@ -28,7 +28,7 @@ from torch import nn
 
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import BatchPlan, gathers_once
-from hybridrl.engines.accumulation import DataParallelGroup
+from hybridrl.engines.micro_batches import DataParallelGroup
 from hybridrl.autotune.memory_probe import MeasureFn, max_over_ranks, make_probe
 from hybridrl.modeling.attention import attention_implementation
 from hybridrl.modeling.model_builder import torch_dtype

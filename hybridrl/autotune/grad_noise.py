@@ -1,5 +1,5 @@
-"""The gradient-noise scale ``B_simple = tr(Σ) / |G|²`` measured during gradient accumulation, and a rule that adapts
-the accumulation steps to it.
+"""The gradient-noise scale ``B_simple = tr(Σ) / |G|²`` measured during gradient accumulation (the rule that adapts
+the accumulation steps to it is :mod:`hybridrl.autotune.adaptive_accumulation`).
 
 McCandlish, Kaplan, Amodei et al., "An Empirical Model of Large-Batch Training" (2018), Appendix A: the squared norm
 of a mean gradient over ``B`` independent samples has expectation ``E|G_B|² = |G|² + S / B`` with ``S = tr(Σ)`` the
@@ -30,21 +30,18 @@ this and records ``b = n``; batch sizes, ``S`` and ``B_simple`` are therefore in
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
-from typing import Literal, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from hybridrl.config.schema import LR_SCALINGS
+from hybridrl.engines.hooks import StepHook
+from hybridrl.engines.losses import local_normalizer
 from hybridrl.protocol import Batch
-from hybridrl.engines.accumulation import local_normalizer
-
-logger = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------------------------- estimator
@@ -153,12 +150,8 @@ class MicroBatchGradNorms:
     accumulates into (see the module docstring). Create it after FSDP2 sharding: its forward pre-hooks must run after
     FSDP2's, which swap the unsharded parameters in.
 
-    Use with the accumulation loop unchanged::
-
-        norms = MicroBatchGradNorms(model)
-        metrics = train_mini_batch(model, ..., loss_fn=norms.wrap(loss_fn, loss_agg_mode, dp.size), ...)
-        summary = summarize(norms.finish(), dp)
-        estimate = noise.update(summary, GradientSample(norms.global_batch_size, metrics["grad_norm"] ** 2))
+    :class:`NoiseScaleMonitor` drives it from the engine's hooks: :meth:`measure` before each micro-batch, then
+    ``summarize(norms.finish(), dp)`` and the step's pre-clip ``grad_norm`` after the optimizer step.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -194,21 +187,16 @@ class MicroBatchGradNorms:
             self._closed.append((self._current, *self._open))
         self._open, self._current = None, None
 
-    def wrap(self, loss_fn, loss_agg_mode: str, dp_size: int = 1):
-        """``loss_fn`` (an ``accumulation.MicroBatchLoss``) that also marks each micro-batch's start and scale.
+    def measure(self, micro_batch: Batch, normalizer: torch.Tensor, agg_mode: str, dp_size: int = 1) -> None:
+        """Start measuring ``micro_batch`` of a mini-batch whose global normaliser is ``normalizer``.
 
-        The accumulation loop backpropagates ``loss · dp_size`` with ``loss`` divided by the global normaliser ``N``,
-        so a micro-batch with ``n`` normaliser units contributes ``dp_size · n / N`` times its mean gradient.
+        The engine backpropagates ``loss · dp_size`` with ``loss`` divided by the global normaliser ``N``, so a
+        micro-batch with ``n`` normaliser units contributes ``dp_size · n / N`` times its mean gradient.
         """
-
-        def measured_loss_fn(micro_batch: Batch, normalizer: torch.Tensor):
-            count = float(local_normalizer(micro_batch, loss_agg_mode))
-            self.global_batch_size = float(normalizer)
-            scale = self.global_batch_size / (dp_size * count) if count > 0 else 0.0
-            self.begin_micro_batch(count, scale)
-            return loss_fn(micro_batch, normalizer)
-
-        return measured_loss_fn
+        count = float(local_normalizer(micro_batch, agg_mode))
+        self.global_batch_size = float(normalizer)
+        scale = self.global_batch_size / (dp_size * count) if count > 0 else 0.0
+        self.begin_micro_batch(count, scale)
 
     def finish(self) -> list[GradientSample]:
         """Close the last micro-batch and return this rank's samples (mean-gradient squared norms), one per
@@ -245,120 +233,22 @@ def summarize(samples: Sequence[GradientSample], dp=None) -> SmallBatchSummary:
     return SmallBatchSummary(float(packed[0]), float(packed[1]), int(round(float(packed[2]))))
 
 
-class NoiseScaleMonitor:
-    """A training engine's noise-scale measurement: per-micro-batch norms plus the smoothed estimator, in two calls.
-
-    ``loss_fn = monitor.wrap(loss_fn, loss_agg_mode)`` before the accumulation loop, then ``monitor.after_step(m)``
-    with each optimizer step's metrics ``m`` (``grad_norm``, ``skipped_step``) — ``train_epochs``' ``after_step``
-    hook. Returns ``grad_noise/*`` metrics, or nothing while the step had a single micro-batch on a single rank.
-    """
+class NoiseScaleMonitor(StepHook):
+    """A training engine's noise-scale measurement (``*.log_grad_noise_scale``), as a hook: per-micro-batch norms
+    before each micro-batch, the smoothed estimate after each optimizer step (``grad_noise/*`` metrics; nothing
+    while a step had a single micro-batch on a single rank). Create it after FSDP2 sharding."""
 
     def __init__(self, model: nn.Module, dp) -> None:
         self.norms = MicroBatchGradNorms(model)
         self.estimator = GradientNoiseScale()
         self.dp = dp
 
-    def wrap(self, loss_fn, loss_agg_mode: str):
-        return self.norms.wrap(loss_fn, loss_agg_mode, self.dp.size)
+    def before_micro_batch(self, micro_batch: Batch, normalizer: torch.Tensor, agg_mode: str, dp_size: int) -> None:
+        self.norms.measure(micro_batch, normalizer, agg_mode, dp_size)
 
-    def after_step(self, step_metrics: dict[str, float]) -> dict[str, float]:
+    def after_step(self, metrics: dict[str, float]) -> dict[str, float]:
         summary = summarize(self.norms.finish(), self.dp)
-        if step_metrics["skipped_step"] or summary.count < 2:  # one micro-batch on one rank: no second batch size
+        if metrics["skipped_step"] or summary.count < 2:  # one micro-batch on one rank: no second batch size
             return {}
-        big = GradientSample(self.norms.global_batch_size, step_metrics["grad_norm"] ** 2)
+        big = GradientSample(self.norms.global_batch_size, metrics["grad_norm"] ** 2)
         return self.estimator.update(summary, big).metrics()
-
-
-# ------------------------------------------------------------------------------------------------ adaptive steps
-LrScaling = Literal["linear", "sqrt", "none"]
-LR_EXPONENTS = {"linear": 1.0, "sqrt": 0.5, "none": 0.0}
-assert tuple(LR_EXPONENTS) == LR_SCALINGS, "the config's lr_scaling names and their exponents must agree"
-
-
-@dataclass(frozen=True)
-class AccumulationDecision:
-    """The accumulation steps for the next optimizer steps, and the learning-rate multiplier that goes with them
-    (relative to the learning rate configured at ``reference_steps``)."""
-
-    grad_accum_steps: int
-    lr_multiplier: float
-    batch_size: float
-    changed: bool
-    reason: str
-
-
-@dataclass(frozen=True)
-class AdaptiveAccumulation:
-    """Move the accumulation steps so that the mini-batch follows ``B_simple``, within ``[min_steps, max_steps]``.
-
-    Steps are ``min_steps · 2^k`` (or ``choices``). Nothing changes until the estimator has ``min_updates`` updates,
-    nor while ``B_simple`` stays within a factor ``tolerance`` of the current mini-batch (hysteresis: the estimate is
-    noisy). Then the steps whose mini-batch is closest to ``B_simple`` in log scale are chosen.
-
-    Learning rate: the configured rate was tuned at ``reference_steps``; at ``k`` steps it is multiplied by
-    ``(k / reference_steps)^p``, ``p = 1`` (``linear``: Goyal et al. 2017, SGD below the critical batch),
-    ``0.5`` (``sqrt``: Adam-family optimizers; Malladi et al. 2022), or ``0`` (``none``). The multiplier is returned
-    with every decision so the caller applies it explicitly.
-    """
-
-    min_steps: int
-    max_steps: int
-    reference_steps: int
-    lr_scaling: LrScaling = "sqrt"
-    tolerance: float = 2.0
-    min_updates: int = 10
-    choices: Optional[tuple[int, ...]] = None
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_steps <= self.max_steps:
-            raise ValueError(f"need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}")
-        if self.reference_steps < 1:
-            raise ValueError(f"reference_steps must be >= 1, got {self.reference_steps}")
-        if self.lr_scaling not in LR_EXPONENTS:
-            raise ValueError(f"lr_scaling must be one of {', '.join(LR_EXPONENTS)}, got {self.lr_scaling!r}")
-        if self.tolerance < 1:
-            raise ValueError(f"tolerance must be >= 1, got {self.tolerance}")
-        if self.choices is not None and not all(self.min_steps <= c <= self.max_steps for c in self.choices):
-            raise ValueError(f"choices {self.choices} must lie in [{self.min_steps}, {self.max_steps}]")
-
-    def allowed_steps(self) -> list[int]:
-        if self.choices:
-            return sorted(set(self.choices))
-        steps, allowed = self.min_steps, []
-        while steps <= self.max_steps:
-            allowed.append(steps)
-            steps *= 2
-        return allowed
-
-    def lr_multiplier(self, steps: int) -> float:
-        return (steps / self.reference_steps) ** LR_EXPONENTS[self.lr_scaling]
-
-    def decide(self, current_steps: int, batch_size: float,
-               estimate: Optional[NoiseScaleEstimate]) -> AccumulationDecision:
-        """Steps for the next optimizer steps, given the current ones and the last mini-batch's ``batch_size``
-        (global normaliser units: tokens or sequences, as ``B_simple``)."""
-        per_step = batch_size / current_steps
-
-        def keep(reason: str) -> AccumulationDecision:
-            return AccumulationDecision(current_steps, self.lr_multiplier(current_steps), batch_size, False, reason)
-
-        if estimate is None or estimate.num_updates < self.min_updates:
-            have = 0 if estimate is None else estimate.num_updates
-            return keep(f"waiting for {self.min_updates} noise-scale updates (have {have})")
-        target = estimate.b_simple
-        if batch_size / self.tolerance <= target <= batch_size * self.tolerance:
-            return keep(f"B_simple={target:.4g} is within x{self.tolerance:g} of the mini-batch {batch_size:.4g}")
-        allowed = self.allowed_steps()
-        if math.isfinite(target):
-            desired = math.log(max(target, 1e-12) / per_step)
-            best = min(allowed, key=lambda steps: abs(math.log(steps) - desired))
-        else:  # |G|² estimate not positive: the gradient is all noise, take the largest batch allowed
-            best = allowed[-1]
-        if best == current_steps:
-            return keep(f"B_simple={target:.4g} asks for {target / per_step:.4g} steps; already at the bound")
-        new_batch = best * per_step
-        reason = (f"B_simple={target:.4g} vs mini-batch {batch_size:.4g}: grad_accum_steps {current_steps} -> {best} "
-                  f"(mini-batch {new_batch:.4g}); lr x{self.lr_multiplier(best):.4g} ({self.lr_scaling} scaling "
-                  f"from {self.reference_steps} steps)")
-        logger.info("adaptive accumulation: %s", reason)
-        return AccumulationDecision(best, self.lr_multiplier(best), new_batch, True, reason)

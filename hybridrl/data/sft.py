@@ -76,7 +76,7 @@ def encode_sft_examples(tokenizer: Any, examples: Sequence[SFTExample], max_resp
         responses[row, :len(target)], response_mask[row, :len(target)] = torch.tensor(target), 1
     prompt_batch = Batch(tensors={Fields.INPUT_IDS: prompts, Fields.ATTENTION_MASK: prompt_mask})
     return assemble_rollout(prompt_batch, 1, responses, response_mask, torch.zeros(responses.shape),
-                            tokenizer.pad_token_id, temperature=1.0)
+                            tokenizer.pad_token_id)
 
 
 def _prompt_ids(tokenizer: Any, prompt: Any, apply_chat_template: bool) -> list[int]:

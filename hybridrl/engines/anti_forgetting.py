@@ -19,15 +19,17 @@ with the actor checkpoint as DCP (``ewc/``, loadable at another DP size), so a r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from hybridrl.engines.hooks import EngineView, StepHook
+from hybridrl.engines.losses import Loss, Scaled
+from hybridrl.engines.micro_batches import DataParallelGroup
 from hybridrl.protocol import Batch
-from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, MicroBatchLoss, accumulate_gradients
 
 EWC_DIR = "ewc"
 """Where an actor checkpoint keeps EWC's anchor and Fisher (a DCP directory)."""
@@ -38,43 +40,31 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
-def scaled(loss_fn: MicroBatchLoss, coef: float, prefix: str) -> MicroBatchLoss:
-    """``coef × loss_fn``, with its metrics renamed ``{prefix}{name}``."""
-
-    def loss(micro_batch: Batch, normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        value, metrics = loss_fn(micro_batch, normalizer)
-        return coef * value, {f"{prefix}{name}": metric for name, metric in metrics.items()}
-
-    return loss
-
-
-class PtxMixer:
-    """The SFT term of each optimizer step (``before_step`` hook of ``train_epochs``).
+class PtxHook(StepHook):
+    """The SFT term of every optimizer step of one update (``actor.ptx``): before clipping, a second accumulation
+    pass over the step's SFT chunk adds ``coef × NLL`` gradients with its own global token normaliser.
 
     Args:
-        model: the (sharded) policy.
-        sft_rows: this rank's SFT rows for the whole step (rollout layout, see ``hybridrl.data.sft``).
-        num_mini_batches: optimizer steps per epoch; ``sft_rows`` is cut into that many equal chunks.
-        sft_loss: the engine's SFT micro-batch loss (token-mean NLL with the global normaliser).
-        coef: ``actor.ptx.coef``.
+        sft_rows: this rank's SFT rows for the whole training step (rollout layout, see :mod:`hybridrl.data.sft`).
+        num_mini_batches: optimizer steps per epoch; ``sft_rows`` is cut into that many equal chunks, chunk ``i``
+            going with mini-batch ``i`` of every epoch.
+        sft_loss: the SFT loss (token-mean NLL), scaled here by ``coef`` (``actor.ptx.coef``).
     """
 
-    def __init__(self, model: nn.Module, sft_rows: Batch, num_mini_batches: int, sft_loss: MicroBatchLoss,
-                 coef: float, micro_batching: MicroBatching, dp: DataParallelGroup) -> None:
+    def __init__(self, sft_rows: Batch, num_mini_batches: int, sft_loss: Loss, coef: float) -> None:
         if len(sft_rows) % num_mini_batches:
             raise ValueError(f"{len(sft_rows)} SFT rows on this rank do not split into {num_mini_batches} "
                              "mini-batches; actor.ptx.batch_size must be a multiple of DP ranks × mini-batches")
-        self.model, self.dp, self.micro_batching = model, dp, micro_batching
         self.chunks = sft_rows.split([len(sft_rows) // num_mini_batches] * num_mini_batches)
-        self.loss_fn = scaled(sft_loss, coef, "ptx/")
+        self.loss = Scaled(sft_loss, coef, "ptx/")
 
-    def __call__(self, mini_batch_index: int) -> dict[str, float]:
-        return accumulate_gradients(self.model, self.chunks[mini_batch_index], self.loss_fn,
-                                    loss_agg_mode="token-mean", micro_batching=self.micro_batching, dp=self.dp)
+    def before_clip(self, engine: EngineView, mini_batch_index: int) -> dict[str, float]:
+        return engine.accumulate_gradients(self.chunks[mini_batch_index], self.loss)
 
 
-class EWCRegularizer:
-    """Elastic weight consolidation against the weights at construction time (see the module docstring)."""
+class EWCRegularizer(StepHook):
+    """Elastic weight consolidation against the weights at construction time (see the module docstring); as a hook it
+    adds its gradient before every clip."""
 
     def __init__(self, model: nn.Module, coef: float, dp: DataParallelGroup) -> None:
         self.coef, self.dp = coef, dp
@@ -105,13 +95,12 @@ class EWCRegularizer:
         dcp.load(ewc._sharded_state(), checkpoint_id=str(directory))  # fills anchor and fisher in place
         return ewc
 
-    def estimate_fisher(self, model: nn.Module, batches: list[Batch], nll_loss: MicroBatchLoss,
-                        micro_batching: MicroBatching) -> None:
-        """``F = mean_k (∇ NLL_k)²`` over ``batches`` (this rank's part of each; every rank passes as many)."""
+    def estimate_fisher(self, engine: EngineView, batches: list[Batch], nll_loss: Loss) -> None:
+        """``F = mean_k (∇ NLL_k)²`` over ``batches`` (this rank's part of each; every rank passes as many), each
+        accumulated by ``engine`` as one mini-batch."""
         fisher = [torch.zeros_like(anchor) for anchor in self.anchor]
         for batch in batches:
-            accumulate_gradients(model, batch, nll_loss, loss_agg_mode="token-mean", micro_batching=micro_batching,
-                                 dp=self.dp)
+            engine.accumulate_gradients(batch, nll_loss)
             for total, param in zip(fisher, self.params):
                 if param.grad is not None:
                     total += _local(param.grad).detach().pow(2) / len(batches)
@@ -135,6 +124,9 @@ class EWCRegularizer:
             _local(param.grad).add_(term)
         return {"ewc/penalty": self.penalty()}
 
+    def before_clip(self, engine: EngineView, mini_batch_index: int) -> dict[str, float]:
+        return self.add_gradient()
+
 
 def like_param(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     """``local`` (this rank's shard) as a tensor with ``param``'s global layout: a DTensor view if ``param`` is one."""
@@ -142,18 +134,3 @@ def like_param(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
         return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False, shape=param.shape,
                                   stride=param.stride())
     return local
-
-
-def combine_hooks(*hooks: Optional[Callable[[int], dict[str, float]]]) -> Optional[Callable[[int], dict]]:
-    """One ``before_step(index)`` running each given hook in order (``None`` if none is given)."""
-    active = [hook for hook in hooks if hook is not None]
-    if not active:
-        return None
-
-    def run(index: int) -> dict[str, float]:
-        metrics: dict[str, float] = {}
-        for hook in active:
-            metrics.update(hook(index))
-        return metrics
-
-    return run

@@ -22,7 +22,7 @@ def response_mask_from_eos(responses: torch.Tensor, eos_token_ids: Iterable[int]
 
 
 def assemble_rollout(prompts: Batch, n: int, responses: torch.Tensor, response_mask: torch.Tensor,
-                     rollout_log_probs: torch.Tensor, pad_token_id: int, temperature: float) -> Batch:
+                     rollout_log_probs: torch.Tensor, pad_token_id: int) -> Batch:
     """Build the rollout ``Batch`` (layout in the module docstring) from engine outputs for the repeated prompts."""
     repeated = prompts.repeat_interleave(n)
     prompt_ids, prompt_mask = repeated[Fields.INPUT_IDS], repeated[Fields.ATTENTION_MASK]
@@ -35,4 +35,4 @@ def assemble_rollout(prompts: Batch, n: int, responses: torch.Tensor, response_m
         Fields.ATTENTION_MASK: torch.cat([prompt_mask, response_mask], dim=-1),
         Fields.ROLLOUT_LOG_PROBS: rollout_log_probs * response_mask,
     }
-    return Batch(tensors=tensors, non_tensors=dict(repeated.non_tensors), meta={**prompts.meta, "temperature": temperature})
+    return Batch(tensors=tensors, non_tensors=dict(repeated.non_tensors), meta=prompts.meta)

@@ -50,8 +50,7 @@ class HFRollout:
         responses = torch.cat([_pad_right(ids, width, self.pad_token_id) for ids, _ in pieces])
         log_probs = torch.cat([_pad_right(lp, width, 0.0) for _, lp in pieces])
         mask = response_mask_from_eos(responses, self.eos_token_ids)
-        return assemble_rollout(prompts, params.n, responses, mask, log_probs, self.pad_token_id,
-                                params.effective_temperature)
+        return assemble_rollout(prompts, params.n, responses, mask, log_probs, self.pad_token_id)
 
     def _generate_chunk(self, prompts: Batch, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
         """``b`` prompts → ``b·n`` responses (a prompt's ``n`` consecutive) and their log-probs. Each prompt but its

@@ -155,8 +155,7 @@ class VLLMRollout:
         width = params.max_new_tokens
         length_mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
         mask = response_mask_from_eos(responses, self.eos_token_ids) * length_mask
-        return assemble_rollout(prompts, params.n, responses, mask, log_probs, self.pad_token_id,
-                                params.effective_temperature)
+        return assemble_rollout(prompts, params.n, responses, mask, log_probs, self.pad_token_id)
 
     def _request_params(self, params: SamplingParams, prompt_index: int):
         """vLLM sampling parameters of one prompt. Seeds: prompt ``i`` gets ``seed + i·n`` and vLLM gives its ``j``-th

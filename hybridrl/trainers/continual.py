@@ -2,7 +2,7 @@
 
 - :class:`PtxBatches` (``actor.ptx``): step ``s`` gets SFT examples ``s·B .. s·B + B − 1`` of the SFT source
   (``hybridrl.data.sft_source``), encoded in the rollout layout; the actor worker mixes them into every optimizer
-  step (``hybridrl.engines.anti_forgetting.PtxMixer``). A pure function of the step: nothing to checkpoint.
+  step (``hybridrl.engines.anti_forgetting.PtxHook``). A pure function of the step: nothing to checkpoint.
 - :class:`PromptReplay` (``data.replay``): after scoring, every prompt of the step enters a
   :class:`~hybridrl.data.replay.PrioritizedReplay` keyed by its formatted text, with the spread of its group's
   scores as priority (re-seeing a prompt refreshes it). Before generating, ``round(fraction × B)`` loader prompts

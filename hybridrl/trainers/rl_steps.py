@@ -5,6 +5,7 @@ Pure functions on ``Batch`` — no Ray, no process groups — so each is unit-te
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -16,16 +17,26 @@ from hybridrl.data.partition import balance_across_ranks
 from hybridrl.protocol import Batch, Fields
 
 
-def apply_kl_in_reward(batch: Batch, kl_coef: float, kind: str) -> tuple[torch.Tensor, dict[str, float]]:
-    """``token_level_rewards = token_level_scores − kl_coef × KL(policy ‖ reference)`` per token.
+@dataclass(frozen=True)
+class KLInReward:
+    """The rewards after the KL penalty, ``[B, R]``, and what the KL controller is fed: ``mean_sequence_kl``, the
+    batch mean of each response's per-token KL; ``coef``: the coefficient that was applied."""
 
-    Returns the rewards ``[B, R]`` and metrics: the mean per-sequence KL (for the KL controller) and the coefficient.
-    """
+    rewards: torch.Tensor
+    mean_sequence_kl: float
+    coef: float
+
+    def metrics(self) -> dict[str, float]:
+        return {"actor/reward_kl_penalty": self.mean_sequence_kl, "actor/reward_kl_coef": self.coef}
+
+
+def apply_kl_in_reward(batch: Batch, kl_coef: float, kind: str) -> KLInReward:
+    """``token_level_rewards = token_level_scores − kl_coef × KL(policy ‖ reference)`` per token."""
     mask = batch[Fields.RESPONSE_MASK]
     kl = kl_penalty(batch[Fields.OLD_LOG_PROBS], batch[Fields.REF_LOG_PROBS], kind) * mask
     rewards = batch[Fields.TOKEN_LEVEL_SCORES] - kl_coef * kl
     sequence_kl = (kl.sum(-1) / mask.sum(-1).clamp_min(1)).mean()
-    return rewards, {"actor/reward_kl_penalty": float(sequence_kl), "actor/reward_kl_coef": kl_coef}
+    return KLInReward(rewards, float(sequence_kl), kl_coef)
 
 
 def compute_advantages(batch: Batch, algorithm: AlgorithmConfig,

@@ -173,12 +173,15 @@ class RLTrainer:
             self.faults.corrupt_advantages(self.global_step + 1, batch)
         if self.critic is not None:
             with timer.phase("update_critic"):
-                metrics.update(_prefixed("critic", self.critic.call(CriticWorker.update_critic, batch)[0]))
+                metrics.update(_prefixed("critic", self.critic.call(CriticWorker.update_critic, batch,
+                                                                    step=self.global_step)[0]))
         self.faults.before_actor_update(self.global_step + 1, {"actor_rollout_ref": actor, "critic": self.critic})
         if self.global_step >= config.trainer.critic_warmup:
             with timer.phase("update_actor"):
                 ptx = self.ptx.batch(self.global_step) if self.ptx is not None else None
-                metrics.update(_prefixed("actor", actor.call(ActorRolloutRefWorker.update_actor, batch, ptx=ptx)[0]))
+                metrics.update(_prefixed("actor", actor.call(ActorRolloutRefWorker.update_actor, batch,
+                                                             step=self.global_step, temperature=self._temperature(),
+                                                             ptx=ptx)[0]))
             with timer.phase("weight_sync"):
                 metrics.update(actor.call(ActorRolloutRefWorker.sync_rollout_weights)
                                if holds_own_weights(config.rollout.name) else NO_WEIGHT_SYNC)
@@ -207,7 +210,7 @@ class RLTrainer:
             metrics.update(shape_rewards(batch, self.config))
         if self.replay is not None:
             self.replay.observe(batch)
-        return batch.with_meta(global_step=self.global_step), metrics
+        return batch, metrics
 
     def _rollout(self, prompts: Batch, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
         """Generate and score; with dynamic sampling, keep informative groups and generate more until the batch is
@@ -245,11 +248,11 @@ class RLTrainer:
         """Start the old-log-prob, reference and value forwards together, then merge their outputs. The old-log-prob
         forward is skipped when the update is exactly on-policy (``actor.old_log_prob=auto``; the update then uses its
         own log-probs, detached)."""
-        actor = self._actor()
+        actor, temperature = self._actor(), self._temperature()
         futures = [] if reuses_update_log_probs(self.config) else [
-            actor.call_async(ActorRolloutRefWorker.compute_log_prob, batch)]
+            actor.call_async(ActorRolloutRefWorker.compute_log_prob, batch, temperature)]
         if self.with_reference:
-            futures.append(actor.call_async(ActorRolloutRefWorker.compute_ref_log_prob, batch))
+            futures.append(actor.call_async(ActorRolloutRefWorker.compute_ref_log_prob, batch, temperature))
         if self.critic is not None:
             futures.append(self.critic.call_async(CriticWorker.compute_values, batch))
         for output in gather(*futures):
@@ -259,8 +262,9 @@ class RLTrainer:
     def _rewards_and_advantages(self, batch: Batch, reward_baselines: Optional[torch.Tensor] = None) -> dict[str, float]:
         algorithm, metrics = self.config.algorithm, {}
         if algorithm.use_kl_in_reward:
-            rewards, metrics = apply_kl_in_reward(batch, self.kl_controller.value, algorithm.kl_penalty)
-            self.kl_controller.update(metrics["actor/reward_kl_penalty"], n_steps=len(batch))
+            penalised = apply_kl_in_reward(batch, self.kl_controller.value, algorithm.kl_penalty)
+            self.kl_controller.update(penalised.mean_sequence_kl, n_steps=len(batch))
+            rewards, metrics = penalised.rewards, penalised.metrics()
         else:
             rewards = batch[Fields.TOKEN_LEVEL_SCORES]
         batch[Fields.TOKEN_LEVEL_REWARDS] = rewards
@@ -388,6 +392,10 @@ class RLTrainer:
 
     def _due(self, frequency: int) -> bool:
         return frequency > 0 and self.global_step % frequency == 0
+
+    def _temperature(self) -> float:
+        """The temperature training rollouts sample at: log-probs are recomputed at the same one."""
+        return SamplingParams.for_training(self.config.rollout, self.config.data.max_response_length).effective_temperature
 
     def _sampling_seed(self) -> int:
         """A different, reproducible seed every step (from ``rollout.seed``, else ``trainer.seed``)."""

@@ -14,71 +14,38 @@ from typing import Optional
 
 import torch
 
-from hybridrl.config.schema import TrainConfig
-from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
-from hybridrl.runtime import Worker, dp_split, one_to_all
-from hybridrl.protocol import Batch, Fields
-from hybridrl.hybrid_engine import WeightResharder, bucket_bytes_from_mb
-from hybridrl.rollout import EngineInputs, RolloutEngine, build_rollout_engine, holds_own_weights
-from hybridrl.rollout.base import SamplingParams
-from hybridrl.utils.distributed import full_tensor
-from hybridrl.utils.seeding import derive_seed
-from hybridrl.utils.collectives import CollectiveTimer
-from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching
-from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
-from hybridrl.engines.anti_forgetting import EWC_DIR, EWCRegularizer
 from hybridrl.autotune.adaptive_accumulation import AccumulationControl
 from hybridrl.autotune.auto_micro_batch import resolve_plan
+from hybridrl.autotune.grad_noise import NoiseScaleMonitor
+from hybridrl.config.schema import TrainConfig
+from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
+from hybridrl.engines.anti_forgetting import EWC_DIR, EWCRegularizer, PtxHook
+from hybridrl.engines.base import TrainingEngine
 from hybridrl.engines.checkpoint import export_hf, load_sharded, save_sharded
-from hybridrl.modeling.fsdp import ShardingOptions, shard_model
-from hybridrl.hybrid_engine.lora_weights import MergedLoraWeights
-from hybridrl.modeling.lora import adapted_layers, adapters_disabled, lora_enabled, merged_state_dict
+from hybridrl.engines.losses import PolicyLoss, SequenceForward, SFTLoss
 from hybridrl.engines.offload import move_optimizer_state
-from hybridrl.modeling.model_builder import build_model, load_tokenizer, torch_dtype
 from hybridrl.engines.optim import build_optimizer, build_scheduler
+from hybridrl.engines.passes import check_on_policy, log_probs
+from hybridrl.hybrid_engine import WeightResharder, bucket_bytes_from_mb
+from hybridrl.hybrid_engine.lora_weights import MergedLoraWeights
+from hybridrl.modeling.fsdp import shard_model
+from hybridrl.modeling.lora import adapted_layers, adapters_disabled, lora_enabled, merged_state_dict
+from hybridrl.modeling.model_builder import build_model, load_tokenizer, torch_dtype
+from hybridrl.protocol import Batch, Fields
+from hybridrl.rollout import EngineInputs, RolloutEngine, build_rollout_engine, holds_own_weights
+from hybridrl.rollout.base import SamplingParams
+from hybridrl.runtime import Worker, dp_split, one_to_all
+from hybridrl.utils.collectives import CollectiveTimer
+from hybridrl.utils.distributed import full_tensor
+from hybridrl.utils.seeding import derive_seed
+from hybridrl.workers.building import (data_parallel_group, log_prob_micro_batching, sharding_options,
+                                       training_micro_batching)
 from hybridrl.workers.step_metrics import update_resource_metrics
 
 logger = logging.getLogger(__name__)
 
 
 NO_WEIGHT_SYNC = {"weight_sync/seconds": 0.0, "weight_sync/bytes": 0.0}  # what a rollout on the actor's module syncs
-
-
-def data_parallel_group(worker: Worker) -> DataParallelGroup:
-    """The worker's data-parallel group (all ranks of the group; FSDP shards over it)."""
-    mesh = worker.dp_mesh
-    return DataParallelGroup(group=mesh.get_group() if mesh is not None else None, rank=worker.rank,
-                             size=worker.world_size)
-
-
-def sharding_options(config: TrainConfig, param_offload: bool, *, keep_gathered: bool = False) -> ShardingOptions:
-    return ShardingOptions(compute_dtype=torch_dtype(config.model.dtype),
-                           reduce_dtype=torch_dtype(config.actor.fsdp.reduce_dtype),
-                           reshard_after_forward=config.actor.fsdp.reshard_after_forward, param_offload=param_offload,
-                           keep_gathered=keep_gathered)
-
-
-def log_prob_micro_batching(config: TrainConfig, micro_batch_size: int | None, ppo_micro_batch_size: int | None,
-                            device_type: str, world_size: int) -> MicroBatching:
-    """Micro-batches of no-grad forwards: the role's log-prob size, else the PPO micro-batch (as resolved, when
-    ``auto``: a forward without gradients needs less than the forward/backward it was sized for), or the token
-    budget; parameters gathered once per pass as ``actor.fsdp.gather_once`` says."""
-    gather_once = gathers_once(config.actor.fsdp.gather_once, device_type, world_size)
-    if config.actor.use_dynamic_bsz:
-        return MicroBatching(max_tokens=config.actor.ppo_max_token_len_per_gpu, gather_once=gather_once)
-    return MicroBatching(micro_batch_size=micro_batch_size or ppo_micro_batch_size, gather_once=gather_once)
-
-
-def training_micro_batching(role_config, micro_batch_size: int | None, device_type: str,
-                            world_size: int) -> MicroBatching:
-    """Micro-batches of a role's update (``ActorConfig`` / ``CriticConfig``): its token budget with
-    ``use_dynamic_bsz``, else ``micro_batch_size`` sequences; gradients synced as its ``fsdp.grad_sync`` says,
-    parameters gathered once per step as its ``fsdp.gather_once`` says."""
-    options = dict(grad_sync=role_config.fsdp.grad_sync,
-                   gather_once=gathers_once(role_config.fsdp.gather_once, device_type, world_size))
-    if role_config.use_dynamic_bsz:
-        return MicroBatching(max_tokens=role_config.ppo_max_token_len_per_gpu, **options)
-    return MicroBatching(micro_batch_size=micro_batch_size, **options)
 
 
 class ActorRolloutRefWorker(Worker):
@@ -97,39 +64,52 @@ class ActorRolloutRefWorker(Worker):
         self.plan = role_plan(config, "actor")
         dp = data_parallel_group(self)
         device_type = self.device.type
-        self.tokenizer = load_tokenizer(config.model)
-        actor_model = build_model(config.model, "actor", device_type=device_type).to(self.device)
         keep_gathered = gathers_once(config.actor.fsdp.gather_once, device_type, self.world_size)
-        shard_model(actor_model, self.dp_mesh, sharding_options(config, config.actor.fsdp.param_offload,
+        self.tokenizer = load_tokenizer(config.model)
+        self.forward = SequenceForward(packed=config.model.use_remove_padding, share_prompts=config.model.share_prompts)
+        actor_model = build_model(config.model, "actor", device_type=device_type).to(self.device)
+        shard_model(actor_model, self.dp_mesh, sharding_options(config.model.dtype, config.actor.fsdp,
                                                                 keep_gathered=keep_gathered))
         optimizer = build_optimizer(actor_model, config.actor.optim)
         optimizer_steps = total_training_steps * self.plan.num_mini_batches * config.actor.ppo_epochs
         scheduler = build_scheduler(optimizer, config.actor.optim, optimizer_steps)
-        packed = config.model.use_remove_padding
-        share_prompts = config.model.share_prompts
-        self.actor = PolicyEngine(actor_model, dp=dp, packed=packed, share_prompts=share_prompts, optimizer=optimizer, scheduler=scheduler,
-                                  grad_clip=config.actor.grad_clip, grad_noise_scale=config.actor.log_grad_noise_scale)
-        self.reference = None
+        self.actor = TrainingEngine(actor_model, dp=dp, optimizer=optimizer, scheduler=scheduler,
+                                    grad_clip=config.actor.grad_clip)
+        self.reference: Optional[TrainingEngine] = None
         self.lora = lora_enabled(config.model.lora)
         self.with_reference = with_reference
         if with_reference and not self.lora:
             reference_model = build_model(config.model, "reference", device_type=device_type).to(self.device)
-            shard_model(reference_model, self.dp_mesh, sharding_options(config, config.ref.param_offload,
-                                                                        keep_gathered=keep_gathered))
-            self.reference = PolicyEngine(reference_model, dp=dp, packed=packed, share_prompts=share_prompts)
+            shard_model(reference_model, self.dp_mesh, sharding_options(
+                config.model.dtype, config.actor.fsdp, param_offload=config.ref.param_offload,
+                keep_gathered=keep_gathered))
+            self.reference = TrainingEngine(reference_model, dp=dp)
         self.rollout = self._build_rollout(actor_model, dp)
-        self.loss_settings = PolicyLossSettings.from_config(config.actor, config.data.max_response_length)
         # Sized last, so that on a GPU the budget sees what the reference and the rollout engine already hold.
         self.plan, self.micro_batch_sizing = resolve_plan(config, "actor", actor_model, self.plan, dp=dp,
                                                           device=self.device, optimizer=optimizer)
-        adaptive = config.actor.adaptive_accumulation
-        if adaptive.enable:
-            self.actor.use_adaptive_accumulation(AccumulationControl.from_config(
-                adaptive, optimizer, scheduler, micro_batch_size=self.plan.micro_batch_size_per_gpu,
-                reference_steps=self.plan.grad_accum_steps, world_size=dp.size,
-                local_step_sequences=self.plan.local_mini_batch_sequences * self.plan.num_mini_batches))
+        self.actor.micro_batching = training_micro_batching(config.actor, self.plan.micro_batch_size_per_gpu,
+                                                            device_type, self.world_size)
+        self.ewc: Optional[EWCRegularizer] = None
+        self.accumulation = self._add_noise_scale_hooks(optimizer, scheduler)
 
-    def _build_rollout(self, actor_model, dp: DataParallelGroup) -> RolloutEngine:
+    def _add_noise_scale_hooks(self, optimizer, scheduler) -> Optional[AccumulationControl]:
+        """``actor.log_grad_noise_scale`` (the monitor) and ``actor.adaptive_accumulation`` (which feeds on it)."""
+        actor = self.config.actor
+        if not (actor.log_grad_noise_scale or actor.adaptive_accumulation.enable):
+            return None
+        monitor = NoiseScaleMonitor(self.actor.model, self.actor.dp)
+        self.actor.hooks.append(monitor)
+        if not actor.adaptive_accumulation.enable:
+            return None
+        control = AccumulationControl.from_config(
+            actor.adaptive_accumulation, optimizer, scheduler, micro_batch_size=self.plan.micro_batch_size_per_gpu,
+            reference_steps=self.plan.grad_accum_steps, world_size=self.actor.dp.size,
+            local_step_sequences=self.plan.local_mini_batch_sequences * self.plan.num_mini_batches, monitor=monitor)
+        control.attach(self.actor)
+        return control
+
+    def _build_rollout(self, actor_model, dp) -> RolloutEngine:
         """The generation engine: ``hf`` shares ``actor_model``; ``vllm`` holds its own copy, fed by a resharder."""
         config = self.config
         self.resharder = None
@@ -191,17 +171,18 @@ class ActorRolloutRefWorker(Worker):
             move_optimizer_state(self.actor.optimizer, self.device)
 
     @dp_split
-    def compute_log_prob(self, batch: Batch) -> Batch:
-        """``old_log_probs`` (and ``entropy``) of the responses under the current policy."""
+    def compute_log_prob(self, batch: Batch, temperature: float) -> Batch:
+        """``old_log_probs`` (and ``entropy``) of the responses under the current policy, at the ``temperature`` the
+        rollout sampled with."""
         micro_batching = log_prob_micro_batching(self.config, self.config.actor.log_prob_micro_batch_size_per_gpu,
                                                  self.plan.micro_batch_size_per_gpu, self.device.type,
                                                  self.world_size)
-        return self.actor.compute_log_prob(batch, micro_batching)
+        return log_probs(self.actor, batch, micro_batching, self.forward, temperature=temperature)
 
     @dp_split
-    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+    def compute_ref_log_prob(self, batch: Batch, temperature: float) -> Batch:
         """``ref_log_probs`` of the responses under the frozen reference policy (with LoRA: the actor's base model,
-        adapters disabled)."""
+        adapters disabled), at the rollout's ``temperature``."""
         if not self.with_reference:
             raise RuntimeError("this worker was started without a reference policy (with_reference=False)")
         micro_batch_size = (self.config.ref.log_prob_micro_batch_size_per_gpu
@@ -210,43 +191,60 @@ class ActorRolloutRefWorker(Worker):
                                                  self.device.type, self.world_size)
         if self.lora:
             with adapters_disabled(self.actor.model):
-                result = self.actor.compute_log_prob(batch, micro_batching, with_entropy=False)
+                result = log_probs(self.actor, batch, micro_batching, self.forward, temperature=temperature,
+                                   with_entropy=False)
         else:
             assert self.reference is not None
-            result = self.reference.compute_log_prob(batch, micro_batching, with_entropy=False)
+            result = log_probs(self.reference, batch, micro_batching, self.forward, temperature=temperature,
+                               with_entropy=False)
         return Batch(tensors={Fields.REF_LOG_PROBS: result[Fields.OLD_LOG_PROBS]})
 
     @dp_split(pad=False)
-    def update_actor(self, batch: Batch, ptx: Optional[Batch] = None) -> dict[str, float]:
-        """PPO epochs over this rank's share of the step's data; returns metrics averaged over optimizer steps.
+    def update_actor(self, batch: Batch, *, step: int, temperature: float,
+                     ptx: Optional[Batch] = None) -> dict[str, float]:
+        """PPO epochs over this rank's share of training step ``step``'s data (0-based; it seeds the shuffle),
+        sampled at ``temperature``; returns metrics averaged over optimizer steps.
 
         ``ptx``: the step's SFT rows (``actor.ptx``), this rank's share mixed into every optimizer step. With
         ``actor.ewc.coef > 0`` the first call anchors EWC at the current weights, its Fisher estimated on ``batch``.
+        With adaptive accumulation the control's ``micro × K`` is the mini-batch.
         """
         actor = self.config.actor
-        micro_batching = training_micro_batching(actor, self.plan.micro_batch_size_per_gpu, self.device.type,
-                                                 self.world_size)
-        step = int(batch.meta.get("global_step", 0))
         self._reload_optimizer()
-        if actor.ewc.coef > 0 and self.actor.ewc is None:
-            parts = actor.ewc.fisher_batches
-            self.actor.enable_ewc(actor.ewc.coef, batch.split([len(batch) // parts] * parts), micro_batching)
+        if actor.ewc.coef > 0 and self.ewc is None:
+            self._anchor_ewc(batch)
+        mini_batch_size = (self.accumulation.local_mini_batch_size if self.accumulation is not None
+                           else self.plan.local_mini_batch_sequences)
+        check_on_policy(batch, epochs=actor.ppo_epochs, mini_batch_size=mini_batch_size)
+        hooks = []
+        if ptx is not None and actor.ptx.coef > 0:
+            hooks.append(PtxHook(ptx, len(batch) // mini_batch_size, SFTLoss(self.forward), actor.ptx.coef))
+        loss = PolicyLoss.from_config(actor, self.config.data.max_response_length, forward=self.forward,
+                                      temperature=temperature)
         with CollectiveTimer() as comm:
-            metrics = self.actor.update_policy(batch, self.loss_settings, micro_batching,
-                                               local_mini_batch_size=self.plan.local_mini_batch_sequences,
-                                               epochs=actor.ppo_epochs, shuffle=actor.shuffle,
-                                               seed=self.config.trainer.seed * 100_003 + step, ptx=ptx,
-                                               ptx_coef=actor.ptx.coef)
+            metrics = self.actor.train_epochs(batch, loss, mini_batch_size=mini_batch_size, epochs=actor.ppo_epochs,
+                                              shuffle=actor.shuffle, seed=self.config.trainer.seed * 100_003 + step,
+                                              group_prompts=self.forward.groups_prompts, hooks=hooks)
         return {**metrics, **update_resource_metrics(self.device, self.actor.dp, comm)}
+
+    def _anchor_ewc(self, batch: Batch) -> None:
+        """EWC anchored at the current weights, its Fisher from ``actor.ewc.fisher_batches`` parts of ``batch``."""
+        ewc_config = self.config.actor.ewc
+        parts = ewc_config.fisher_batches
+        self.actor.model.train()
+        ewc = EWCRegularizer(self.actor.model, ewc_config.coef, self.actor.dp)
+        ewc.estimate_fisher(self.actor, batch.split([len(batch) // parts] * parts), SFTLoss(self.forward))
+        self._use_ewc(ewc)
+
+    def _use_ewc(self, ewc: EWCRegularizer) -> None:
+        self.actor.hooks = [hook for hook in self.actor.hooks if not isinstance(hook, EWCRegularizer)] + [ewc]
+        self.ewc = ewc
 
     @dp_split(pad=False)
     def update_sft(self, batch: Batch) -> dict[str, float]:
         """One supervised optimizer step on this rank's share of ``batch`` (prompt + target rows, rollout layout)."""
-        micro_batch_size = self.plan.micro_batch_size_per_gpu or len(batch)
-        fsdp = self.config.actor.fsdp
-        return self.actor.update_sft(batch, MicroBatching(micro_batch_size=micro_batch_size, grad_sync=fsdp.grad_sync,
-                                                          gather_once=gathers_once(fsdp.gather_once, self.device.type,
-                                                                                    self.world_size)))
+        self.actor.model.train()
+        return self.actor.optimizer_step(batch, SFTLoss(self.forward), hooks=())
 
     @one_to_all(collect="first")
     def batch_plan(self) -> tuple[BatchPlan, str]:
@@ -262,8 +260,8 @@ class ActorRolloutRefWorker(Worker):
         self._reload_optimizer()  # an offloaded optimizer is saved from where the update will use it
         save_sharded(directory, self.actor.model, self.actor.optimizer, self.actor.scheduler,
                      trainable_only=self.lora)
-        if self.actor.ewc is not None:
-            self.actor.ewc.save(Path(directory) / EWC_DIR)
+        if self.ewc is not None:
+            self.ewc.save(Path(directory) / EWC_DIR)
         return directory
 
     @one_to_all(collect="first")
@@ -273,8 +271,8 @@ class ActorRolloutRefWorker(Worker):
         load_sharded(directory, self.actor.model, self.actor.optimizer, self.actor.scheduler,
                      trainable_only=self.lora)
         if self.config.actor.ewc.coef > 0 and (Path(directory) / EWC_DIR).is_dir():  # else: anchored at next update
-            self.actor.ewc = EWCRegularizer.load(Path(directory) / EWC_DIR, self.actor.model,
-                                                 self.config.actor.ewc.coef, self.actor.dp)
+            self._use_ewc(EWCRegularizer.load(Path(directory) / EWC_DIR, self.actor.model,
+                                              self.config.actor.ewc.coef, self.actor.dp))
         return directory
 
     @one_to_all(collect="first")

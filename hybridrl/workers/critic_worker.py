@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import torch
 
+from hybridrl.autotune.auto_micro_batch import resolve_plan
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
-from hybridrl.runtime import Worker, dp_split, one_to_all
-from hybridrl.protocol import Batch
-from hybridrl.utils.collectives import CollectiveTimer
-from hybridrl.engines.accumulation import MicroBatching
-from hybridrl.workers.actor_worker import data_parallel_group, training_micro_batching
-from hybridrl.autotune.auto_micro_batch import resolve_plan
-from hybridrl.engines.value import ValueEngine, ValueLossSettings
-from hybridrl.workers.engine_checkpoints import EngineCheckpoints
-from hybridrl.modeling.fsdp import ShardingOptions, shard_model
-from hybridrl.modeling.model_builder import build_model, torch_dtype
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.losses import SequenceForward, ValueLoss
 from hybridrl.engines.optim import build_optimizer, build_scheduler
+from hybridrl.engines.passes import values
+from hybridrl.modeling.fsdp import shard_model
+from hybridrl.modeling.model_builder import build_model
+from hybridrl.protocol import Batch
+from hybridrl.runtime import Worker, dp_split, one_to_all
+from hybridrl.utils.collectives import CollectiveTimer
+from hybridrl.workers.building import data_parallel_group, sharding_options, training_micro_batching
+from hybridrl.workers.engine_checkpoints import EngineCheckpoints
 from hybridrl.workers.step_metrics import update_resource_metrics
 
 
@@ -34,39 +35,35 @@ class CriticWorker(EngineCheckpoints, Worker):
         self.plan = role_plan(config, "critic")
         model = build_model(config.model, "critic", path=critic.model_path or config.model.path,
                             device_type=self.device.type).to(self.device)
-        shard_model(model, self.dp_mesh, ShardingOptions(
-            compute_dtype=torch_dtype(config.model.dtype), reduce_dtype=torch_dtype(critic.fsdp.reduce_dtype),
-            reshard_after_forward=critic.fsdp.reshard_after_forward, param_offload=critic.fsdp.param_offload,
+        shard_model(model, self.dp_mesh, sharding_options(
+            config.model.dtype, critic.fsdp,
             keep_gathered=gathers_once(critic.fsdp.gather_once, self.device.type, self.world_size)))
         optimizer = build_optimizer(model, critic.optim)
         scheduler = build_scheduler(optimizer, critic.optim,
                                     total_training_steps * self.plan.num_mini_batches * critic.ppo_epochs)
         dp = data_parallel_group(self)
-        self.engine = ValueEngine(model, dp=dp, packed=config.model.use_remove_padding,
-                                  share_prompts=config.model.share_prompts,
-                                  optimizer=optimizer, scheduler=scheduler, grad_clip=critic.grad_clip)
+        self.forward = SequenceForward(packed=config.model.use_remove_padding, share_prompts=config.model.share_prompts)
+        self.engine = TrainingEngine(model, dp=dp, optimizer=optimizer, scheduler=scheduler, grad_clip=critic.grad_clip)
         self.plan, self.micro_batch_sizing = resolve_plan(config, "critic", model, self.plan, dp=dp,
                                                           device=self.device, optimizer=optimizer)
-        self.settings = ValueLossSettings.from_config(critic, config.data.max_response_length)
-
-    def _micro_batching(self) -> MicroBatching:
-        return training_micro_batching(self.config.critic, self.plan.micro_batch_size_per_gpu, self.device.type,
-                                       self.world_size)
+        self.engine.micro_batching = training_micro_batching(critic, self.plan.micro_batch_size_per_gpu,
+                                                             self.device.type, self.world_size)
+        self.loss = ValueLoss.from_config(critic, config.data.max_response_length, forward=self.forward)
 
     @dp_split
     def compute_values(self, batch: Batch) -> Batch:
         """``values [B, R]`` of the state before each response token."""
-        return self.engine.compute_values(batch, self._micro_batching())
+        return values(self.engine, batch, self.engine.micro_batching, self.forward)
 
     @dp_split(pad=False)
-    def update_critic(self, batch: Batch) -> dict[str, float]:
-        """Value-loss epochs over this rank's share (``values`` = old values, ``returns`` = targets)."""
-        step = int(batch.meta.get("global_step", 0))
+    def update_critic(self, batch: Batch, *, step: int) -> dict[str, float]:
+        """Value-loss epochs over this rank's share of training step ``step`` (0-based; it seeds the shuffle):
+        ``values`` = old values, ``returns`` = targets."""
         with CollectiveTimer() as comm:
-            metrics = self.engine.update_critic(batch, self.settings, self._micro_batching(),
-                                                local_mini_batch_size=self.plan.local_mini_batch_sequences,
-                                                epochs=self.config.critic.ppo_epochs, shuffle=True,
-                                                seed=self.config.trainer.seed * 100_019 + step)
+            metrics = self.engine.train_epochs(batch, self.loss, mini_batch_size=self.plan.local_mini_batch_sequences,
+                                               epochs=self.config.critic.ppo_epochs, shuffle=True,
+                                               seed=self.config.trainer.seed * 100_019 + step,
+                                               group_prompts=self.forward.groups_prompts)
         return {**metrics, **update_resource_metrics(self.device, self.engine.dp, comm)}
 
     @one_to_all(collect="first")

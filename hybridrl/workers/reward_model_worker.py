@@ -12,7 +12,7 @@ import torch
 from hybridrl.config.schema import TrainConfig
 from hybridrl.runtime import Worker, dp_split
 from hybridrl.protocol import Batch, Fields
-from hybridrl.workers.actor_worker import sharding_options
+from hybridrl.workers.building import sharding_options
 from hybridrl.modeling.fsdp import shard_model
 from hybridrl.modeling.model_builder import build_model
 from hybridrl.modeling.sequences import sequence_scores
@@ -35,7 +35,8 @@ class RewardModelWorker(Worker):
                                  device_type=self.device.type).to(self.device)
         self.model.requires_grad_(False)
         self.model.eval()
-        shard_model(self.model, self.dp_mesh, sharding_options(config, param_offload=False))
+        shard_model(self.model, self.dp_mesh, sharding_options(config.model.dtype, config.actor.fsdp,
+                                                               param_offload=False, keep_gathered=False))
 
     @dp_split
     @torch.no_grad()

@@ -9,21 +9,19 @@ from __future__ import annotations
 import torch
 
 from hybridrl.config.rm_schema import RMConfig
-from hybridrl.runtime import Worker, dp_split, one_to_all
-from hybridrl.protocol import Batch
-from hybridrl.workers.actor_worker import data_parallel_group
+from hybridrl.engines.base import TrainingEngine
 from hybridrl.engines.checkpoint import export_hf
-from hybridrl.workers.engine_checkpoints import EngineCheckpoints
-from hybridrl.modeling.fsdp import ShardingOptions, shard_model
-from hybridrl.modeling.model_builder import build_model, load_tokenizer, torch_dtype
+from hybridrl.engines.losses import BradleyTerryLoss
+from hybridrl.engines.micro_batches import MicroBatching
 from hybridrl.engines.optim import build_optimizer, build_scheduler
-from hybridrl.engines.preference import PreferenceEngine, PreferenceLossSettings
-
-
-def rm_sharding_options(config: RMConfig) -> ShardingOptions:
-    return ShardingOptions(compute_dtype=torch_dtype(config.model.dtype), reduce_dtype=torch_dtype(config.fsdp.reduce_dtype),
-                           reshard_after_forward=config.fsdp.reshard_after_forward,
-                           param_offload=config.fsdp.param_offload)
+from hybridrl.engines.passes import pair_rewards_of
+from hybridrl.autotune.grad_noise import NoiseScaleMonitor
+from hybridrl.modeling.fsdp import shard_model
+from hybridrl.modeling.model_builder import build_model, load_tokenizer
+from hybridrl.protocol import Batch
+from hybridrl.runtime import Worker, dp_split, one_to_all
+from hybridrl.workers.building import data_parallel_group, sharding_options
+from hybridrl.workers.engine_checkpoints import EngineCheckpoints
 
 
 def build_reward_model(config: RMConfig, device: torch.device):
@@ -45,24 +43,30 @@ class RewardModelTrainWorker(EngineCheckpoints, Worker):
         torch.manual_seed(config.trainer.seed)
         self.config = config
         model, self.tokenizer = build_reward_model(config, self.device)
-        shard_model(model, self.dp_mesh, rm_sharding_options(config))
+        shard_model(model, self.dp_mesh, sharding_options(config.model.dtype, config.fsdp, keep_gathered=False))
         optimizer = build_optimizer(model, config.optim)
         scheduler = build_scheduler(optimizer, config.optim, config.trainer.total_training_steps)
-        self.engine = PreferenceEngine(model, dp=data_parallel_group(self), packed=config.model.use_remove_padding,
-                                       optimizer=optimizer, scheduler=scheduler, grad_clip=config.loss.grad_clip,
-                                       grad_noise_scale=config.loss.log_grad_noise_scale)
-        self.settings = PreferenceLossSettings(margin=config.loss.margin, center_coef=config.loss.center_coef)
+        dp = data_parallel_group(self)
+        micro_batch_size = config.data.micro_batch_size_per_gpu
+        self.engine = TrainingEngine(model, dp=dp, optimizer=optimizer, scheduler=scheduler,
+                                     grad_clip=config.loss.grad_clip,
+                                     micro_batching=MicroBatching(micro_batch_size=micro_batch_size,
+                                                                  grad_sync=config.fsdp.grad_sync),
+                                     hooks=[NoiseScaleMonitor(model, dp)] if config.loss.log_grad_noise_scale else [])
+        self.loss = BradleyTerryLoss(packed=config.model.use_remove_padding, margin=config.loss.margin,
+                                     center_coef=config.loss.center_coef)
 
     @dp_split(pad=False)
     def update(self, pairs: Batch) -> dict[str, float]:
         """One optimizer step on this rank's share of the step's pairs; metrics of the whole mini-batch."""
-        return self.engine.update(pairs, self.settings, self.config.data.micro_batch_size_per_gpu,
-                                  grad_sync=self.config.fsdp.grad_sync)
+        self.engine.model.train()
+        return self.engine.optimizer_step(pairs, self.loss)
 
     @dp_split
     def compute_rewards(self, pairs: Batch) -> Batch:
         """``chosen_rewards [B]``, ``rejected_rewards [B]`` of the pairs (no gradients)."""
-        return self.engine.compute_rewards(pairs, self.config.data.micro_batch_size_per_gpu)
+        micro_batching = MicroBatching(micro_batch_size=self.config.data.micro_batch_size_per_gpu)
+        return pair_rewards_of(self.engine, pairs, micro_batching, packed=self.config.model.use_remove_padding)
 
     @one_to_all(collect="first")
     def export_hf(self, directory: str) -> str:

@@ -52,8 +52,8 @@ def test_generate_then_log_probs_match_rollout(actor_group, model_dir):
                                SamplingParams(n=2, max_new_tokens=6, temperature=0.8, seed=3))
     assert len(rollout) == 8 and rollout[Fields.RESPONSES].shape == (8, 6)
     assert list(rollout[Fields.UID]) == ["p0", "p0", "p1", "p1", "p2", "p2", "p3", "p3"]
-    old, ref = gather(actor_group.call_async(ActorRolloutRefWorker.compute_log_prob, rollout),
-                      actor_group.call_async(ActorRolloutRefWorker.compute_ref_log_prob, rollout))
+    old, ref = gather(actor_group.call_async(ActorRolloutRefWorker.compute_log_prob, rollout, 0.8),
+                      actor_group.call_async(ActorRolloutRefWorker.compute_ref_log_prob, rollout, 0.8))
     mask = rollout[Fields.RESPONSE_MASK].bool()
     gap = (old[Fields.OLD_LOG_PROBS] - rollout[Fields.ROLLOUT_LOG_PROBS]).abs()[mask]
     assert float(gap.max()) < 1e-4  # the numerics gate: trainer and rollout agree on the same tokens
@@ -63,12 +63,12 @@ def test_generate_then_log_probs_match_rollout(actor_group, model_dir):
 def test_update_changes_policy_and_export_loads_in_transformers(actor_group, model_dir, tmp_path):
     rollout = actor_group.call(ActorRolloutRefWorker.generate_sequences, prompt_batch(model_dir),
                                SamplingParams(n=2, max_new_tokens=6, temperature=1.0, seed=5))
-    rollout = rollout.union(actor_group.call(ActorRolloutRefWorker.compute_log_prob, rollout).select(
+    rollout = rollout.union(actor_group.call(ActorRolloutRefWorker.compute_log_prob, rollout, 1.0).select(
         Fields.OLD_LOG_PROBS))
-    rollout = rollout.union(actor_group.call(ActorRolloutRefWorker.compute_ref_log_prob, rollout))
+    rollout = rollout.union(actor_group.call(ActorRolloutRefWorker.compute_ref_log_prob, rollout, 1.0))
     rollout[Fields.ADVANTAGES] = torch.linspace(-1, 1, 8).unsqueeze(1).expand(8, 6).contiguous()
     before = actor_group.call(ActorRolloutRefWorker.parameter_checksum)
-    metrics = actor_group.call(ActorRolloutRefWorker.update_actor, rollout)
+    metrics = actor_group.call(ActorRolloutRefWorker.update_actor, rollout, step=0, temperature=1.0)
     assert len(metrics) == 2 and metrics[0] == metrics[1]  # metrics are reduced across ranks inside the worker
     assert all(torch.isfinite(torch.tensor(value)) for value in metrics[0].values())
     assert metrics[0]["skipped_step"] == 0 and metrics[0]["grad_norm"] > 0
@@ -76,7 +76,7 @@ def test_update_changes_policy_and_export_loads_in_transformers(actor_group, mod
 
     export_dir = actor_group.call(ActorRolloutRefWorker.export_hf, str(tmp_path / "hf"))
     exported = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32)
-    worker_log_probs = actor_group.call(ActorRolloutRefWorker.compute_log_prob, rollout)[Fields.OLD_LOG_PROBS]
+    worker_log_probs = actor_group.call(ActorRolloutRefWorker.compute_log_prob, rollout, 1.0)[Fields.OLD_LOG_PROBS]
     with torch.no_grad():
         plain, _ = response_log_probs(exported, rollout[Fields.INPUT_IDS], rollout[Fields.ATTENTION_MASK], 6,
                                       temperature=1.0)
@@ -101,19 +101,19 @@ def test_vllm_engine_in_the_colocated_worker_follows_updates(vllm_group, model_d
     prompts = prompt_batch(model_dir)
     rollout = vllm_group.call(ActorRolloutRefWorker.generate_sequences, prompts,
                               SamplingParams(n=2, max_new_tokens=6, temperature=1.0, seed=7))
-    old = vllm_group.call(ActorRolloutRefWorker.compute_log_prob, rollout)
+    old = vllm_group.call(ActorRolloutRefWorker.compute_log_prob, rollout, 1.0)
     mask = rollout[Fields.RESPONSE_MASK].bool()
     assert float((old[Fields.OLD_LOG_PROBS] - rollout[Fields.ROLLOUT_LOG_PROBS]).abs()[mask].max()) < 1e-4
     rollout = rollout.union(old.select(Fields.OLD_LOG_PROBS))
     rollout[Fields.ADVANTAGES] = torch.linspace(-1, 1, 8).unsqueeze(1).expand(8, 6).contiguous()
-    vllm_group.call(ActorRolloutRefWorker.update_actor, rollout)
+    vllm_group.call(ActorRolloutRefWorker.update_actor, rollout, step=0, temperature=1.0)
     stats = vllm_group.call(ActorRolloutRefWorker.sync_rollout_weights)
     assert stats["weight_sync/bytes"] > 0
     after = vllm_group.call(ActorRolloutRefWorker.generate_sequences, prompts,
                             SamplingParams(n=2, max_new_tokens=6, temperature=1.0, seed=7))
-    new = vllm_group.call(ActorRolloutRefWorker.compute_log_prob, after)
+    new = vllm_group.call(ActorRolloutRefWorker.compute_log_prob, after, 1.0)
     mask = after[Fields.RESPONSE_MASK].bool()
     assert float((new[Fields.OLD_LOG_PROBS] - after[Fields.ROLLOUT_LOG_PROBS]).abs()[mask].max()) < 1e-4
     # The policy did change, so matching after the sync is not vacuous: a stale engine would be off by this much.
-    changed = vllm_group.call(ActorRolloutRefWorker.compute_log_prob, rollout)[Fields.OLD_LOG_PROBS]
+    changed = vllm_group.call(ActorRolloutRefWorker.compute_log_prob, rollout, 1.0)[Fields.OLD_LOG_PROBS]
     assert float((changed - rollout[Fields.OLD_LOG_PROBS]).abs()[rollout[Fields.RESPONSE_MASK].bool()].max()) > 1e-3

@@ -14,8 +14,10 @@ from gloo_spawn import run_on_gloo
 from hybridrl.config.schema import ModelConfig, OptimConfig
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching
-from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.engines.anti_forgetting import EWCRegularizer, PtxHook
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.losses import PolicyLoss, SequenceForward, SFTLoss
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
 
 pytestmark = pytest.mark.distributed
 
@@ -61,13 +63,17 @@ def run_rank(rank, world, model_dir, rl, ptx, out_path):
     model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor")
     shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions())
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    engine = PolicyEngine(model, dp=DataParallelGroup(rank=rank, size=world), optimizer=optimizer,
-                          scheduler=build_scheduler(optimizer, OptimConfig(lr=LR), 10), grad_clip=1e9)
-    mine = Batch(tensors=rank_rows(rl, rank, world))
-    one = MicroBatching(micro_batch_size=1)
-    engine.enable_ewc(EWC_COEF, mine.split([len(mine) // 2] * 2), one)
-    metrics = engine.update_policy(mine, PolicyLossSettings(), one, local_mini_batch_size=len(mine) // 2,
-                                   ptx=Batch(tensors=rank_rows(ptx, rank, world)), ptx_coef=PTX_COEF)
+    engine = TrainingEngine(model, dp=DataParallelGroup(rank=rank, size=world),
+                            micro_batching=MicroBatching(micro_batch_size=1), optimizer=optimizer,
+                            scheduler=build_scheduler(optimizer, OptimConfig(lr=LR), 10), grad_clip=1e9)
+    mine, forward = Batch(tensors=rank_rows(rl, rank, world)), SequenceForward()
+    model.train()
+    ewc = EWCRegularizer(model, EWC_COEF, engine.dp)
+    ewc.estimate_fisher(engine, mine.split([len(mine) // 2] * 2), SFTLoss(forward))
+    engine.hooks.append(ewc)
+    ptx_hook = PtxHook(Batch(tensors=rank_rows(ptx, rank, world)), 2, SFTLoss(forward), PTX_COEF)
+    metrics = engine.train_epochs(mine, PolicyLoss(forward=forward, temperature=1.0), mini_batch_size=len(mine) // 2,
+                                  hooks=[ptx_hook])
     params = {name: param.detach().full_tensor() for name, param in model.named_parameters()}
     if rank == 0:
         torch.save(dict(params=params, metrics=metrics), out_path)
@@ -139,7 +145,7 @@ def ewc_rank(rank, world, model_dir, rl, checkpoint, out_path, save):
     weights; rank 0 writes the gathered anchor and Fisher."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from hybridrl.engines.anti_forgetting import EWCRegularizer, like_param
+    from hybridrl.engines.anti_forgetting import like_param
     from hybridrl.modeling.fsdp import ShardingOptions, shard_model
     from hybridrl.modeling.model_builder import build_model
 
@@ -147,9 +153,10 @@ def ewc_rank(rank, world, model_dir, rl, checkpoint, out_path, save):
     shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions())
     dp = DataParallelGroup(rank=rank, size=world)
     if save:
-        engine = PolicyEngine(model, dp=dp)
-        engine.enable_ewc(EWC_COEF, [Batch(tensors=rank_rows(rl, rank, world))], MicroBatching(micro_batch_size=2))
-        ewc = engine.ewc
+        engine = TrainingEngine(model, dp=dp, micro_batching=MicroBatching(micro_batch_size=2))
+        model.train()
+        ewc = EWCRegularizer(model, EWC_COEF, dp)
+        ewc.estimate_fisher(engine, [Batch(tensors=rank_rows(rl, rank, world))], SFTLoss(SequenceForward()))
         ewc.save(checkpoint)
     else:
         with torch.no_grad():

@@ -40,19 +40,20 @@ from hybridrl.config.schema import (
 from hybridrl.config.sizes import role_plan
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.engines.accumulation import MicroBatching
-from hybridrl.engines.policy import PolicyLossSettings
+from hybridrl.engines.losses import PolicyLoss, SequenceForward
+from hybridrl.engines.micro_batches import MicroBatching
 from hybridrl.autotune.adaptive_accumulation import AccumulationControl
 from hybridrl.autotune.auto_micro_batch import resolve_plan
-from hybridrl.autotune.grad_noise import NoiseScaleEstimate
+from hybridrl.autotune.grad_noise import NoiseScaleEstimate, NoiseScaleMonitor
 from hybridrl.autotune.memory_sizing import DecoderShape, Precision, estimate_micro_batch_bytes, probe_peak_bytes
 
 pytestmark = pytest.mark.distributed
 
 WORLD, HEADROOM = 2, 0.15
 SIZED_PROMPT, SIZED_RESPONSE = 256, 256  # the longest *expected* sequence the sizing plans for; the data is shorter
-SETTINGS = PolicyLossSettings(loss_agg_mode="token-mean", entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1,
-                              kl_loss_type="low_var_kl", loss_scale_factor=HORIZON, **ACTOR_SETTINGS)
+LOSS = PolicyLoss(forward=SequenceForward(), temperature=1.0, loss_agg_mode="token-mean", entropy_coeff=0.01,
+                  use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl", loss_scale_factor=HORIZON,
+                  **ACTOR_SETTINGS)
 
 
 def sizing_config(model_dir, budget_mb: int, micro: int | str = "auto") -> TrainConfig:
@@ -79,15 +80,15 @@ def parameters(engine) -> dict[str, torch.Tensor]:
 
 def run_auto(rank, world, model_dir, batch, budget_mb) -> dict:
     config = sizing_config(model_dir, budget_mb)
-    engine = engine_for("actor", model_dir, rank, world, packed=False)
+    engine = engine_for("actor", model_dir, rank, world, micro_batching=None)
     plan, sized = resolve_plan(config, "actor", engine.model, role_plan(config, "actor"), dp=engine.dp,
                                device=torch.device("cpu"), optimizer=engine.optimizer)
-    engine.update_policy(batch, SETTINGS, MicroBatching(micro_batch_size=plan.micro_batch_size_per_gpu),
-                         local_mini_batch_size=plan.local_mini_batch_sequences)
-    explicit = engine_for("actor", model_dir, rank, world, packed=False)
+    engine.micro_batching = MicroBatching(micro_batch_size=plan.micro_batch_size_per_gpu)
+    engine.train_epochs(batch, LOSS, mini_batch_size=plan.local_mini_batch_sequences)
     explicit_plan = role_plan(sizing_config(model_dir, budget_mb, micro=2), "actor")
-    explicit.update_policy(batch, SETTINGS, MicroBatching(micro_batch_size=explicit_plan.micro_batch_size_per_gpu),
-                           local_mini_batch_size=explicit_plan.local_mini_batch_sequences)
+    explicit = engine_for("actor", model_dir, rank, world,
+                          micro_batching=MicroBatching(micro_batch_size=explicit_plan.micro_batch_size_per_gpu))
+    explicit.train_epochs(batch, LOSS, mini_batch_size=explicit_plan.local_mini_batch_sequences)
     seq_len = SIZED_PROMPT + SIZED_RESPONSE
     measured = {size: probe_peak_bytes(engine.model, size, seq_len, dp=engine.dp, optimizer=engine.optimizer)
                 for size in (plan.micro_batch_size_per_gpu, 2 * plan.micro_batch_size_per_gpu)}
@@ -97,17 +98,21 @@ def run_auto(rank, world, model_dir, batch, budget_mb) -> dict:
 
 
 def run_adaptive(rank, world, model_dir, batch, new_steps) -> dict:
-    engine = engine_for("actor", model_dir, rank, world, packed=False)  # AdamW lr 1e-3, constant schedule
+    engine = engine_for("actor", model_dir, rank, world,  # AdamW lr 1e-3, constant schedule
+                        micro_batching=MicroBatching(micro_batch_size=1))
+    monitor = NoiseScaleMonitor(engine.model, engine.dp)
+    engine.hooks.append(monitor)
     control = AccumulationControl.from_config(
         AdaptiveAccumulationConfig(enable=True, min_steps=1, max_steps=4, lr_scaling="sqrt", min_updates=0),
         engine.optimizer, engine.scheduler, micro_batch_size=1, reference_steps=2, world_size=world,
-        local_step_sequences=len(batch))
-    engine.use_adaptive_accumulation(control)
+        local_step_sequences=len(batch), monitor=monitor)
+    control.attach(engine)
     # A constructed noise scale far above (or below) the current mini-batch of 2 steps × 5 tokens
     b_simple = 1e6 if new_steps > 2 else 1e-3
     control.update(10.0, NoiseScaleEstimate(1.0, b_simple, b_simple, 1.0, b_simple, num_updates=1))
     assert control.steps == new_steps
-    metrics = engine.update_policy(batch, SETTINGS, MicroBatching(micro_batch_size=1), local_mini_batch_size=2)
+    # as the actor worker runs it: the control's micro × K is the mini-batch
+    metrics = engine.train_epochs(batch, LOSS, mini_batch_size=control.local_mini_batch_size)
     return dict(metrics=metrics, schedule_steps=engine.scheduler.last_epoch, params=parameters(engine))
 
 

@@ -65,11 +65,11 @@ def test_workers_resolve_auto_and_update_with_adaptive_steps(tmp_path):
             assert "=auto: budget" in line and "micro_batch_size=2, grad_accum_steps=4" in line
         rollout = actor.call(ActorRolloutRefWorker.generate_sequences, prompt_batch(model_dir),
                              SamplingParams(n=2, max_new_tokens=RESPONSE_LENGTH, temperature=1.0, seed=5))
-        rollout = rollout.union(actor.call(ActorRolloutRefWorker.compute_log_prob, rollout).select(
+        rollout = rollout.union(actor.call(ActorRolloutRefWorker.compute_log_prob, rollout, 1.0).select(
             Fields.OLD_LOG_PROBS))
         rollout[Fields.ADVANTAGES] = torch.linspace(-1, 1, len(rollout)).unsqueeze(1).expand(
             len(rollout), RESPONSE_LENGTH).contiguous()
-        metrics = actor.call(ActorRolloutRefWorker.update_actor, rollout)[0]
+        metrics = actor.call(ActorRolloutRefWorker.update_actor, rollout, step=0, temperature=1.0)[0]
     assert metrics["accumulation/grad_accum_steps"] == 4 and metrics["accumulation/effective_batch_sequences"] == 8
     assert metrics["accumulation/lr_multiplier"] == 1.0 and metrics["skipped_step"] == 0
     # measured from the 4 micro-batches, as the rule needs (B_simple is inf while the |G|² estimate is not positive)

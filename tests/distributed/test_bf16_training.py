@@ -12,8 +12,9 @@ from transformers import AutoModelForCausalLM
 from hybridrl.config.schema import ModelConfig
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
-from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients
-from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.losses import PolicyLoss, SequenceForward
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
 from hybridrl.modeling.fsdp import ShardingOptions, shard_model
 from hybridrl.modeling.model_builder import build_model
 
@@ -30,15 +31,17 @@ def make_batch():
             "advantages": torch.randn(4, 4, generator=generator)}
 
 
+LOSS = PolicyLoss(forward=SequenceForward(), temperature=1.0, loss_scale_factor=4.0)
+
+
 def bf16_gradients(rank, world, model_dir, out_path):
     model = build_model(ModelConfig(path=str(model_dir), dtype="bfloat16"), "actor")
     shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions(compute_dtype=torch.bfloat16))
     data = make_batch()
     local = Batch(tensors={name: tensor[rank * 2:(rank + 1) * 2] for name, tensor in data.items()})
-    engine = PolicyEngine(model, dp=DataParallelGroup(rank=rank, size=world))
-    loss_fn = engine.micro_batch_loss(PolicyLossSettings(loss_scale_factor=4.0), temperature=1.0)
-    accumulate_gradients(model, local, loss_fn, loss_agg_mode="token-mean",
-                         micro_batching=MicroBatching(micro_batch_size=1), dp=engine.dp)
+    engine = TrainingEngine(model, dp=DataParallelGroup(rank=rank, size=world),
+                            micro_batching=MicroBatching(micro_batch_size=1))
+    engine.accumulate_gradients(local, LOSS)
     grads = {name: param.grad.full_tensor() for name, param in model.named_parameters()}
     assert all(grad.dtype == torch.float32 for grad in grads.values())  # fp32 master gradients
     if rank == 0:
@@ -50,10 +53,8 @@ def test_bf16_mixed_precision_with_tied_embeddings(tmp_path):
     run_on_gloo(2, bf16_gradients, model_dir, tmp_path / "bf16.pt")
     bf16 = torch.load(tmp_path / "bf16.pt", weights_only=True)
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    engine = PolicyEngine(reference, dp=DataParallelGroup())
-    loss_fn = engine.micro_batch_loss(PolicyLossSettings(loss_scale_factor=4.0), temperature=1.0)
-    accumulate_gradients(reference, Batch(tensors=make_batch()), loss_fn, loss_agg_mode="token-mean",
-                         micro_batching=MicroBatching(micro_batch_size=4), dp=DataParallelGroup())
+    engine = TrainingEngine(reference, dp=DataParallelGroup(), micro_batching=MicroBatching(micro_batch_size=4))
+    engine.accumulate_gradients(Batch(tensors=make_batch()), LOSS)
     expected = {name: param.grad for name, param in reference.named_parameters()}
     numerator = sum(float((bf16[name] - grad).pow(2).sum()) for name, grad in expected.items())
     denominator = sum(float(grad.pow(2).sum()) for grad in expected.values())

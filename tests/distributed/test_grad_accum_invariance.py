@@ -21,15 +21,9 @@ from hybridrl.config.schema import ModelConfig
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import save_tiny_model
 from hybridrl.utils.collectives import CollectiveCounter
-from hybridrl.engines.accumulation import (
-    DataParallelGroup,
-    MicroBatching,
-    accumulate_gradients,
-    split_micro_batches,
-    train_mini_batch,
-)
-from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
-from hybridrl.engines.value import ValueEngine, ValueLossSettings
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.losses import PolicyLoss, SequenceForward, ValueLoss
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching, split_micro_batches
 from hybridrl.utils.distributed import full_tensor
 from hybridrl.modeling.fsdp import ShardingOptions, shard_model
 from hybridrl.modeling.model_builder import build_model
@@ -146,26 +140,23 @@ def reference_gradients(role, model_dir, data, mode):
 
 
 # ---------------------------------------------------------------- hybridrl on N gloo ranks
-def engine_for(role, model_dir, rank, world, packed=False, share_prompts=False, keep_gathered=False):
+def engine_for(role, model_dir, rank, world, micro_batching, keep_gathered=False):
     from torch.distributed.device_mesh import init_device_mesh
 
     model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor" if role == "actor" else "critic")
     shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions(keep_gathered=keep_gathered))
     optimizer = build_optimizer(model, OPTIM)
     scheduler = build_scheduler(optimizer, OPTIM, total_steps=10)
-    dp = DataParallelGroup(rank=rank, size=world)
-    engine_class = PolicyEngine if role == "actor" else ValueEngine
-    return engine_class(model, dp=dp, packed=packed, share_prompts=share_prompts, optimizer=optimizer,
-                        scheduler=scheduler, grad_clip=1.0)
+    return TrainingEngine(model, dp=DataParallelGroup(rank=rank, size=world), micro_batching=micro_batching,
+                          optimizer=optimizer, scheduler=scheduler, grad_clip=1.0)
 
 
-def loss_fn_for(engine, role, mode):
+def loss_for(role, mode, layout):
+    forward = SequenceForward(packed=layout == "packed", share_prompts=layout == "shared")
     if role == "actor":
-        settings = PolicyLossSettings(loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1,
-                                      kl_loss_type="low_var_kl", loss_scale_factor=HORIZON, **ACTOR_SETTINGS)
-        return engine.micro_batch_loss(settings, temperature=1.0)
-    return engine.micro_batch_loss(ValueLossSettings(cliprange_value=0.5, loss_agg_mode=mode,
-                                                     loss_scale_factor=HORIZON))
+        return PolicyLoss(forward=forward, temperature=1.0, loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True,
+                          kl_loss_coef=0.1, kl_loss_type="low_var_kl", loss_scale_factor=HORIZON, **ACTOR_SETTINGS)
+    return ValueLoss(forward=forward, cliprange_value=0.5, loss_agg_mode=mode, loss_scale_factor=HORIZON)
 
 
 def micro_batching_for(micro, local_size, grad_sync="step"):
@@ -183,21 +174,19 @@ def run_cases(rank, world, dirs, data, cases, out_path):
     results, communication = {}, {}
     for case in cases:
         role, mode, micro, layout, full_step, grad_sync = case
-        engine = engine_for(role, dirs[role], rank, world, packed=layout == "packed", share_prompts=layout == "shared",
-                            keep_gathered=grad_sync.endswith("gather_once"))
-        loss_fn = loss_fn_for(engine, role, mode)
         micro_batching = micro_batching_for(micro, len(batch), grad_sync)
+        engine = engine_for(role, dirs[role], rank, world, micro_batching,
+                            keep_gathered=grad_sync.endswith("gather_once"))
+        loss = loss_for(role, mode, layout)
         num_micro_batches = len(split_micro_batches(batch, micro_batching, engine.dp)[0])
         forward_rows = []
         engine.model.get_input_embeddings().register_forward_pre_hook(
             lambda module, args: forward_rows.append(args[0].shape[0]))
         with CollectiveCounter() as counter:
             if full_step:
-                train_mini_batch(engine.model, engine.optimizer, engine.scheduler, batch, loss_fn, loss_agg_mode=mode,
-                                 micro_batching=micro_batching, dp=engine.dp, grad_clip=1.0)
+                engine.optimizer_step(batch, loss)
             else:
-                accumulate_gradients(engine.model, batch, loss_fn, loss_agg_mode=mode, micro_batching=micro_batching,
-                                     dp=engine.dp)
+                engine.accumulate_gradients(batch, loss)
         if full_step:
             tensors = {name: full_tensor(param.detach()) for name, param in engine.model.named_parameters()}
         else:

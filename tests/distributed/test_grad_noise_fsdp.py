@@ -1,7 +1,7 @@
 """Per-micro-batch gradient norms under real FSDP2 on 2 gloo ranks, measured inside the unchanged accumulation loop.
 
-Each rank runs ``train_mini_batch`` (2 micro-batches, gradient sync only on the last) with the loss wrapped by
-``MicroBatchGradNorms``. The hooks sit on FSDP2's *unsharded* parameters, so every sample must equal the squared norm
+Each rank runs ``TrainingEngine.optimizer_step`` (2 micro-batches, gradient sync only on the last) with a hook that
+starts a ``MicroBatchGradNorms`` measurement before each micro-batch. The hooks sit on FSDP2's *unsharded* parameters, so every sample must equal the squared norm
 of that micro-batch's own token-mean gradient on a plain single-process model, and the pre-clip gradient norm of the
 step must equal the whole mini-batch's. Also with bf16 mixed precision (the unsharded parameters are bf16 there).
 
@@ -20,8 +20,10 @@ from transformers import AutoModelForCausalLM
 from hybridrl.config.schema import ModelConfig, OptimConfig
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, train_mini_batch
-from hybridrl.engines.policy import PolicyEngine
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.hooks import StepHook
+from hybridrl.engines.losses import SequenceForward, SFTLoss
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
 from hybridrl.autotune.grad_noise import GradientNoiseScale, GradientSample, MicroBatchGradNorms, summarize
 from hybridrl.modeling.model_builder import build_model
 from hybridrl.modeling.sequences import response_log_probs
@@ -42,6 +44,16 @@ def make_data() -> dict[str, torch.Tensor]:
                 response_mask=attention_mask[:, PROMPT:].clone())
 
 
+class Measure(StepHook):
+    """Starts measuring each micro-batch (what ``NoiseScaleMonitor`` does before the step's estimate)."""
+
+    def __init__(self, norms: MicroBatchGradNorms) -> None:
+        self.norms = norms
+
+    def before_micro_batch(self, micro_batch, normalizer, agg_mode, dp_size) -> None:
+        self.norms.measure(micro_batch, normalizer, agg_mode, dp_size)
+
+
 def measure_on_rank(rank, world, model_dir, data, compute_dtype, out_path):
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -52,13 +64,13 @@ def measure_on_rank(rank, world, model_dir, data, compute_dtype, out_path):
     shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions(compute_dtype=compute_dtype))
     optimizer = build_optimizer(model, OptimConfig(lr=1e-3))
     dp = DataParallelGroup(rank=rank, size=world)
-    engine = PolicyEngine(model, dp=dp, optimizer=optimizer, scheduler=build_scheduler(optimizer, OptimConfig(), 4))
+    norms = MicroBatchGradNorms(model)
+    engine = TrainingEngine(model, dp=dp, micro_batching=MicroBatching(micro_batch_size=MICRO), optimizer=optimizer,
+                            scheduler=build_scheduler(optimizer, OptimConfig(), 4), grad_clip=1e9,
+                            hooks=[Measure(norms)])
     local = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     batch = Batch(tensors={name: tensor[local] for name, tensor in data.items()})
-    norms = MicroBatchGradNorms(model)
-    metrics = train_mini_batch(model, optimizer, engine.scheduler, batch,
-                               norms.wrap(engine.sft_loss(), "token-mean", dp.size), loss_agg_mode="token-mean",
-                               micro_batching=MicroBatching(micro_batch_size=MICRO), dp=dp, grad_clip=1e9)
+    metrics = engine.optimizer_step(batch, SFTLoss(SequenceForward()))
     samples = norms.finish()
     summary = summarize(samples, dp)
     estimate = GradientNoiseScale().update(summary, GradientSample(norms.global_batch_size, metrics["grad_norm"] ** 2))

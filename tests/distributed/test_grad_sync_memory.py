@@ -17,7 +17,7 @@ from gloo_spawn import run_on_gloo
 
 from hybridrl.config.schema import ModelConfig
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
-from hybridrl.engines.accumulation import DataParallelGroup
+from hybridrl.engines.micro_batches import DataParallelGroup
 from hybridrl.modeling.model_builder import build_model
 
 pytestmark = pytest.mark.distributed

@@ -14,8 +14,9 @@ from gloo_spawn import run_on_gloo
 from hybridrl.config.schema import LoraConfig, ModelConfig, OptimConfig
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching
-from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.losses import PolicyLoss, SequenceForward
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
 
 pytestmark = pytest.mark.distributed
 
@@ -65,14 +66,15 @@ def run_rank(rank, world, model_dir, data, checkpoint_dir, out_path):
     shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions())
     optim = OptimConfig(lr=1e-2)
     optimizer = build_optimizer(model, optim)
-    engine = PolicyEngine(model, dp=DataParallelGroup(rank=rank, size=world), optimizer=optimizer,
-                          scheduler=build_scheduler(optimizer, optim, 10))
+    engine = TrainingEngine(model, dp=DataParallelGroup(rank=rank, size=world),
+                            micro_batching=MicroBatching(micro_batch_size=2), optimizer=optimizer,
+                            scheduler=build_scheduler(optimizer, optim, 10))
+    loss = PolicyLoss(forward=SequenceForward(), temperature=1.0)
     local = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     batch = Batch(tensors={name: tensor[local] for name, tensor in data.items()})
     before = full_params(model)
     for step in range(2):
-        engine.update_policy(batch, PolicyLossSettings(), MicroBatching(micro_batch_size=2),
-                             local_mini_batch_size=len(batch), seed=step)
+        engine.train_epochs(batch, loss, mini_batch_size=len(batch), seed=step)
     after = full_params(model)
     with torch.no_grad():
         lora_log_probs = log_probs(model, data)
@@ -83,8 +85,7 @@ def run_rank(rank, world, model_dir, data, checkpoint_dir, out_path):
 
     save_sharded(checkpoint_dir, model, optimizer, engine.scheduler, trainable_only=True)
     saved = full_params(model)
-    engine.update_policy(batch, PolicyLossSettings(), MicroBatching(micro_batch_size=2),
-                         local_mini_batch_size=len(batch), seed=7)
+    engine.train_epochs(batch, loss, mini_batch_size=len(batch), seed=7)
     moved = full_params(model)
     load_sharded(checkpoint_dir, model, optimizer, engine.scheduler, trainable_only=True)
     if rank == 0:

@@ -55,16 +55,16 @@ def test_lora_update_sync_reference_and_export(lora_group, model_dir, tmp_path):
     call = lora_group.call
     params = SamplingParams(n=2, max_new_tokens=RESPONSE, temperature=1.0, seed=11)
     rollout = call(ActorRolloutRefWorker.generate_sequences, prompt_batch(model_dir), params)
-    rollout = rollout.union(call(ActorRolloutRefWorker.compute_log_prob, rollout).select(Fields.OLD_LOG_PROBS))
-    rollout = rollout.union(call(ActorRolloutRefWorker.compute_ref_log_prob, rollout))
+    rollout = rollout.union(call(ActorRolloutRefWorker.compute_log_prob, rollout, 1.0).select(Fields.OLD_LOG_PROBS))
+    rollout = rollout.union(call(ActorRolloutRefWorker.compute_ref_log_prob, rollout, 1.0))
     rollout[Fields.ADVANTAGES] = torch.linspace(-1, 1, 8).unsqueeze(1).expand(8, RESPONSE).contiguous()
-    for _ in range(3):
-        call(ActorRolloutRefWorker.update_actor, rollout)
+    for step in range(3):
+        call(ActorRolloutRefWorker.update_actor, rollout, step=step, temperature=1.0)
     assert call(ActorRolloutRefWorker.sync_rollout_weights)["weight_sync/bytes"] > 0
 
     after = call(ActorRolloutRefWorker.generate_sequences, prompt_batch(model_dir), params)
-    actor = call(ActorRolloutRefWorker.compute_log_prob, after)[Fields.OLD_LOG_PROBS]
-    reference = call(ActorRolloutRefWorker.compute_ref_log_prob, after)[Fields.REF_LOG_PROBS]
+    actor = call(ActorRolloutRefWorker.compute_log_prob, after, 1.0)[Fields.OLD_LOG_PROBS]
+    reference = call(ActorRolloutRefWorker.compute_ref_log_prob, after, 1.0)[Fields.REF_LOG_PROBS]
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     base_log_probs = plain_log_probs(base, after)
     assert max_gap(reference, base_log_probs, after) < 1e-5  # reference = base, adapters disabled

@@ -20,20 +20,21 @@ from hybridrl.data.preference import PairFields
 from hybridrl.protocol import Batch
 from hybridrl.utils.collectives import CollectiveCounter
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
-from hybridrl.engines.accumulation import PAIR_MEAN, DataParallelGroup, MicroBatching, accumulate_gradients
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.losses import BradleyTerryLoss
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
 from hybridrl.modeling.fsdp import ShardingOptions, shard_model
 from hybridrl.modeling.model_builder import build_model
 from hybridrl.engines.optim import build_optimizer, build_scheduler
-from hybridrl.engines.preference import PreferenceEngine, PreferenceLossSettings
 from gloo_spawn import run_on_gloo
 
 pytestmark = pytest.mark.distributed
 
 PAIRS, PROMPT, RESPONSE = 8, 5, 6
 MICRO = ("1", "2", "whole")
-SETTINGS = PreferenceLossSettings(margin=0.1, center_coef=0.05)
+MARGIN, CENTER_COEF = 0.1, 0.05
 NUM_LAYERS = TinyModelSpec().num_layers  # the model save_tiny_model builds by default
-OPTIM = OptimConfig(lr=1e-3, weight_decay=0.01, eps=1e-6)  # eps as in test_grad_accum_invariance: see the note there
+OPTIM = OptimConfig(lr=1e-3, weight_decay=0.01, eps=1e-4)  # eps as in test_grad_accum_invariance: see the note there
 
 
 def make_pairs(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -71,9 +72,9 @@ def reference_loss(model, data):
             ids = data[f"{side}_input_ids"][row][data[f"{side}_attention_mask"][row].bool()]
             rewards.append(model(input_ids=ids[None]).logits[0, 0])  # one unpadded sequence at a time
         chosen, rejected = rewards
-        margin = data[PairFields.MARGIN][row] + SETTINGS.margin
+        margin = data[PairFields.MARGIN][row] + MARGIN
         total = total - torch.log(torch.sigmoid(chosen - rejected - margin))
-        total = total + SETTINGS.center_coef * (chosen + rejected) ** 2
+        total = total + CENTER_COEF * (chosen + rejected) ** 2
     return total / PAIRS
 
 
@@ -94,18 +95,19 @@ def run_cases(rank, world, model_dir, data, cases, out_path):
         model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "reward_model")
         shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions())
         optimizer = build_optimizer(model, OPTIM)
-        engine = PreferenceEngine(model, dp=DataParallelGroup(rank=rank, size=world), packed=packed,
-                                  optimizer=optimizer, scheduler=build_scheduler(optimizer, OPTIM, 10))
-        micro_batching = MicroBatching(micro_batch_size=len(batch) if micro == "whole" else int(micro))
-        loss_fn = engine.micro_batch_loss(SETTINGS)
+        micro_batching = MicroBatching(micro_batch_size=len(batch) if micro == "whole" else int(micro),
+                                       grad_sync=grad_sync)
+        engine = TrainingEngine(model, dp=DataParallelGroup(rank=rank, size=world), micro_batching=micro_batching,
+                                optimizer=optimizer, scheduler=build_scheduler(optimizer, OPTIM, 10))
+        loss = BradleyTerryLoss(packed=packed, margin=MARGIN, center_coef=CENTER_COEF)
         if full_step:  # through the engine's own step, as the RM worker runs it
+            model.train()
             with CollectiveCounter() as counter:
-                engine.update(batch, SETTINGS, micro_batching.micro_batch_size, grad_sync=grad_sync)
+                engine.optimizer_step(batch, loss)
             results[("reduce_scatters", micro, packed, full_step, grad_sync)] = counter.total("reduce_scatter")
             tensors = {name: param.detach().full_tensor() for name, param in model.named_parameters()}
         else:
-            accumulate_gradients(model, batch, loss_fn, loss_agg_mode=PAIR_MEAN, micro_batching=micro_batching,
-                                 dp=engine.dp)
+            engine.accumulate_gradients(batch, loss)
             tensors = {name: param.grad.full_tensor() for name, param in model.named_parameters()}
         results[(micro, packed, full_step, grad_sync)] = tensors
     if rank == 0:
@@ -146,7 +148,7 @@ def test_optimizer_step_equals_reference(engine_results, setup, case):
     model_dir, data = setup
     model, _ = reference_model_and_gradients(model_dir, data)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, eps=1e-6)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, eps=OPTIM.eps)
     before = {name: param.detach().clone() for name, param in model.named_parameters()}
     optimizer.step()
     update = {name: param.detach() - before[name] for name, param in model.named_parameters()}

@@ -19,8 +19,10 @@ from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.hf import HFRollout
 from hybridrl.utils.distributed import full_tensor
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
-from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, train_mini_batch
-from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.losses import PolicyLoss, SequenceForward
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
+from hybridrl.engines.passes import log_probs as policy_log_probs
 from hybridrl.modeling.fsdp import ShardingOptions, parameters_kept_gathered, shard_model
 from hybridrl.modeling.model_builder import build_model
 from hybridrl.engines.optim import build_optimizer, build_scheduler
@@ -28,7 +30,7 @@ from hybridrl.modeling.single_rank import _STATE_ATTRIBUTE, _cast_floats, apply_
 
 pytestmark = pytest.mark.distributed
 OPTIM = OptimConfig(lr=1e-2, weight_decay=0.01)
-SETTINGS = PolicyLossSettings(loss_scale_factor=6.0)
+LOSS = PolicyLoss(forward=SequenceForward(), temperature=1.0, loss_scale_factor=6.0)
 
 
 def make_batch(seed: int) -> Batch:
@@ -53,16 +55,15 @@ def run_layout(model_dir, keep_gathered: bool, checkpointing: bool, lora: bool) 
     shard_model(model, init_device_mesh("cpu", (1,)),
                 ShardingOptions(compute_dtype=torch.bfloat16, keep_gathered=keep_gathered))
     optimizer = build_optimizer(model, OPTIM)
-    engine = PolicyEngine(model, dp=DataParallelGroup(), optimizer=optimizer,
-                          scheduler=build_scheduler(optimizer, OPTIM, total_steps=10))
     micro_batching = MicroBatching(micro_batch_size=2, gather_once=True)
+    engine = TrainingEngine(model, dp=DataParallelGroup(), micro_batching=micro_batching, optimizer=optimizer,
+                            scheduler=build_scheduler(optimizer, OPTIM, total_steps=10), grad_clip=1e9)
     norms = []
     for step in range(2):
-        metrics = train_mini_batch(model, optimizer, engine.scheduler, make_batch(step),
-                                   engine.micro_batch_loss(SETTINGS, temperature=1.0), loss_agg_mode="token-mean",
-                                   micro_batching=micro_batching, dp=engine.dp, grad_clip=1e9)
+        metrics = engine.optimizer_step(make_batch(step), LOSS)
         norms.append(metrics["grad_norm"])
-    log_probs = engine.compute_log_prob(make_batch(5), micro_batching, with_entropy=False)["old_log_probs"]
+    log_probs = policy_log_probs(engine, make_batch(5), micro_batching, SequenceForward(), temperature=1.0,
+                                 with_entropy=False)["old_log_probs"]
     prompts = make_batch(6).select("input_ids", "attention_mask")
     rollout = HFRollout(model, pad_token_id=0, eos_token_ids=[1]).generate(
         prompts, SamplingParams(n=2, max_new_tokens=5, temperature=1.0, seed=3))

@@ -9,7 +9,7 @@ import torch
 from hybridrl.config.schema import ActorConfig, DataConfig, ModelConfig, RolloutConfig, TrainConfig, TrainerConfig
 from hybridrl.config.sizes import role_plan
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.engines.accumulation import DataParallelGroup
+from hybridrl.engines.micro_batches import DataParallelGroup
 from hybridrl.autotune.auto_micro_batch import memory_budget, resolve_plan
 
 pytestmark = pytest.mark.gpu

@@ -29,7 +29,7 @@ def scored_rollout(prompts, scores):
     """The rollout of ``prompts`` with ``N`` one-token responses each, sequence scores ``scores`` ``[G][N]``."""
     rows = len(prompts) * N
     rollout = assemble_rollout(prompts, N, torch.full((rows, 2), 3), torch.tensor([[1, 0]] * rows),
-                               torch.zeros(rows, 2), PAD, temperature=1.0)
+                               torch.zeros(rows, 2), PAD)
     token_scores = torch.zeros(rows, 2)
     token_scores[:, 0] = torch.tensor([score for group in scores for score in group], dtype=torch.float32)
     rollout[Fields.TOKEN_LEVEL_SCORES] = token_scores

@@ -31,12 +31,14 @@ def rollout_batch(rows=8, width=5, seed=0) -> Batch:
 
 def test_kl_in_reward_subtracts_coefficient_times_kl_per_token():
     batch = rollout_batch()
-    rewards, metrics = apply_kl_in_reward(batch, kl_coef=0.5, kind="k1")
+    penalised = apply_kl_in_reward(batch, kl_coef=0.5, kind="k1")
+    rewards, metrics = penalised.rewards, penalised.metrics()
     mask = batch[Fields.RESPONSE_MASK]
     kl = (batch[Fields.OLD_LOG_PROBS] - batch[Fields.REF_LOG_PROBS]) * mask
     assert torch.allclose(rewards, batch[Fields.TOKEN_LEVEL_SCORES] - 0.5 * kl)
     per_sequence = (kl.sum(-1) / mask.sum(-1)).mean()
     assert metrics["actor/reward_kl_penalty"] == pytest.approx(float(per_sequence))
+    assert penalised.mean_sequence_kl == metrics["actor/reward_kl_penalty"] and penalised.coef == 0.5
 
 
 def test_grpo_advantages_use_uid_groups():

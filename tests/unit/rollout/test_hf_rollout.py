@@ -60,7 +60,6 @@ def test_sampled_layout_and_log_prob_gate(setup):
     output = engine.generate(prompts, params)
     assert len(output) == 12 and list(output[Fields.UID][:3]) == ["p0"] * 3
     assert torch.equal(output[Fields.INPUT_IDS][:, -6:], output[Fields.RESPONSES])
-    assert output.meta["temperature"] == 0.7
     with torch.no_grad():
         trainer_log_probs, _ = response_log_probs(model, output[Fields.INPUT_IDS], output[Fields.ATTENTION_MASK], 6,
                                                   temperature=0.7)

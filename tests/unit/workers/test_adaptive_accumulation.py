@@ -8,7 +8,8 @@ import torch
 
 from hybridrl.config.schema import AdaptiveAccumulationConfig, OptimConfig
 from hybridrl.autotune.adaptive_accumulation import AccumulationControl, ScaledSchedule, allowed_steps
-from hybridrl.autotune.grad_noise import GradientNoiseScale, GradientSample, SmallBatchSummary
+from hybridrl.autotune.grad_noise import GradientNoiseScale, GradientSample, NoiseScaleMonitor, SmallBatchSummary
+from hybridrl.engines.micro_batches import DataParallelGroup
 from hybridrl.engines.optim import build_scheduler
 
 
@@ -17,6 +18,11 @@ def sgd_with_warmup(lr: float = 1.0, warmup: int = 4):
     optimizer = torch.optim.SGD([param], lr=lr)
     scheduler = build_scheduler(optimizer, OptimConfig(lr=lr, lr_warmup_steps=warmup), total_steps=100)
     return param, optimizer, scheduler
+
+
+def monitor() -> NoiseScaleMonitor:
+    """The measurement a control feeds on in training; these tests feed it constructed estimates instead."""
+    return NoiseScaleMonitor(torch.nn.Linear(1, 1), DataParallelGroup())
 
 
 def test_allowed_steps_divide_the_step_and_keep_the_reference():
@@ -60,7 +66,7 @@ def test_steps_follow_a_constructed_noise_scale_sequence():
     config = AdaptiveAccumulationConfig(enable=True, min_steps=1, max_steps=8, lr_scaling="sqrt", tolerance=2.0,
                                         min_updates=3)
     control = AccumulationControl.from_config(config, optimizer, scheduler, micro_batch_size=2, reference_steps=2,
-                                              world_size=2, local_step_sequences=32)
+                                              world_size=2, local_step_sequences=32, monitor=monitor())
     assert control.rule.allowed_steps() == [1, 2, 4, 8]
     noise = GradientNoiseScale(ema_decay=0.5)
     tokens_per_micro_step = 20
@@ -85,7 +91,7 @@ def test_a_raise_sets_the_rate_metrics_and_the_schedule_clock():
     _, optimizer, scheduler = sgd_with_warmup(lr=0.1, warmup=0)
     config = AdaptiveAccumulationConfig(enable=True, min_steps=1, max_steps=8, lr_scaling="linear", min_updates=1)
     control = AccumulationControl.from_config(config, optimizer, scheduler, micro_batch_size=2, reference_steps=2,
-                                              world_size=2, local_step_sequences=32)
+                                              world_size=2, local_step_sequences=32, monitor=monitor())
     noise = GradientNoiseScale(ema_decay=0.0)
     noise_update(noise, 1000.0)  # B_simple 1000 vs a 40-token mini-batch: 50 steps wanted → 8 (the bound)
     decision = control.update(40, noise.latest)
@@ -102,4 +108,4 @@ def test_bounds_must_contain_the_configured_steps():
     with pytest.raises(ValueError, match=r"\[4, 8\] must contain the configured 2"):
         AccumulationControl.from_config(AdaptiveAccumulationConfig(enable=True, min_steps=4, max_steps=8), optimizer,
                                         scheduler, micro_batch_size=1, reference_steps=2, world_size=1,
-                                        local_step_sequences=8)
+                                        local_step_sequences=8, monitor=monitor())

@@ -21,7 +21,7 @@ from hybridrl.config.schema import (
 )
 from hybridrl.config.sizes import role_plan
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.engines.accumulation import DataParallelGroup
+from hybridrl.engines.micro_batches import DataParallelGroup
 from hybridrl.autotune.auto_micro_batch import memory_budget, resolve_plan, sizing_options
 from hybridrl.autotune.memory_sizing import DecoderShape, Precision, estimate_micro_batch_bytes, format_bytes
 

@@ -17,17 +17,19 @@ from torch import nn
 
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
-from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching, accumulate_gradients
+from hybridrl.autotune.adaptive_accumulation import AdaptiveAccumulation
 from hybridrl.autotune.grad_noise import (
-    AdaptiveAccumulation,
     GradientNoiseScale,
     GradientSample,
     MicroBatchGradNorms,
     NoiseScaleEstimate,
+    NoiseScaleMonitor,
     SmallBatchSummary,
     summarize,
     unbiased_estimates,
 )
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
 from hybridrl.modeling.sequences import response_log_probs
 
 DIM, SIGMA = 8, 1.0
@@ -132,8 +134,8 @@ def test_hooks_measure_each_micro_batch_gradient():
     assert norms.finish() == []
 
 
-def test_wrapped_loss_inside_the_real_accumulation_loop():
-    """Through ``accumulate_gradients`` on a tiny HF model with activation checkpointing (hooks must survive the
+def test_monitor_hook_inside_the_real_accumulation_loop():
+    """Through ``TrainingEngine.accumulate_gradients`` on a tiny HF model with activation checkpointing (hooks must survive the
     recompute): each sample is the micro-batch's own mean gradient, and the summary reproduces the big batch."""
     spec = TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=96)
     model = build_tiny_model(spec, 40, pad_token_id=0, eos_token_id=1).double().train()
@@ -146,13 +148,18 @@ def test_wrapped_loss_inside_the_real_accumulation_loop():
     data = Batch(tensors=dict(input_ids=input_ids, attention_mask=attention_mask,
                               response_mask=attention_mask[:, -4:].clone()))
 
-    def loss_fn(micro_batch, normalizer):
-        log_probs, _ = response_log_probs(model, micro_batch["input_ids"], micro_batch["attention_mask"], 4)
-        return -(log_probs * micro_batch["response_mask"]).sum() / normalizer, {}
+    class TokenNLL:
+        agg_mode = "token-mean"
 
-    norms = MicroBatchGradNorms(model)
-    accumulate_gradients(model, data, norms.wrap(loss_fn, "token-mean"), loss_agg_mode="token-mean",
-                         micro_batching=MicroBatching(micro_batch_size=2), dp=DataParallelGroup())
+        def __call__(self, model, micro_batch, normalizer):
+            log_probs, _ = response_log_probs(model, micro_batch["input_ids"], micro_batch["attention_mask"], 4)
+            return -(log_probs * micro_batch["response_mask"]).sum() / normalizer, {}
+
+    loss_fn = TokenNLL()
+    monitor = NoiseScaleMonitor(model, DataParallelGroup())
+    engine = TrainingEngine(model, dp=DataParallelGroup(), micro_batching=MicroBatching(micro_batch_size=2))
+    engine.accumulate_gradients(data, loss_fn, hooks=[monitor])
+    norms = monitor.norms
     samples = norms.finish()
     big_sq = sum(float(p.grad.pow(2).sum()) for p in model.parameters())
     assert norms.global_batch_size == float(data["response_mask"].sum()) == 19
@@ -160,7 +167,7 @@ def test_wrapped_loss_inside_the_real_accumulation_loop():
     for sample, rows in zip(samples, (slice(0, 2), slice(2, 4), slice(4, 6))):
         model.zero_grad()
         part = data.index(list(range(6))[rows])
-        loss, _ = loss_fn(part, part["response_mask"].sum())  # the micro-batch's own token mean
+        loss, _ = loss_fn(model, part, part["response_mask"].sum())  # the micro-batch's own token mean
         loss.backward()
         expected = sum(float(p.grad.pow(2).sum()) for p in model.parameters())
         # HF's RMSNorm computes in fp32 even in a float64 model, so the two scalings round differently at ~1e-9

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from hybridrl.config import load_config
-from hybridrl.engines.accumulation import MicroBatching
-from hybridrl.workers.actor_worker import log_prob_micro_batching, training_micro_batching
+from hybridrl.engines.micro_batches import MicroBatching
+from hybridrl.workers.building import log_prob_micro_batching, training_micro_batching
 from hybridrl.modeling.fsdp import syncs_gradients
 
 

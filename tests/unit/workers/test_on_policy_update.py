@@ -14,8 +14,10 @@ from hybridrl.config.schema import ModelConfig, OptimConfig
 from hybridrl.config.sizes import reuses_update_log_probs
 from hybridrl.protocol import Batch, Fields
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.engines.accumulation import DataParallelGroup, MicroBatching
-from hybridrl.engines.policy import PolicyEngine, PolicyLossSettings
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.losses import PolicyLoss, SequenceForward
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
+from hybridrl.engines.passes import check_on_policy, log_probs
 from hybridrl.modeling.model_builder import build_model
 from hybridrl.engines.optim import build_optimizer, build_scheduler
 
@@ -34,11 +36,17 @@ def rollout_rows() -> Batch:
                           Fields.ADVANTAGES: torch.randn(ROWS, RESPONSE, generator=generator)})
 
 
-def engine(model) -> PolicyEngine:
+def engine(model, micro_batching: MicroBatching) -> TrainingEngine:
     optim = OptimConfig(lr=1e-2, eps=1e-6)
     optimizer = build_optimizer(model, optim)
-    return PolicyEngine(model, dp=DataParallelGroup(), optimizer=optimizer,
-                        scheduler=build_scheduler(optimizer, optim, total_steps=2))
+    return TrainingEngine(model, dp=DataParallelGroup(), micro_batching=micro_batching, optimizer=optimizer,
+                          scheduler=build_scheduler(optimizer, optim, total_steps=2))
+
+
+def update(engine: TrainingEngine, rows: Batch, loss: PolicyLoss, *, mini_batch_size: int, epochs: int = 1) -> dict:
+    """What ``ActorRolloutRefWorker.update_actor`` runs: the on-policy check, then the PPO epochs."""
+    check_on_policy(rows, epochs=epochs, mini_batch_size=mini_batch_size)
+    return engine.train_epochs(rows, loss, mini_batch_size=mini_batch_size, epochs=epochs)
 
 
 @pytest.mark.parametrize("policy_loss", ["vanilla", "gspo", "cispo"])
@@ -46,13 +54,14 @@ def test_update_without_old_log_probs_equals_the_recomputed_one(tmp_path, policy
     model = build_model(ModelConfig(path=str(save_tiny_model(tmp_path / "m")), dtype="float32"), "actor")
     twin, initial = copy.deepcopy(model), copy.deepcopy(model)
     rows = rollout_rows()
-    settings = PolicyLossSettings(policy_loss=policy_loss, entropy_coeff=0.01)
+    loss = PolicyLoss(forward=SequenceForward(), temperature=1.0, policy_loss=policy_loss, entropy_coeff=0.01)
     micro = MicroBatching(micro_batch_size=3)  # the log-prob pass and the update cut the batch differently
-    recomputing, reusing = engine(model), engine(twin)
-    with_old = rows.union(recomputing.compute_log_prob(rows, MicroBatching(micro_batch_size=8), with_entropy=False))
+    recomputing, reusing = engine(model, micro), engine(twin, micro)
+    with_old = rows.union(log_probs(recomputing, rows, MicroBatching(micro_batch_size=8), SequenceForward(),
+                                    temperature=1.0, with_entropy=False))
     assert Fields.OLD_LOG_PROBS in with_old and Fields.OLD_LOG_PROBS not in rows
-    logged_with = recomputing.update_policy(with_old, settings, micro, local_mini_batch_size=ROWS)
-    logged_without = reusing.update_policy(rows, settings, micro, local_mini_batch_size=ROWS)
+    logged_with = update(recomputing, with_old, loss, mini_batch_size=ROWS)
+    logged_without = update(reusing, rows, loss, mini_batch_size=ROWS)
     for (name, param), twin_param in zip(model.named_parameters(), twin.parameters()):
         assert torch.allclose(param, twin_param, rtol=1e-5, atol=1e-7), name
     assert logged_without["pg_loss"] == pytest.approx(logged_with["pg_loss"], rel=1e-5, abs=1e-7)
@@ -62,12 +71,11 @@ def test_update_without_old_log_probs_equals_the_recomputed_one(tmp_path, policy
 
 def test_update_without_old_log_probs_is_refused_off_policy(tmp_path):
     model = build_model(ModelConfig(path=str(save_tiny_model(tmp_path / "m")), dtype="float32"), "actor")
-    rows, settings = rollout_rows(), PolicyLossSettings()
+    rows, loss = rollout_rows(), PolicyLoss(forward=SequenceForward(), temperature=1.0)
     with pytest.raises(ValueError, match="no old_log_probs.*2 epoch"):
-        engine(model).update_policy(rows, settings, MicroBatching(micro_batch_size=4), local_mini_batch_size=ROWS,
-                                    epochs=2)
+        update(engine(model, MicroBatching(micro_batch_size=4)), rows, loss, mini_batch_size=ROWS, epochs=2)
     with pytest.raises(ValueError, match="mini-batches of 4 of 8 rows"):
-        engine(model).update_policy(rows, settings, MicroBatching(micro_batch_size=4), local_mini_batch_size=4)
+        update(engine(model, MicroBatching(micro_batch_size=4)), rows, loss, mini_batch_size=4)
 
 
 @pytest.mark.parametrize("overrides, reuses", [

@@ -8,9 +8,10 @@ import torch
 from hybridrl.config import load_config
 from hybridrl.data.preference import PreferencePair, encode_pairs
 from hybridrl.utils.tiny_model import save_tiny_model
-from hybridrl.engines.accumulation import DataParallelGroup
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.losses import BradleyTerryLoss, pair_rewards
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
 from hybridrl.engines.optim import build_optimizer, build_scheduler
-from hybridrl.engines.preference import PreferenceEngine, PreferenceLossSettings, pair_rewards
 from hybridrl.workers.rm_train_worker import build_reward_model
 
 
@@ -27,9 +28,10 @@ def test_one_step_on_a_checkpointed_reward_model(tmp_path):
         padded, packed = pair_rewards(model, pairs, packed=False), pair_rewards(model, pairs, packed=True)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(padded, packed))
     optimizer = build_optimizer(model, config.optim)
-    engine = PreferenceEngine(model, dp=DataParallelGroup(), packed=True, optimizer=optimizer,
-                              scheduler=build_scheduler(optimizer, config.optim, 10))
-    metrics = engine.update(pairs, PreferenceLossSettings(), micro_batch_size=2)
+    engine = TrainingEngine(model, dp=DataParallelGroup(), micro_batching=MicroBatching(micro_batch_size=2),
+                            optimizer=optimizer, scheduler=build_scheduler(optimizer, config.optim, 10))
+    model.train()
+    metrics = engine.optimizer_step(pairs, BradleyTerryLoss(packed=True))
     assert metrics["skipped_step"] == 0 and metrics["grad_norm"] > 0 and 0 <= metrics["accuracy"] <= 1
     model.eval()
     with torch.no_grad():

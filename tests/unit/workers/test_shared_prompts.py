@@ -11,7 +11,7 @@ from transformers import AutoModelForTokenClassification
 from hybridrl.config.schema import ModelConfig
 from hybridrl.protocol import Batch, Fields
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
-from hybridrl.engines.accumulation import iterate_mini_batches
+from hybridrl.engines.micro_batches import iterate_mini_batches
 from hybridrl.modeling.model_builder import build_model
 from hybridrl.modeling.sequences import response_log_probs, response_values
 from hybridrl.modeling.shared_prompts import (attention_takes_custom_mask, group_rows, grouping_pays, prompt_groups,

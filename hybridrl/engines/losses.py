@@ -1,0 +1,251 @@
+"""The losses a training engine backpropagates, one small object per trained role, and their normalisers.
+
+A loss is called on one micro-batch with the **global** normaliser of its mini-batch — the valid tokens, sequences
+or pairs of the whole mini-batch over every micro-batch and every data-parallel rank (:func:`global_normalizer`) —
+and returns ``(loss, metrics)``: the micro-batch's *share* of the mini-batch loss, so the shares of all micro-batches
+on all ranks sum to the loss of one big batch. ``agg_mode`` says what the normaliser counts.
+
+- :class:`PolicyLoss` — PPO-style clipped policy loss (``actor.policy_loss``), entropy bonus, KL loss;
+- :class:`SFTLoss` — negative log-likelihood of the response tokens (SFT, PPO-ptx, EWC's Fisher);
+- :class:`ValueLoss` — the critic's clipped value loss;
+- :class:`BradleyTerryLoss` — reward-model training on (chosen, rejected) pairs;
+- :class:`Scaled` — ``coef × loss`` with its metrics renamed (PPO-ptx's term).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+import torch
+from torch import nn
+
+from hybridrl.algorithms import POLICY_LOSSES, aggregate_loss, kl_penalty, loss_normalizer, masked_mean, value_loss
+from hybridrl.algorithms.preference import bradley_terry_loss
+from hybridrl.config.schema import ActorConfig, CriticConfig
+from hybridrl.data.preference import PairFields
+from hybridrl.engines.micro_batches import DataParallelGroup
+from hybridrl.modeling.sequences import response_log_probs, response_values, sequence_scores
+from hybridrl.protocol import Batch, Fields
+
+PAIR_MEAN = "pair-mean"
+"""The ``agg_mode`` of preference losses: a mean over rows, each row one (chosen, rejected) pair, so the normaliser
+is the global pair count. Pair batches carry no ``response_mask``."""
+
+ADDITIVE_METRICS = frozenset({"pg_loss", "vf_loss", "loss"})
+"""Metrics that are each micro-batch's share of the mini-batch loss: summed over micro-batches, not averaged."""
+
+
+def local_normalizer(batch: Batch, agg_mode: str) -> torch.Tensor:
+    """This batch's share of the normaliser: valid tokens or sequences (``response_mask``), or rows for ``pair-mean``."""
+    if agg_mode == PAIR_MEAN:
+        return torch.tensor(len(batch), dtype=torch.int64)
+    return loss_normalizer(batch[Fields.RESPONSE_MASK], agg_mode)
+
+
+def global_normalizer(batch: Batch, agg_mode: str, dp: DataParallelGroup) -> torch.Tensor:
+    """The mini-batch's loss normaliser: valid tokens, sequences or pairs of this rank's part, summed over DP ranks
+    (a 0-d float64 tensor; one all-reduce)."""
+    count = local_normalizer(batch, agg_mode).to(torch.float64).reshape(1)
+    return dp.sum(count).reshape(())
+
+
+def metric_weight(batch: Batch, agg_mode: str) -> float:
+    """Weight of a micro-batch's mean metrics in the mini-batch mean: valid response tokens, or pairs."""
+    if agg_mode == PAIR_MEAN:
+        return float(len(batch))
+    return float(batch[Fields.RESPONSE_MASK].sum())
+
+
+class Loss(Protocol):
+    """What :meth:`~hybridrl.engines.base.TrainingEngine.optimizer_step` calls on every micro-batch."""
+
+    agg_mode: str
+    """What the normaliser counts: an ``actor.loss_agg_mode`` (tokens or sequences) or :data:`PAIR_MEAN`."""
+
+    def __call__(self, model: nn.Module, micro_batch: Batch,
+                 normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """``(this micro-batch's share of the mini-batch loss, its metrics as floats)``."""
+
+
+@dataclass(frozen=True)
+class SequenceForward:
+    """How prompt + response rows go through a model (:mod:`hybridrl.modeling.sequences`): ``packed`` without pad
+    tokens (``model.use_remove_padding``), ``share_prompts`` one copy of a prompt for all its responses."""
+
+    packed: bool = False
+    share_prompts: bool = False
+
+    @property
+    def groups_prompts(self) -> bool:
+        """Whether shuffled mini-batches are put back in prompt order, so micro-batches hold whole groups."""
+        return self.share_prompts and not self.packed
+
+    def log_probs(self, model: nn.Module, batch: Batch, *, temperature: float, with_entropy: bool = False,
+                  entropy_grad: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """``(log_probs [B, R], entropy [B, R] or None)`` of ``batch``'s responses (nats, at ``temperature``)."""
+        return response_log_probs(model, batch[Fields.INPUT_IDS], batch[Fields.ATTENTION_MASK],
+                                  batch[Fields.RESPONSE_MASK].shape[-1], temperature=temperature, packed=self.packed,
+                                  share_prompts=self.share_prompts,
+                                  with_entropy=with_entropy, entropy_grad=entropy_grad)
+
+    def values(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """Critic values ``[B, R]`` of the state before each response token."""
+        return response_values(model, batch[Fields.INPUT_IDS], batch[Fields.ATTENTION_MASK],
+                               batch[Fields.RESPONSE_MASK].shape[-1], packed=self.packed,
+                               share_prompts=self.share_prompts)
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """The actor's loss: ``POLICY_LOSSES[policy_loss]`` on the ratio to ``old_log_probs`` (or, exactly on-policy,
+    to its own log-probs detached), minus ``entropy_coeff`` × entropy, plus ``kl_loss_coef`` × KL to the reference.
+    Every term is aggregated with the same ``loss_agg_mode`` and global normaliser.
+
+    ``temperature``: the one the rollout sampled at (log-probs must be of that distribution).
+    ``loss_scale_factor``: the constant horizon of ``seq-mean-token-sum-norm`` (the maximum response length).
+    """
+
+    forward: SequenceForward
+    temperature: float
+    policy_loss: str = "vanilla"
+    loss_agg_mode: str = "token-mean"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    loss_scale_factor: Optional[float] = None
+
+    @classmethod
+    def from_config(cls, actor: ActorConfig, max_response_length: int, *, forward: SequenceForward,
+                    temperature: float) -> "PolicyLoss":
+        return cls(forward=forward, temperature=temperature, policy_loss=actor.policy_loss,
+                   loss_agg_mode=actor.loss_agg_mode, clip_ratio_low=actor.clip_ratio_low,
+                   clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c,
+                   entropy_coeff=actor.entropy_coeff, use_kl_loss=actor.use_kl_loss, kl_loss_coef=actor.kl_loss_coef,
+                   kl_loss_type=actor.kl_loss_type, loss_scale_factor=float(max_response_length))
+
+    @property
+    def agg_mode(self) -> str:
+        return self.loss_agg_mode
+
+    def __call__(self, model: nn.Module, micro_batch: Batch,
+                 normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        response_mask = micro_batch[Fields.RESPONSE_MASK]
+        log_prob, entropy = self.forward.log_probs(model, micro_batch, temperature=self.temperature,
+                                                   with_entropy=True, entropy_grad=self.entropy_coeff != 0)
+        aggregate = dict(response_mask=response_mask, mode=self.loss_agg_mode, normalizer=normalizer,
+                         loss_scale_factor=self.loss_scale_factor)
+        # Without old log-probs the update is exactly on-policy (the engine's caller checks it): π_old = π_θ.
+        old_log_prob = micro_batch[Fields.OLD_LOG_PROBS] if Fields.OLD_LOG_PROBS in micro_batch else log_prob.detach()
+        loss, metrics = POLICY_LOSSES[self.policy_loss](
+            old_log_prob=old_log_prob, log_prob=log_prob, advantages=micro_batch[Fields.ADVANTAGES],
+            response_mask=response_mask, clip_ratio_low=self.clip_ratio_low, clip_ratio_high=self.clip_ratio_high,
+            clip_ratio_c=self.clip_ratio_c, loss_agg_mode=self.loss_agg_mode, normalizer=normalizer,
+            loss_scale_factor=self.loss_scale_factor)
+        metrics = {name: float(value) for name, value in metrics.items()}
+        metrics["entropy"] = float(masked_mean(entropy.detach(), response_mask))
+        if self.entropy_coeff != 0:
+            loss = loss - self.entropy_coeff * aggregate_loss(entropy, **aggregate)
+        if self.use_kl_loss:
+            kl = kl_penalty(log_prob, micro_batch[Fields.REF_LOG_PROBS], self.kl_loss_type)
+            loss = loss + self.kl_loss_coef * aggregate_loss(kl, **aggregate)
+            metrics["kl_loss"] = float(masked_mean(kl.detach(), response_mask))
+        return loss, metrics
+
+
+@dataclass(frozen=True)
+class SFTLoss:
+    """Negative log-likelihood of the response tokens, token-mean over the whole mini-batch (global normaliser), so
+    supervised accumulation is exact too."""
+
+    forward: SequenceForward
+    agg_mode: str = "token-mean"
+
+    def __call__(self, model: nn.Module, micro_batch: Batch,
+                 normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        response_mask = micro_batch[Fields.RESPONSE_MASK]
+        log_prob, _ = self.forward.log_probs(model, micro_batch, temperature=1.0)
+        loss = aggregate_loss(-log_prob, response_mask, "token-mean", normalizer=normalizer)
+        return loss, {"sft_loss": float(masked_mean(-log_prob.detach(), response_mask))}
+
+
+@dataclass(frozen=True)
+class ValueLoss:
+    """The critic's clipped value loss against ``returns`` (``values`` = the values the rollout step computed)."""
+
+    forward: SequenceForward
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    loss_scale_factor: Optional[float] = None
+
+    @classmethod
+    def from_config(cls, critic: CriticConfig, max_response_length: int, *,
+                    forward: SequenceForward) -> "ValueLoss":
+        return cls(forward=forward, cliprange_value=critic.cliprange_value, loss_agg_mode=critic.loss_agg_mode,
+                   loss_scale_factor=float(max_response_length))
+
+    @property
+    def agg_mode(self) -> str:
+        return self.loss_agg_mode
+
+    def __call__(self, model: nn.Module, micro_batch: Batch,
+                 normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        predictions = self.forward.values(model, micro_batch)
+        loss, metrics = value_loss(predictions, micro_batch[Fields.VALUES], micro_batch[Fields.RETURNS],
+                                   micro_batch[Fields.RESPONSE_MASK], self.cliprange_value, self.loss_agg_mode,
+                                   normalizer=normalizer, loss_scale_factor=self.loss_scale_factor)
+        return loss, {name: float(value) for name, value in metrics.items()}
+
+
+def pair_rewards(model: nn.Module, pairs: Batch, *, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(chosen [b], rejected [b])`` rewards of a pair micro-batch from **one** forward of its ``2b`` sequences.
+
+    Padded: chosen and rejected rows are stacked into ``[2b, T]`` (each row its own sequence: the attention mask keeps
+    them apart). Packed: the real tokens of all ``2b`` sequences form one row with per-sequence position ids, so the
+    causal mask is block-diagonal — no attention between a chosen response and its rejected twin.
+    """
+    input_ids = torch.cat([pairs[PairFields.CHOSEN_INPUT_IDS], pairs[PairFields.REJECTED_INPUT_IDS]])
+    attention_mask = torch.cat([pairs[PairFields.CHOSEN_ATTENTION_MASK], pairs[PairFields.REJECTED_ATTENTION_MASK]])
+    scores = sequence_scores(model, input_ids, attention_mask, packed=packed)
+    return scores[:len(pairs)], scores[len(pairs):]
+
+
+@dataclass(frozen=True)
+class BradleyTerryLoss:
+    """``−log σ(r_chosen − r_rejected − margin)`` per pair (the row's ``margin`` plus a constant one), with an
+    optional centring term ``center_coef · (r_chosen + r_rejected)²`` (``rm.loss``)."""
+
+    packed: bool = False
+    margin: float = 0.0
+    center_coef: float = 0.0
+    agg_mode: str = PAIR_MEAN
+
+    def __call__(self, model: nn.Module, micro_batch: Batch,
+                 normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        chosen, rejected = pair_rewards(model, micro_batch, packed=self.packed)
+        loss, metrics = bradley_terry_loss(chosen, rejected, normalizer=normalizer,
+                                           margin=micro_batch[PairFields.MARGIN] + self.margin,
+                                           center_coef=self.center_coef)
+        return loss, {name: float(value) for name, value in metrics.items()}
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """``coef × loss`` with its metrics renamed ``{prefix}{name}`` (PPO-ptx's SFT term: ``ptx/sft_loss``)."""
+
+    loss: Loss
+    coef: float
+    prefix: str
+
+    @property
+    def agg_mode(self) -> str:
+        return self.loss.agg_mode
+
+    def __call__(self, model: nn.Module, micro_batch: Batch,
+                 normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        value, metrics = self.loss(model, micro_batch, normalizer)
+        return self.coef * value, {f"{self.prefix}{name}": metric for name, metric in metrics.items()}

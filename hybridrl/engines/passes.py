@@ -1,0 +1,53 @@
+"""No-grad passes of a training engine over a whole batch: log-probs, values, pair rewards.
+
+Each runs :meth:`~hybridrl.engines.base.TrainingEngine.forward` over the batch's micro-batches (eval mode, parameters
+gathered once per pass with ``gather_once``) and returns a :class:`~hybridrl.protocol.Batch` in the input's row order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridrl.data.preference import PairFields
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.losses import SequenceForward, pair_rewards
+from hybridrl.engines.micro_batches import MicroBatching
+from hybridrl.protocol import Batch, Fields
+
+
+def log_probs(engine: TrainingEngine, data: Batch, micro_batching: MicroBatching, forward: SequenceForward, *,
+              temperature: float, with_entropy: bool = True) -> Batch:
+    """``old_log_probs [B, R]`` (nats, at the rollout's ``temperature``) of ``data``'s responses, and ``entropy``
+    unless ``with_entropy=False``."""
+
+    def outputs_of(micro_batch: Batch) -> dict[str, torch.Tensor]:
+        log_prob, entropy = forward.log_probs(engine.model, micro_batch, temperature=temperature,
+                                              with_entropy=with_entropy)
+        return {Fields.OLD_LOG_PROBS: log_prob, **({Fields.ENTROPY: entropy} if with_entropy else {})}
+
+    return engine.forward(data, micro_batching, outputs_of)
+
+
+def values(engine: TrainingEngine, data: Batch, micro_batching: MicroBatching, forward: SequenceForward) -> Batch:
+    """``values [B, R]``: the value model's estimate of the state before each response token."""
+    return engine.forward(data, micro_batching,
+                          lambda micro_batch: {Fields.VALUES: forward.values(engine.model, micro_batch)})
+
+
+def pair_rewards_of(engine: TrainingEngine, pairs: Batch, micro_batching: MicroBatching, *, packed: bool) -> Batch:
+    """``chosen_rewards [B]`` and ``rejected_rewards [B]`` of a reward model on preference pairs."""
+
+    def outputs_of(micro_batch: Batch) -> dict[str, torch.Tensor]:
+        chosen, rejected = pair_rewards(engine.model, micro_batch, packed=packed)
+        return {PairFields.CHOSEN_REWARDS: chosen, PairFields.REJECTED_REWARDS: rejected}
+
+    return engine.forward(pairs, micro_batching, outputs_of)
+
+
+def check_on_policy(data: Batch, *, epochs: int, mini_batch_size: int) -> None:
+    """Without ``old_log_probs`` a policy update uses its own log-probs, detached, as π_old: only right when the
+    update is exactly on-policy — one epoch over one mini-batch. Anything else is refused (``ValueError``)."""
+    if Fields.OLD_LOG_PROBS not in data and (epochs != 1 or mini_batch_size != len(data)):
+        raise ValueError(f"no old_log_probs: only an on-policy update (one epoch over one mini-batch) may use its "
+                         f"own log-probs, but this one has {epochs} epoch(s) over mini-batches of "
+                         f"{mini_batch_size} of {len(data)} rows")

@@ -1,0 +1,53 @@
+"""What every trained role builds the same way on its rank: its data-parallel group, sharding options and
+micro-batching (from the role's config section and its resolved batch plan)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from hybridrl.config.schema import TrainConfig
+from hybridrl.config.sizes import gathers_once
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
+from hybridrl.modeling.fsdp import ShardingOptions
+from hybridrl.modeling.model_builder import torch_dtype
+from hybridrl.runtime import Worker
+
+
+def data_parallel_group(worker: Worker) -> DataParallelGroup:
+    """The worker's data-parallel group (all ranks of the group; FSDP shards over it)."""
+    mesh = worker.dp_mesh
+    return DataParallelGroup(group=mesh.get_group() if mesh is not None else None, rank=worker.rank,
+                             size=worker.world_size)
+
+
+def sharding_options(model_dtype: str, fsdp, *, keep_gathered: bool,
+                     param_offload: Optional[bool] = None) -> ShardingOptions:
+    """FSDP2 options of a role: compute dtype ``model.dtype``; ``reduce_dtype``, ``reshard_after_forward`` and
+    (unless given) ``param_offload`` from its ``fsdp`` section; ``keep_gathered``: ``gather_once`` as resolved."""
+    return ShardingOptions(compute_dtype=torch_dtype(model_dtype), reduce_dtype=torch_dtype(fsdp.reduce_dtype),
+                           reshard_after_forward=fsdp.reshard_after_forward,
+                           param_offload=fsdp.param_offload if param_offload is None else param_offload,
+                           keep_gathered=keep_gathered)
+
+
+def log_prob_micro_batching(config: TrainConfig, micro_batch_size: int | None, ppo_micro_batch_size: int | None,
+                            device_type: str, world_size: int) -> MicroBatching:
+    """Micro-batches of no-grad forwards: the role's log-prob size, else the PPO micro-batch (as resolved, when
+    ``auto``: a forward without gradients needs less than the forward/backward it was sized for), or the token
+    budget; parameters gathered once per pass as ``actor.fsdp.gather_once`` says."""
+    gather_once = gathers_once(config.actor.fsdp.gather_once, device_type, world_size)
+    if config.actor.use_dynamic_bsz:
+        return MicroBatching(max_tokens=config.actor.ppo_max_token_len_per_gpu, gather_once=gather_once)
+    return MicroBatching(micro_batch_size=micro_batch_size or ppo_micro_batch_size, gather_once=gather_once)
+
+
+def training_micro_batching(role_config, micro_batch_size: int | None, device_type: str,
+                            world_size: int) -> MicroBatching:
+    """Micro-batches of a role's update (``ActorConfig`` / ``CriticConfig``): its token budget with
+    ``use_dynamic_bsz``, else ``micro_batch_size`` sequences; gradients synced as its ``fsdp.grad_sync`` says,
+    parameters gathered once per step as its ``fsdp.gather_once`` says."""
+    options = dict(grad_sync=role_config.fsdp.grad_sync,
+                   gather_once=gathers_once(role_config.fsdp.gather_once, device_type, world_size))
+    if role_config.use_dynamic_bsz:
+        return MicroBatching(max_tokens=role_config.ppo_max_token_len_per_gpu, **options)
+    return MicroBatching(micro_batch_size=micro_batch_size, **options)
