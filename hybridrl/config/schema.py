@@ -454,6 +454,11 @@ class TrainerConfig(FreezableConfig):
     """Prometheus endpoint and cost estimate."""
     health: HealthConfig = field(default_factory=HealthConfig)
     """Training-health alarms (KL band, reward collapse, entropy collapse)."""
+    plugins: list[str] = field(default_factory=list)
+    """Python files (``.py`` paths) or importable module names run before the config is validated, in the
+    controller and in every worker: they add components to the registries (``@ADVANTAGE_ESTIMATORS.register(...)``,
+    ``@POLICY_LOSSES.register(...)``, ``@ROLLOUT_ENGINES.register(...)``), whose names the config then accepts.
+    Example: ``recipes/plugin_example.py``."""
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 from hybridrl.config.components import COMPONENT_REGISTRIES, registered_names, value_at
 from hybridrl.config.checks import _choice, _positive, _require, critic_enabled
 from hybridrl.config.errors import PREFORMATTED, ConfigError
+from hybridrl.config.plugins import load_plugins
 from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS
 from hybridrl.config.rm_schema import SYNTHETIC_PREFERENCES, RMConfig
 from hybridrl.config.schema import LR_SCALINGS, TrainConfig
@@ -42,6 +43,10 @@ def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
     compose a recipe meant for a GPU cluster.
     """
     error = ConfigError()
+    try:  # first: the components they register are valid choices below
+        load_plugins(config.trainer.plugins)
+    except ConfigError as plugin_error:
+        error.extend(plugin_error)
     for check in (_check_sizes, _check_ranges, _check_choices, _check_algorithm_rules, _check_layout,
                   _check_micro_batch_sizing):
         check(config, error)

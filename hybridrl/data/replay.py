@@ -54,9 +54,6 @@ class PrioritizedReplay(Generic[T]):
             victim = min(self.entries, key=lambda k: (self.entries[k].priority, self.entries[k].added))
             del self.entries[victim]
 
-    def update_priority(self, key: Hashable, priority: float) -> None:
-        self.entries[key].priority = float(priority)
-
     def probabilities(self) -> tuple[list[Hashable], torch.Tensor]:
         """Keys in insertion order and their draw probabilities ``[len]`` (float64, sums to 1)."""
         keys = list(self.entries)

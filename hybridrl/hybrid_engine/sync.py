@@ -25,7 +25,6 @@ from hybridrl.hybrid_engine.buckets import bucket_bound, gather_footprint, p2p_f
 from hybridrl.hybrid_engine.plan import GenerationLayout, ParamMeta, ReshardPlan, build_plan
 from hybridrl.hybrid_engine.tp_rules import RuleFn, rules_for_config
 from hybridrl.hybrid_engine.transfer import TransferStats, stream_gathered, stream_plan
-from hybridrl.hybrid_engine.volume import RankTraffic, plan_traffic
 
 METHODS = ("auto", "plan", "gather")
 
@@ -119,7 +118,3 @@ class WeightResharder:
         executor = stream_gathered if self.method == "gather" else stream_plan
         return executor(self.plan, self.buckets, shards, self.rank, group=self.group, device=self.device,
                         stats=self.last_stats)
-
-    def planned_traffic(self) -> RankTraffic:
-        """This rank's bytes according to the plan (the ``plan`` method moves exactly this)."""
-        return plan_traffic(self.plan)[self.rank]

@@ -107,8 +107,3 @@ def _closed_form_one(dim: int | None, m: float, k: int, n: int, rank: int,
         aligned = 1 if rank * k // n == part else 0
         return m / n * (n / k - aligned), m / k - aligned * m / n, aligned * m / n
     return m * (n - 1) / (n * k), m * (n - 1) / (n * k), m / (n * k)
-
-
-def paper_received_bytes(total_bytes: int, world_size: int, tp_size: int) -> float:
-    """HybridFlow's per-rank volume ``M·(N − t_g)/(N·t_g)`` (t_g = 1: ``M·(N−1)/N``) for all-dim-0, ``tp_major``."""
-    return total_bytes * (world_size - tp_size) / (world_size * tp_size)

@@ -117,8 +117,3 @@ def adapters_disabled(model: nn.Module) -> Iterator[None]:
     """Run ``model`` as its base model (the reference policy) for the duration of the block."""
     with model.disable_adapter():
         yield
-
-
-def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Full (gathered) adapter tensors by PEFT name — every rank must call it; a fingerprint for tests and logs."""
-    return {name: full_detached(param).clone() for name, param in model.named_parameters() if is_adapter_param(name)}

@@ -1,8 +1,8 @@
 """Loading a user's reward function from a Python file (``custom_reward_function.path`` / ``.name``).
 
-Only the configured file is executed (as a fresh module named after the file's hash, so two files with the same name
-do not collide). The function is called positionally as ``fn(data_source, solution_str, ground_truth, extra_info)``,
-so any parameter names work, and may return a number or a dict with a ``"score"`` key plus extras.
+Only the configured file is executed (:func:`hybridrl.utils.user_files.import_user_file`). The function is called
+positionally as ``fn(data_source, solution_str, ground_truth, extra_info)``, so any parameter names work, and may
+return a number or a dict with a ``"score"`` key plus extras.
 
 :class:`RewardFunctionSource` describes *where* a function comes from rather than holding it, so reward worker
 processes can load it themselves: a function defined in a file loaded this way cannot be pickled by reference.
@@ -10,14 +10,12 @@ processes can load it themselves: a function defined in a file loaded this way c
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import inspect
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from hybridrl.rewards.registry import RewardFn, default_compute_score
+from hybridrl.utils.user_files import import_user_file
 
 __all__ = ["RewardFunctionSource", "load_custom_reward_fn"]
 
@@ -30,12 +28,7 @@ def load_custom_reward_fn(path: str | Path, name: str = "compute_score") -> Rewa
             importing it fails, ``name`` is not defined there, is not callable, or cannot take the four positional
             arguments ``(data_source, solution_str, ground_truth, extra_info)``.
     """
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"custom_reward_function.path={str(path)!r} does not exist or is not a file")
-    if file.suffix != ".py":
-        raise ValueError(f"custom_reward_function.path={str(path)!r} must be a .py file")
-    module = _execute_file(file.resolve())
+    module = import_user_file(path, "custom_reward_function.path")
     if not hasattr(module, name):
         defined = sorted(key for key, value in vars(module).items() if callable(value) and not key.startswith("_"))
         raise ValueError(
@@ -48,24 +41,6 @@ def load_custom_reward_fn(path: str | Path, name: str = "compute_score") -> Rewa
         )
     _check_signature(function, path, name)
     return function
-
-
-def _execute_file(file: Path):
-    """Run ``file`` as a new module registered in ``sys.modules`` (dataclasses and pickling inside it need that)."""
-    module_name = "hybridrl_custom_reward_" + hashlib.sha1(str(file).encode()).hexdigest()[:12]
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:  # pragma: no cover - only for non-source files, excluded above
-        raise ValueError(f"custom_reward_function.path={str(file)!r} cannot be imported")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as error:  # a SystemExit in a user file must not end the trainer either
-        sys.modules.pop(module_name, None)
-        raise ValueError(
-            f"custom_reward_function.path={str(file)!r}: importing it failed: {type(error).__name__}: {error}"
-        ) from error
-    return module
 
 
 def _check_signature(function: RewardFn, path: str | Path, name: str) -> None:

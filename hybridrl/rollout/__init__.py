@@ -1,23 +1,29 @@
 """Rollout engines behind one protocol (``base.RolloutEngine``), selected by ``rollout.name``.
 
-``build_rollout_engine(name, inputs)`` is what the worker calls; each backend module is imported inside its builder,
-so choosing ``hf`` never imports vLLM. Recipes can add an engine with ``@ROLLOUT_ENGINES.register("mine")``.
+The registry holds engine *classes*. Each declares what it is on the class — ``generates_with_actor_module``: it
+samples from the actor's own training module, so there are no weights to sync (``hf``); otherwise it holds a copy
+that every update is streamed into (``vllm``) — and builds itself from :class:`EngineInputs` with ``from_inputs``.
+Each backend module imports its heavy dependencies lazily, so choosing ``hf`` never imports vLLM. A recipe adds an
+engine with ``@ROLLOUT_ENGINES.register("mine")`` on a class of its own (a file in ``trainer.plugins``), and
+``rollout.name=mine`` is then accepted by config validation and built by the actor worker.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 from torch import nn
 
 from hybridrl.config.schema import RolloutConfig
 from hybridrl.protocol.rollout_layout import assemble_rollout, response_mask_from_eos
-from hybridrl.rollout.base import RolloutEngine, SamplingParams
+from hybridrl.rollout.base import RolloutEngine, RolloutEngineClass, SamplingParams
+from hybridrl.rollout.hf import HFRollout
+from hybridrl.rollout.vllm_engine import VLLMRollout
 from hybridrl.utils.registry import Registry
 
-__all__ = ["ROLLOUT_ENGINES", "EngineInputs", "RolloutEngine", "SamplingParams", "assemble_rollout",
-           "build_rollout_engine", "holds_own_weights", "response_mask_from_eos"]
+__all__ = ["ROLLOUT_ENGINES", "EngineInputs", "RolloutEngine", "RolloutEngineClass", "SamplingParams",
+           "assemble_rollout", "build_rollout_engine", "holds_own_weights", "response_mask_from_eos"]
 
 
 @dataclass(frozen=True)
@@ -49,38 +55,17 @@ class EngineInputs:
     micro_batch_size: Optional[int] = None
 
 
-ROLLOUT_ENGINES: Registry[Callable[[EngineInputs], RolloutEngine]] = Registry("rollout engine")
+ROLLOUT_ENGINES: Registry[RolloutEngineClass] = Registry("rollout engine")
+ROLLOUT_ENGINES.register("hf")(HFRollout)
+ROLLOUT_ENGINES.register("vllm")(VLLMRollout)
 
 
 def holds_own_weights(name: str) -> bool:
     """Whether engine ``name`` (``rollout.name``) generates from a copy of the weights that each update must be
-    synced into (``vllm``), rather than from the actor's own module (``hf``)."""
-    return name != "hf"
+    synced into, rather than from the actor's own module (its class's ``generates_with_actor_module``)."""
+    return not ROLLOUT_ENGINES[name].generates_with_actor_module
 
 
 def build_rollout_engine(name: str, inputs: EngineInputs) -> RolloutEngine:
     """The engine registered as ``name`` (``rollout.name``), built from ``inputs``."""
-    return ROLLOUT_ENGINES[name](inputs)
-
-
-@ROLLOUT_ENGINES.register("hf")
-def _build_hf(inputs: EngineInputs) -> RolloutEngine:
-    from hybridrl.rollout.hf import HFRollout
-
-    if inputs.model is None:
-        raise ValueError("rollout.name=hf generates with the actor's module: EngineInputs.model is required")
-    return HFRollout(inputs.model, pad_token_id=inputs.pad_token_id, eos_token_ids=inputs.eos_token_ids,
-                     micro_batch_size=inputs.micro_batch_size)
-
-
-@ROLLOUT_ENGINES.register("vllm")
-def _build_vllm(inputs: EngineInputs) -> RolloutEngine:
-    from hybridrl.rollout.vllm_engine import VLLMRollout, VLLMSettings
-
-    if not inputs.model_path:
-        raise ValueError("rollout.name=vllm loads its own copy of the model: EngineInputs.model_path (model.path) "
-                         "is required")
-    settings = VLLMSettings.from_config(inputs.rollout, max_model_len=inputs.max_model_len, dtype=inputs.dtype,
-                                        seed=inputs.seed)
-    return VLLMRollout(inputs.model_path, pad_token_id=inputs.pad_token_id, eos_token_ids=inputs.eos_token_ids,
-                       settings=settings, tokenizer_path=inputs.tokenizer_path)
+    return ROLLOUT_ENGINES[name].from_inputs(inputs)

@@ -56,7 +56,7 @@ class SamplingParams:
 
 
 class RolloutEngine(Protocol):
-    """What the colocated worker needs from a generation backend."""
+    """What the colocated worker needs from a generation backend (an instance of a :class:`RolloutEngineClass`)."""
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Responses for ``prompts`` (``input_ids``/``attention_mask`` ``[B, P]``, left-padded) in the layout above."""
@@ -69,3 +69,14 @@ class RolloutEngine(Protocol):
 
     def resume(self) -> None:
         """Restore what ``release_memory`` freed, before the next ``generate``."""
+
+
+class RolloutEngineClass(Protocol):
+    """What ``ROLLOUT_ENGINES`` holds: an engine class that says what it is and builds itself."""
+
+    generates_with_actor_module: bool
+    """``True``: samples from the actor's own training module (nothing to sync); ``False``: holds its own copy of
+    the weights, which the actor worker streams every update into (``update_weights``)."""
+
+    def from_inputs(self, inputs) -> RolloutEngine:
+        """The engine for ``inputs`` (:class:`hybridrl.rollout.EngineInputs`)."""

@@ -26,6 +26,16 @@ logger = logging.getLogger(__name__)
 class HFRollout:
     """Batched generation with a KV cache on left-padded prompts, returning the rollout layout of ``rollout.base``."""
 
+    generates_with_actor_module = True
+
+    @classmethod
+    def from_inputs(cls, inputs) -> "HFRollout":
+        """From :class:`hybridrl.rollout.EngineInputs`: the actor's module is required."""
+        if inputs.model is None:
+            raise ValueError("rollout.name=hf generates with the actor's module: EngineInputs.model is required")
+        return cls(inputs.model, pad_token_id=inputs.pad_token_id, eos_token_ids=inputs.eos_token_ids,
+                   micro_batch_size=inputs.micro_batch_size)
+
     def __init__(self, model: nn.Module, *, pad_token_id: int, eos_token_ids: Iterable[int],
                  micro_batch_size: Optional[int] = None) -> None:
         self.model = model

@@ -60,45 +60,6 @@ def import_vllm():
 
 
 @dataclass(frozen=True)
-class VLLMSettings:
-    """How to build the engine. Sizes: ``max_model_len`` in tokens (prompt + response), memory in MiB.
-
-    Attributes:
-        max_model_len: longest sequence the engine accepts; ``max_prompt_length + max_response_length``.
-        dtype: compute dtype of the engine's weights and KV cache (``float32``/``bfloat16``; ``float16`` on GPU).
-        kv_cache_memory_mb: explicit KV-cache budget; required on CPU. On GPU ``None`` means
-            ``gpu_memory_utilization`` sizes it.
-        enable_prefix_caching: reuse KV of shared prompt prefixes (the ``n`` samples of one prompt, system prompts).
-        free_cache_engine: sleep (level 1) between rollouts on GPU, see :meth:`VLLMRollout.release_memory`.
-        weight_sync_bucket_mb: size of one RPC of streamed weights on GPU (CPU streams one lazy iterator).
-        seed: the engine's seed (requests without a seed draw from it).
-    """
-
-    max_model_len: int
-    dtype: str = "bfloat16"
-    tensor_parallel_size: int = 1
-    kv_cache_memory_mb: Optional[int] = None
-    gpu_memory_utilization: float = 0.5
-    enforce_eager: bool = True
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    enable_prefix_caching: bool = True
-    free_cache_engine: bool = True
-    weight_sync_bucket_mb: int = 256
-    seed: int = 0
-
-    @classmethod
-    def from_config(cls, rollout: RolloutConfig, *, max_model_len: int, dtype: str, seed: int = 0) -> "VLLMSettings":
-        """Settings from ``rollout.*``, the model's compute dtype (``model.dtype``) and the data's lengths."""
-        return cls(max_model_len=max_model_len, dtype=dtype, tensor_parallel_size=rollout.tensor_model_parallel_size,
-                   kv_cache_memory_mb=rollout.kv_cache_memory_mb,
-                   gpu_memory_utilization=rollout.gpu_memory_utilization, enforce_eager=rollout.enforce_eager,
-                   max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
-                   free_cache_engine=rollout.free_cache_engine, weight_sync_bucket_mb=rollout.weight_sync_bucket_mb,
-                   seed=rollout.seed if rollout.seed is not None else seed)
-
-
-@dataclass(frozen=True)
 class WeightSyncStats:
     """One :meth:`VLLMRollout.update_weights`: ``num_tensors`` tensors, ``num_bytes`` bytes (as sent, engine dtype)."""
 
@@ -115,26 +76,42 @@ class VLLMRollout:
         pad_token_id: id written into ``responses`` after each response ends.
         eos_token_ids: ids that end a response — exactly these: vLLM's own EOS (tokenizer, generation config) is
             ignored, as with ``generate(eos_token_id=...)``. The first one ends the response and is kept in it.
-        settings: engine settings (:class:`VLLMSettings`).
+        rollout: the ``rollout.*`` config (KV budget, parallelism, batching limits, sleep mode, bucket size, seed).
+        max_model_len: longest sequence the engine accepts (``data.max_prompt_length + data.max_response_length``).
+        dtype: compute dtype of the engine's weights and KV cache (``model.dtype``; ``float16`` on GPU only).
+        seed: the engine's seed when ``rollout.seed`` is null (``trainer.seed``); requests without a seed draw from it.
         tokenizer_path: tokenizer directory (``model.tokenizer_path``); ``None`` = ``model_path``. vLLM only
             checks prompt ids against it: prompts and responses stay token ids (no detokenisation).
     """
 
-    def __init__(self, model_path: str, *, pad_token_id: int, eos_token_ids: Iterable[int],
-                 settings: VLLMSettings, tokenizer_path: Optional[str] = None) -> None:
+    generates_with_actor_module = False
+
+    @classmethod
+    def from_inputs(cls, inputs) -> "VLLMRollout":
+        """From :class:`hybridrl.rollout.EngineInputs`: loads its own copy from ``model_path``."""
+        if not inputs.model_path:
+            raise ValueError("rollout.name=vllm loads its own copy of the model: EngineInputs.model_path (model.path) "
+                             "is required")
+        return cls(inputs.model_path, pad_token_id=inputs.pad_token_id, eos_token_ids=inputs.eos_token_ids,
+                   rollout=inputs.rollout, max_model_len=inputs.max_model_len, dtype=inputs.dtype, seed=inputs.seed,
+                   tokenizer_path=inputs.tokenizer_path)
+
+    def __init__(self, model_path: str, *, pad_token_id: int, eos_token_ids: Iterable[int], rollout: RolloutConfig,
+                 max_model_len: int, dtype: str, seed: int, tokenizer_path: Optional[str] = None) -> None:
         vllm = import_vllm()
         self._vllm = vllm
         self.on_cpu = vllm.platforms.current_platform.is_cpu()
-        _check_settings(settings, on_cpu=self.on_cpu)
-        self.settings = settings
+        _check_engine_inputs(rollout, dtype, max_model_len, on_cpu=self.on_cpu)
+        self.rollout = rollout
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
-        self.dtype = getattr(torch, settings.dtype)
+        self.dtype = getattr(torch, dtype)
         self.device = torch.device("cpu") if self.on_cpu else torch.device("cuda", torch.cuda.current_device())
         with _process_settings_kept():
             self.llm = vllm.LLM(model=str(model_path), tokenizer=str(tokenizer_path or model_path),
                                 worker_extension_cls=WORKER_EXTENSION, logprobs_mode=LOGPROBS_MODE,
-                                **_engine_kwargs(settings, on_cpu=self.on_cpu))
+                                **_engine_kwargs(rollout, dtype, max_model_len, default_seed=seed,
+                                                 on_cpu=self.on_cpu))
         self._asleep = False
         self._noted = set()
 
@@ -203,7 +180,7 @@ class VLLMRollout:
             loaded = self.llm.collective_rpc("hybridrl_load_weights", args=(stream,))[0]
         else:
             loaded = 0
-            for bucket in _buckets(stream, self.settings.weight_sync_bucket_mb << 20):
+            for bucket in _buckets(stream, self.rollout.weight_sync_bucket_mb << 20):
                 loaded += self.llm.collective_rpc("hybridrl_load_weights", args=(bucket,))[0]
         if loaded != counter.num_tensors:
             raise RuntimeError(f"weight sync sent {counter.num_tensors} tensors but the engine loaded {loaded}")
@@ -211,7 +188,7 @@ class VLLMRollout:
         stats = WeightSyncStats(num_tensors=counter.num_tensors, num_bytes=counter.num_bytes,
                                 seconds=time.perf_counter() - start)
         logger.info("vLLM weight sync: %d tensors, %.1f MiB (%s) in %.3f s", stats.num_tensors,
-                    stats.num_bytes / 2**20, self.settings.dtype, stats.seconds)
+                    stats.num_bytes / 2**20, self.dtype, stats.seconds)
         return stats
 
     def _prepared(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -224,7 +201,7 @@ class VLLMRollout:
 
     def release_memory(self) -> None:
         """Free the KV cache and offload weights to host memory while training (vLLM sleep level 1, GPU only)."""
-        if self.on_cpu or not self.settings.free_cache_engine:
+        if self.on_cpu or not self.rollout.free_cache_engine:
             reason = "vLLM's CPU build has no sleep mode" if self.on_cpu else "rollout.free_cache_engine=false"
             self._note_once("sleep", f"{reason}: release_memory/resume are no-ops (the KV cache stays allocated)")
             return
@@ -249,33 +226,36 @@ class VLLMRollout:
             logger.info("rollout.name=vllm: %s", message)
 
 
-def _check_settings(settings: VLLMSettings, *, on_cpu: bool) -> None:
-    if on_cpu and settings.tensor_parallel_size != 1:
-        raise ValueError(f"rollout.tensor_model_parallel_size={settings.tensor_parallel_size}: vLLM's CPU build runs "
-                         "one in-process worker here; use 1")
-    if on_cpu and settings.kv_cache_memory_mb is None:
+def _check_engine_inputs(rollout: RolloutConfig, dtype: str, max_model_len: int, *, on_cpu: bool) -> None:
+    if on_cpu and rollout.tensor_model_parallel_size != 1:
+        raise ValueError(f"rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size}: vLLM's CPU build "
+                         "runs one in-process worker here; use 1")
+    if on_cpu and rollout.kv_cache_memory_mb is None:
         raise ValueError("rollout.kv_cache_memory_mb is required on CPU (vLLM would otherwise size the KV cache "
                          "from host RAM); e.g. rollout.kv_cache_memory_mb=64")
     allowed = CPU_DTYPES if on_cpu else GPU_DTYPES
-    if settings.dtype not in allowed:
-        raise ValueError(f"vLLM dtype {settings.dtype!r} (model.dtype) is not supported on "
+    if dtype not in allowed:
+        raise ValueError(f"vLLM dtype {dtype!r} (model.dtype) is not supported on "
                          f"{'CPU' if on_cpu else 'GPU'}; use one of {allowed}")
-    if settings.max_model_len <= 0:
-        raise ValueError(f"max_model_len={settings.max_model_len}: must be prompt + response length (> 0)")
+    if max_model_len <= 0:
+        raise ValueError(f"max_model_len={max_model_len}: must be prompt + response length (> 0)")
 
 
-def _engine_kwargs(settings: VLLMSettings, *, on_cpu: bool) -> dict:
-    """``vllm.LLM`` keyword arguments for ``settings`` (KV budget, sleep mode and parallelism per device)."""
-    kwargs = dict(dtype=settings.dtype, seed=settings.seed, tensor_parallel_size=settings.tensor_parallel_size,
-                  enforce_eager=settings.enforce_eager, max_model_len=settings.max_model_len,
-                  max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens,
-                  enable_prefix_caching=settings.enable_prefix_caching,
+def _engine_kwargs(rollout: RolloutConfig, dtype: str, max_model_len: int, *, default_seed: int,
+                   on_cpu: bool) -> dict:
+    """``vllm.LLM`` keyword arguments (KV budget, sleep mode and parallelism per device; the seed is ``rollout.seed``,
+    else ``default_seed``). Prefix caching is always on: the ``n`` samples of one prompt share its KV."""
+    seed = rollout.seed if rollout.seed is not None else default_seed
+    kwargs = dict(dtype=dtype, seed=seed, tensor_parallel_size=rollout.tensor_model_parallel_size,
+                  enforce_eager=rollout.enforce_eager, max_model_len=max_model_len,
+                  max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
+                  enable_prefix_caching=True,
                   use_tqdm_on_load=False)  # a progress bar per rank for a load of a second buries the trainer's own
-    if settings.kv_cache_memory_mb is not None:
-        kwargs["kv_cache_memory_bytes"] = settings.kv_cache_memory_mb << 20
+    if rollout.kv_cache_memory_mb is not None:
+        kwargs["kv_cache_memory_bytes"] = rollout.kv_cache_memory_mb << 20
     else:
-        kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
-    if not on_cpu and settings.free_cache_engine:
+        kwargs["gpu_memory_utilization"] = rollout.gpu_memory_utilization
+    if not on_cpu and rollout.free_cache_engine:
         kwargs["enable_sleep_mode"] = True
     return kwargs
 

@@ -29,10 +29,6 @@ class WeightSyncExtension:
     """Worker-side half of ``VLLMRollout.update_weights``. Names carry a ``hybridrl_`` prefix: vLLM refuses an
     extension whose attributes collide with the worker's own."""
 
-    def hybridrl_device_type(self) -> str:
-        """``"cpu"`` or ``"cuda"`` (…): the device the worker's model runs on."""
-        return self.model_runner.device.type
-
     def hybridrl_load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load (Hugging Face name, full tensor) pairs into the worker's model; returns the number of tensors loaded.
 

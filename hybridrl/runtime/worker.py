@@ -78,14 +78,6 @@ class WorkerContext:
         """This rank's position inside its tensor-parallel group in the rollout layout."""
         return self.rank % self.tp_size
 
-    @property
-    def rollout_dp_size(self) -> int:
-        return self.world_size // self.tp_size
-
-    @property
-    def has_process_group(self) -> bool:
-        return self.dp_mesh is not None
-
 
 class Worker:
     """Base class of role workers. The context (rank, world size, meshes) is set before the subclass's ``__init__``

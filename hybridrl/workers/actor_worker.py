@@ -17,6 +17,7 @@ import torch
 from hybridrl.autotune.adaptive_accumulation import AccumulationControl
 from hybridrl.autotune.auto_micro_batch import resolve_plan
 from hybridrl.autotune.grad_noise import NoiseScaleMonitor
+from hybridrl.config.plugins import load_plugins
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
 from hybridrl.engines.anti_forgetting import EWC_DIR, EWCRegularizer, PtxHook
@@ -59,6 +60,7 @@ class ActorRolloutRefWorker(Worker):
     """
 
     def __init__(self, config: TrainConfig, total_training_steps: int, with_reference: bool) -> None:
+        load_plugins(config.trainer.plugins)  # the components a recipe registered, in this process too
         torch.manual_seed(config.trainer.seed)
         self.config = config
         self.plan = role_plan(config, "actor")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from hybridrl.autotune.auto_micro_batch import resolve_plan
+from hybridrl.config.plugins import load_plugins
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
 from hybridrl.engines.base import TrainingEngine
@@ -29,6 +30,7 @@ class CriticWorker(EngineCheckpoints, Worker):
     """One rank of the value model. ``total_training_steps`` sizes the learning-rate schedule."""
 
     def __init__(self, config: TrainConfig, total_training_steps: int) -> None:
+        load_plugins(config.trainer.plugins)  # the components a recipe registered, in this process too
         torch.manual_seed(config.trainer.seed + 1)
         self.config = config
         critic = config.critic

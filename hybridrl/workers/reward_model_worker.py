@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from hybridrl.config.plugins import load_plugins
 from hybridrl.config.schema import TrainConfig
 from hybridrl.runtime import Worker, dp_split
 from hybridrl.protocol import Batch, Fields
@@ -27,6 +28,7 @@ class RewardModelWorker(Worker):
     re-tokenised sequences otherwise (``hybridrl.trainers.reward_fusion``)."""
 
     def __init__(self, config: TrainConfig) -> None:
+        load_plugins(config.trainer.plugins)  # the components a recipe registered, in this process too
         reward = config.reward_model
         if not reward.model_path:
             raise ValueError("reward_model.model_path is required for a reward-model worker")

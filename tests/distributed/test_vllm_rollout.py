@@ -17,7 +17,7 @@ from hybridrl.config.schema import RolloutConfig
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout import EngineInputs, build_rollout_engine
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.rollout.vllm_engine import VLLMRollout, VLLMSettings
+from hybridrl.rollout.vllm_engine import VLLMRollout
 from hybridrl.utils.tiny_model import encode_chat, save_tiny_model
 from hybridrl.modeling.sequences import response_log_probs
 
@@ -105,7 +105,6 @@ def test_greedy_matches_transformers_and_layout(engine, tokenizer, hf_model):
     assert torch.equal(rollout[Fields.PROMPTS], prompts[Fields.INPUT_IDS])
     assert torch.equal(rollout[Fields.INPUT_IDS], torch.cat([prompts[Fields.INPUT_IDS], rollout[Fields.RESPONSES]], 1))
     assert rollout[Fields.ROLLOUT_LOG_PROBS].shape == (len(PROMPTS), MAX_NEW_TOKENS)
-    assert rollout.meta["temperature"] == 1.0
     gap = (trainer_log_probs(hf_model, rollout, 1.0) - rollout[Fields.ROLLOUT_LOG_PROBS]).abs()  # greedy: T = 1
     assert float(gap.max()) < LOG_PROB_TOLERANCE
 
@@ -209,9 +208,10 @@ def test_responses_end_at_eos(engine, tokenizer, hf_model):
 
 
 def test_tensor_parallel_refused_on_cpu(model_dir):
-    settings = VLLMSettings(max_model_len=64, tensor_parallel_size=2, kv_cache_memory_mb=64, dtype="float32")
+    rollout = RolloutConfig(name="vllm", tensor_model_parallel_size=2, kv_cache_memory_mb=64)
     with pytest.raises(ValueError, match="tensor_model_parallel_size=2"):
-        VLLMRollout(str(model_dir), pad_token_id=0, eos_token_ids=[1], settings=settings)
+        VLLMRollout(str(model_dir), pad_token_id=0, eos_token_ids=[1], rollout=rollout, max_model_len=64,
+                    dtype="float32", seed=0)
 
 
 def test_engine_leaves_process_settings_alone(engine):

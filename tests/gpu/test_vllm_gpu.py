@@ -13,9 +13,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hybridrl.config.schema import RolloutConfig
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.rollout.vllm_engine import VLLMRollout, VLLMSettings
+from hybridrl.rollout.vllm_engine import VLLMRollout
 from hybridrl.utils.tiny_model import encode_chat, save_tiny_model
 from hybridrl.modeling.sequences import response_log_probs
 
@@ -39,10 +40,11 @@ def tokenizer(model_dir):
 @pytest.fixture(scope="module")
 def engine(model_dir, tokenizer):
     pytest.importorskip("vllm", reason="needs vLLM (pip install 'hybridrl[vllm]')")
-    settings = VLLMSettings(max_model_len=128, dtype="float32", kv_cache_memory_mb=1024, free_cache_engine=True,
+    rollout = RolloutConfig(name="vllm", kv_cache_memory_mb=1024, free_cache_engine=True,
                             weight_sync_bucket_mb=1)  # 1 MiB buckets: the tiny model takes several RPCs
     engine = VLLMRollout(str(model_dir), pad_token_id=tokenizer.pad_token_id,
-                         eos_token_ids=[tokenizer.eos_token_id], settings=settings)
+                         eos_token_ids=[tokenizer.eos_token_id], rollout=rollout, max_model_len=128,
+                         dtype="float32", seed=0)
     yield engine
     engine.close()
 

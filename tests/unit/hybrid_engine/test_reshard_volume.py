@@ -9,10 +9,15 @@ import torch
 from hybridrl.hybrid_engine.plan import GenerationLayout, ParamMeta, build_plan
 from hybridrl.hybrid_engine.tp_rules import SplitRule, decoder_rules
 from hybridrl.hybrid_engine.volume import (
-    RankTraffic, closed_form_traffic, interval_traffic, paper_received_bytes, plan_traffic,
+    RankTraffic, closed_form_traffic, interval_traffic, plan_traffic,
 )
 
 from reshard_cases import HEAD_DIM, decoder_metas
+
+
+def paper_received_bytes(total_bytes: int, world_size: int, tp_size: int) -> float:
+    """HybridFlow's per-rank volume ``M·(N − t_g)/(N·t_g)`` (t_g = 1: ``M·(N−1)/N``) for all-dim-0, ``tp_major``."""
+    return total_bytes * (world_size - tp_size) / (world_size * tp_size)
 
 GRID = [(n, t) for n in (1, 2, 4, 8) for t in (1, 2, 4, 8) if n % t == 0]
 ORDERS = ("dp_major", "tp_major")

@@ -1,4 +1,5 @@
-"""The rollout-engine registry and the vLLM engine's settings, checked without starting an engine."""
+"""The rollout-engine registry, the engines' declared capabilities and the vLLM engine's arguments, checked
+without starting an engine."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.config.schema import RolloutConfig
-from hybridrl.rollout import ROLLOUT_ENGINES, EngineInputs, build_rollout_engine
+from hybridrl.rollout import ROLLOUT_ENGINES, EngineInputs, build_rollout_engine, holds_own_weights
 from hybridrl.rollout.hf import HFRollout
-from hybridrl.rollout.vllm_engine import VLLMSettings, _buckets, _check_settings, _engine_kwargs, import_vllm
+from hybridrl.rollout.vllm_engine import VLLMRollout, _buckets, _check_engine_inputs, _engine_kwargs, import_vllm
 from hybridrl.utils.registry import UnknownNameError
 from hybridrl.utils.tiny_model import save_tiny_model
 
@@ -39,37 +40,43 @@ def test_engines_name_what_they_miss():
         build_rollout_engine("vllm", inputs)
 
 
-def test_settings_from_config():
-    rollout = RolloutConfig(name="vllm", kv_cache_memory_mb=32, max_num_seqs=8, weight_sync_bucket_mb=16,
-                            free_cache_engine=False)
-    settings = VLLMSettings.from_config(rollout, max_model_len=96, dtype="float32", seed=7)
-    assert (settings.kv_cache_memory_mb, settings.max_num_seqs, settings.weight_sync_bucket_mb) == (32, 8, 16)
-    assert settings.seed == 7 and not settings.free_cache_engine
-    assert VLLMSettings.from_config(RolloutConfig(seed=3), max_model_len=96, dtype="float32", seed=7).seed == 3
+def test_engines_declare_whether_they_hold_their_own_weights():
+    assert ROLLOUT_ENGINES["hf"] is HFRollout and ROLLOUT_ENGINES["vllm"] is VLLMRollout
+    assert not holds_own_weights("hf") and holds_own_weights("vllm")
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(tensor_parallel_size=2), "tensor_model_parallel_size=2"),
-    (dict(kv_cache_memory_mb=None), "rollout.kv_cache_memory_mb is required on CPU"),
-    (dict(dtype="float16"), "not supported on CPU"),
-    (dict(max_model_len=0), "max_model_len=0"),
+def test_engine_kwargs_from_config():
+    rollout = RolloutConfig(name="vllm", kv_cache_memory_mb=32, max_num_seqs=8, max_num_batched_tokens=512)
+    kwargs = _engine_kwargs(rollout, "float32", 96, default_seed=7, on_cpu=True)
+    assert (kwargs["kv_cache_memory_bytes"], kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"]) == (
+        32 << 20, 8, 512)
+    assert kwargs["seed"] == 7 and kwargs["max_model_len"] == 96 and kwargs["dtype"] == "float32"
+    assert _engine_kwargs(RolloutConfig(seed=3, kv_cache_memory_mb=32), "float32", 96, default_seed=7,
+                          on_cpu=True)["seed"] == 3
+
+
+@pytest.mark.parametrize("change, dtype, max_model_len, message", [
+    (dict(tensor_model_parallel_size=2), "bfloat16", 64, "tensor_model_parallel_size=2"),
+    (dict(kv_cache_memory_mb=None), "bfloat16", 64, "rollout.kv_cache_memory_mb is required on CPU"),
+    ({}, "float16", 64, "not supported on CPU"),
+    ({}, "bfloat16", 0, "max_model_len=0"),
 ])
-def test_cpu_settings_refused_with_the_key(change, message):
-    settings = VLLMSettings(**{**dict(max_model_len=64, kv_cache_memory_mb=64, dtype="bfloat16"), **change})
+def test_cpu_settings_refused_with_the_key(change, dtype, max_model_len, message):
+    rollout = RolloutConfig(name="vllm", **{**dict(kv_cache_memory_mb=64), **change})
     with pytest.raises(ValueError, match=message):
-        _check_settings(settings, on_cpu=True)
+        _check_engine_inputs(rollout, dtype, max_model_len, on_cpu=True)
 
 
 def test_gpu_settings_allowed_and_sleep_mode():
-    settings = VLLMSettings(max_model_len=64, tensor_parallel_size=2, dtype="float16", gpu_memory_utilization=0.4)
-    _check_settings(settings, on_cpu=False)
-    kwargs = _engine_kwargs(settings, on_cpu=False)
+    rollout = RolloutConfig(name="vllm", tensor_model_parallel_size=2, gpu_memory_utilization=0.4)
+    _check_engine_inputs(rollout, "float16", 64, on_cpu=False)
+    kwargs = _engine_kwargs(rollout, "float16", 64, default_seed=0, on_cpu=False)
     assert kwargs["enable_sleep_mode"] and kwargs["gpu_memory_utilization"] == 0.4
     assert "kv_cache_memory_bytes" not in kwargs and kwargs["tensor_parallel_size"] == 2
 
 
 def test_cpu_engine_kwargs_use_the_kv_budget():
-    kwargs = _engine_kwargs(VLLMSettings(max_model_len=64, kv_cache_memory_mb=64), on_cpu=True)
+    kwargs = _engine_kwargs(RolloutConfig(kv_cache_memory_mb=64), "bfloat16", 64, default_seed=0, on_cpu=True)
     assert kwargs["kv_cache_memory_bytes"] == 64 << 20 and "enable_sleep_mode" not in kwargs
     assert kwargs["max_model_len"] == 64 and kwargs["enable_prefix_caching"]
 

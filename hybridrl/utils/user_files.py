@@ -1,0 +1,39 @@
+"""Running a user's Python file as a module: a reward function file, a plugin that registers components.
+
+The file runs as a fresh module named after the hash of its resolved path (two files with the same name do not
+collide), registered in ``sys.modules`` (dataclasses and pickling inside it need that). A file already run in this
+process is not run again — re-running a plugin would register its classes a second time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+
+def import_user_file(path: str | Path, key: str) -> ModuleType:
+    """The module of the ``.py`` file at ``path`` (run once per process); ``key`` names the config key that gave
+    the path in every error (``ValueError``: missing file, not ``.py``, or the import raised)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"{key}={str(path)!r} does not exist or is not a file")
+    if file.suffix != ".py":
+        raise ValueError(f"{key}={str(path)!r} must be a .py file")
+    resolved = file.resolve()
+    module_name = "hybridrl_user_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, resolved)
+    if spec is None or spec.loader is None:  # pragma: no cover - only for non-source files, excluded above
+        raise ValueError(f"{key}={str(path)!r} cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as error:  # a SystemExit in a user file must not end the trainer either
+        sys.modules.pop(module_name, None)
+        raise ValueError(f"{key}={str(path)!r}: importing it failed: {type(error).__name__}: {error}") from error
+    return module
