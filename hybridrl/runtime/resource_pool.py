@@ -144,6 +144,10 @@ class ResourcePoolManager:
             raise RuntimeError(f"pool {name!r} is not created yet; call ResourcePoolManager.create(runtime) first")
         return self.pools[name]
 
+    def roles_in(self, pool_name: str) -> list[str]:
+        """The roles that run on ``pool_name`` (colocated: each takes a share of every bundle)."""
+        return [role for role, name in self.role_to_pool.items() if name == pool_name]
+
     def release(self) -> None:
         for pool in self.pools.values():
             pool.release()

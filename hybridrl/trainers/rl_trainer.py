@@ -20,12 +20,13 @@ from hybridrl.algorithms import build_kl_controller
 from hybridrl.config import critic_enabled, dump_config, resolved_device, validate_config, world_size
 from hybridrl.config.schema import ModelConfig, TrainConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH, reuses_update_log_probs
-from hybridrl.runtime import PoolSpec, ResourcePool, WorkerError, WorkerGroup, gather, start_ray
-from hybridrl.trainers.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
+from hybridrl.runtime import PoolSpec, ResourcePoolManager, WorkerError, WorkerGroup, gather, start_ray
+from hybridrl.trainers.checkpoints import CheckpointManager, load_trainer_state
 from hybridrl.trainers.continual import PromptReplay, PtxBatches
 from hybridrl.trainers.faults import FaultInjector, NonFiniteGuard
 from hybridrl.trainers.health import HealthMonitor
 from hybridrl.trainers.restarts import RESTARTABLE, RestartRecord, Supervisor
+from hybridrl.trainers.scaffold import open_tracker, resume_point
 from hybridrl.trainers.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
 from hybridrl.trainers.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
 from hybridrl.trainers.evaluation import Scoring, validate
@@ -40,7 +41,7 @@ from hybridrl.rollout import holds_own_weights
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.seeding import derive_seed
 from hybridrl.utils.timing import PhaseTimer
-from hybridrl.utils.tracking import Tracker, prepare_metrics_file
+from hybridrl.utils.tracking import Tracker
 from hybridrl.workers.actor_worker import NO_WEIGHT_SYNC, ActorRolloutRefWorker
 from hybridrl.workers.critic_worker import CriticWorker
 from hybridrl.workers.reward_model_worker import RewardModelWorker
@@ -90,8 +91,7 @@ class RLTrainer:
         self.restart_point: Optional[Path] = None  # the checkpoint a restart resumes from (last loaded or committed)
         self.faults = FaultInjector(config.trainer.fault_injection)
         self.health = HealthMonitor(config.trainer.health)
-        self.pool: Optional[ResourcePool] = None
-        self.reward_pool: Optional[ResourcePool] = None  # reward_model.n_gpus > 0: the reward model's own devices
+        self.pools: Optional[ResourcePoolManager] = None
         self.actor: Optional[WorkerGroup[ActorRolloutRefWorker]] = None
         self.critic: Optional[WorkerGroup[CriticWorker]] = None
         self.reward_model: Optional[WorkerGroup[RewardModelWorker]] = None
@@ -121,11 +121,8 @@ class RLTrainer:
                 self.first_step = self.global_step
             supervisor.resumed(self.restart_point, self.global_step)
             del result.history[self.global_step - self.first_step:]  # steps after the checkpoint run again
-            prepare_metrics_file(self.run_dir, self.global_step)
-            tracker = Tracker(trainer.logger, self.run_dir, total_steps=self.total_steps,
-                              project=trainer.project_name, experiment=trainer.experiment_name,
-                              monitoring=trainer.monitoring, num_devices=world_size(self.config),
-                              start_step=self.global_step)
+            tracker = open_tracker(trainer, self.run_dir, total_steps=self.total_steps, start_step=self.global_step,
+                                   monitoring=trainer.monitoring, num_devices=world_size(self.config))
             self._train_loop(tracker, result)
             if trainer.export_at_end:
                 result.export_dir = Path(self._actor().call(ActorRolloutRefWorker.export_hf, str(self.run_dir / "hf")))
@@ -275,25 +272,18 @@ class RLTrainer:
     # ------------------------------------------------------------------ workers, checkpoints
     def _start_workers(self, runtime) -> None:
         config, started = self.config, time.perf_counter()
-        device = resolved_device(config)
-        self.pool = pool = ResourcePool.create(PoolSpec("global", nnodes=config.trainer.nnodes,
-                                                        devices_per_node=config.trainer.n_gpus_per_node,
-                                                        device=device), runtime)
-        colocated_rm = config.reward_model.enable and config.reward_model.n_gpus == 0
-        share = 1.0 / (1 + critic_enabled(config) + colocated_rm)
-        self.actor = WorkerGroup(ActorRolloutRefWorker, pool, name="actor_rollout_ref", bundle_share=share,
-                                 args=(config, self.total_steps, self.with_reference))
+        self.pools = pools = role_pools(config)
+        pools.create(runtime)
+        share = 1.0 / len(pools.roles_in("global"))  # colocated roles: separate processes on each bundle
+        self.actor = WorkerGroup(ActorRolloutRefWorker, pools.pool_for("actor"), name="actor_rollout_ref",
+                                 bundle_share=share, args=(config, self.total_steps, self.with_reference))
         if critic_enabled(config):
-            self.critic = WorkerGroup(CriticWorker, pool, name="critic", bundle_share=share,
+            self.critic = WorkerGroup(CriticWorker, pools.pool_for("critic"), name="critic", bundle_share=share,
                                       args=(config, self.total_steps))
         if config.reward_model.enable:
-            rm_pool, rm_share = pool, share
-            if not colocated_rm:
-                self.reward_pool = rm_pool = ResourcePool.create(
-                    PoolSpec("reward_model", devices_per_node=config.reward_model.n_gpus, device=device), runtime)
-                rm_share = 1.0
-            self.reward_model = WorkerGroup(RewardModelWorker, rm_pool, name="reward_model", bundle_share=rm_share,
-                                            args=(config,))
+            own_pool = pools.role_to_pool["reward_model"] != "global"
+            self.reward_model = WorkerGroup(RewardModelWorker, pools.pool_for("reward_model"), name="reward_model",
+                                            bundle_share=1.0 if own_pool else share, args=(config,))
         if fusion_enabled(config):
             self.scoring = FusedScoring(self.rule_scoring, config, self.reward_model, self._rm_tokenizer())
         logger.info("workers started in %.1f s", time.perf_counter() - started)
@@ -317,9 +307,8 @@ class RLTrainer:
         for group in (self.actor, self.critic, self.reward_model):
             if group is not None:
                 group.shutdown()
-        for pool in (self.pool, self.reward_pool):
-            if pool is not None:
-                pool.release()
+        if self.pools is not None:
+            self.pools.release()
 
     def save_checkpoint(self) -> Path:
         """Checkpoint actor (+ critic) shards and the controller state; atomic, ``latest`` updated last.
@@ -351,18 +340,14 @@ class RLTrainer:
 
     def _resume(self) -> None:
         trainer = self.config.trainer
-        checkpoint = resume_checkpoint(trainer.resume_mode, self.run_dir, trainer.resume_from_path)
-        if checkpoint is not None:
-            state = load_trainer_state(checkpoint)
-            if state.get("model_path") != self.config.model.path:
-                raise ValueError(f"checkpoint {checkpoint} was trained from model.path={state.get('model_path')!r}, "
-                                 f"not {self.config.model.path!r}; use trainer.resume_mode=disable to start afresh")
+        checkpoint, _ = resume_point(self.checkpoints, trainer.resume_mode, model_path=self.config.model.path,
+                                     resume_from_path=trainer.resume_from_path)
         self._restore(checkpoint)
 
     def _restore(self, checkpoint: Optional[Path]) -> None:
         """Load ``checkpoint`` into the (freshly started) workers and the controller; ``None``: the initial state."""
         self.restart_point = checkpoint
-        for stale in self.checkpoints.sweep_partials():
+        for stale in self.checkpoints.sweep_partials():  # a restart: the write that failed with the worker
             logger.warning("removed a half-written checkpoint left by a crash: %s", stale)
         state = self.initial_state if checkpoint is None else load_trainer_state(checkpoint)
         if checkpoint is not None:
@@ -401,6 +386,20 @@ class RLTrainer:
         """A different, reproducible seed every step (from ``rollout.seed``, else ``trainer.seed``)."""
         base = self.config.rollout.seed if self.config.rollout.seed is not None else self.config.trainer.seed
         return derive_seed(base, "step", self.global_step)
+
+
+def role_pools(config: TrainConfig) -> ResourcePoolManager:
+    """The run's pools and which role runs where: actor (+ rollout, reference), critic and a colocated reward model on
+    the ``global`` pool; a reward model with ``reward_model.n_gpus > 0`` on a pool of its own."""
+    device = resolved_device(config)
+    specs = [PoolSpec("global", nnodes=config.trainer.nnodes, devices_per_node=config.trainer.n_gpus_per_node,
+                      device=device)]
+    roles = {"actor": "global", **({"critic": "global"} if critic_enabled(config) else {})}
+    if config.reward_model.enable:
+        if config.reward_model.n_gpus > 0:
+            specs.append(PoolSpec("reward_model", devices_per_node=config.reward_model.n_gpus, device=device))
+        roles["reward_model"] = "reward_model" if config.reward_model.n_gpus > 0 else "global"
+    return ResourcePoolManager(specs, roles)
 
 
 def _kl_controller(config: TrainConfig, total_steps: int):

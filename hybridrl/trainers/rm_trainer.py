@@ -24,8 +24,9 @@ from hybridrl.config.loader import dump_config
 from hybridrl.config.monitoring import MonitoringConfig
 from hybridrl.config.rm_schema import RMConfig
 from hybridrl.config.validation import resolved_device
-from hybridrl.runtime import PoolSpec, ResourcePool, WorkerGroup, start_ray
-from hybridrl.trainers.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
+from hybridrl.runtime import PoolSpec, WorkerGroup
+from hybridrl.trainers.checkpoints import CheckpointManager
+from hybridrl.trainers.scaffold import cluster, open_tracker, resume_point
 from hybridrl.data.preference import (
     PairFields,
     PreferencePair,
@@ -37,7 +38,7 @@ from hybridrl.data.preference import (
 from hybridrl.data.synthetic import build_synthetic_task
 from hybridrl.data.synthetic_preference import synthetic_pairs
 from hybridrl.protocol import Batch
-from hybridrl.utils.tracking import Tracker, prepare_metrics_file
+from hybridrl.utils.tracking import Tracker
 from hybridrl.modeling.model_builder import load_tokenizer
 from hybridrl.workers.rm_train_worker import RewardModelTrainWorker
 
@@ -131,24 +132,19 @@ class RMTrainer:
         config, trainer = self.config, self.config.trainer
         dump_config(config, self.run_dir)
         result = RMResult(self.run_dir, self.export_dir)
-        with start_ray(trainer.ray) as runtime:
-            pool = ResourcePool.create(PoolSpec("reward_model", nnodes=trainer.nnodes,
-                                                devices_per_node=trainer.n_gpus_per_node,
-                                                device=resolved_device(config)), runtime)
-            group = WorkerGroup(RewardModelTrainWorker, pool, name="reward_model_train", args=(config,))
-            tracker = None
+        pool = PoolSpec("reward_model", nnodes=trainer.nnodes, devices_per_node=trainer.n_gpus_per_node,
+                        device=resolved_device(config))
+        with cluster(trainer.ray, [pool], {"reward_model": "reward_model"}) as pools, \
+                WorkerGroup(RewardModelTrainWorker, pools.pool_for("reward_model"), name="reward_model_train",
+                            args=(config,)) as group:
+            start = self._resume(group)
+            tracker = open_tracker(trainer, self.run_dir, total_steps=trainer.total_training_steps,
+                                   start_step=start, monitoring=MonitoringConfig())
             try:
-                start = self._resume(group)
-                prepare_metrics_file(self.run_dir, start)
-                tracker = Tracker(trainer.logger, self.run_dir, total_steps=trainer.total_training_steps,
-                                  project=trainer.project_name, experiment=trainer.experiment_name,
-                              monitoring=MonitoringConfig())
                 self._loop(group, tracker, result, start)
                 group.call(RewardModelTrainWorker.export_hf, str(self.export_dir))
             finally:
-                if tracker is not None:
-                    tracker.close()
-                group.shutdown()
+                tracker.close()
         return result
 
     def _loop(self, group: WorkerGroup, tracker: Tracker, result: RMResult, start: int) -> None:
@@ -184,15 +180,10 @@ class RMTrainer:
 
     def _resume(self, group: WorkerGroup) -> int:
         """The step to continue after (0 for a fresh run), having loaded the latest checkpoint if configured."""
-        for stale in self.checkpoints.sweep_partials():
-            logger.warning("removed a half-written checkpoint left by a crash: %s", stale)
-        checkpoint = resume_checkpoint(self.config.trainer.resume_mode, self.run_dir, None)
+        checkpoint, state = resume_point(self.checkpoints, self.config.trainer.resume_mode,
+                                         model_path=self.config.model.path)
         if checkpoint is None:
             return 0
-        state = load_trainer_state(checkpoint)
-        if state.get("model_path") != self.config.model.path:
-            raise ValueError(f"checkpoint {checkpoint} was trained from model.path={state.get('model_path')!r}, "
-                             f"not {self.config.model.path!r}; use trainer.resume_mode=disable to start afresh")
         group.call(RewardModelTrainWorker.load_checkpoint, str(checkpoint / "reward_model"))
         logger.info("resumed reward-model training from %s at step %d", checkpoint, state["global_step"])
         return int(state["global_step"])

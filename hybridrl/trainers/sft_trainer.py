@@ -16,11 +16,11 @@ from hybridrl.config.monitoring import MonitoringConfig
 from hybridrl.config.schema import ActorConfig, DataConfig, RolloutConfig, TrainConfig, TrainerConfig
 from hybridrl.config.sft_schema import SFTConfig
 from hybridrl.config.validation import resolved_device
-from hybridrl.runtime import PoolSpec, ResourcePool, WorkerGroup, start_ray
+from hybridrl.runtime import PoolSpec, WorkerGroup
 from hybridrl.data.sft import encode_sft_examples
 from hybridrl.data.sft_source import build_sft_source
+from hybridrl.trainers.scaffold import cluster, open_tracker
 from hybridrl.protocol import Batch
-from hybridrl.utils.tracking import Tracker
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
 from hybridrl.modeling.model_builder import load_tokenizer
 
@@ -74,14 +74,13 @@ class SFTTrainer:
         config, trainer = self.config, self.config.trainer
         dump_config(config, self.run_dir)
         result = SFTResult(self.run_dir, self.export_dir)
-        with start_ray(trainer.ray) as runtime:
-            pool = ResourcePool.create(PoolSpec("sft", nnodes=trainer.nnodes, devices_per_node=trainer.n_gpus_per_node,
-                                                device=resolved_device(worker_config(config))), runtime)
-            group = WorkerGroup(ActorRolloutRefWorker, pool, name="sft_actor",
-                                args=(worker_config(config), trainer.total_training_steps, False))
-            tracker = Tracker(trainer.logger, self.run_dir, total_steps=trainer.total_training_steps,
-                              project=trainer.project_name, experiment=trainer.experiment_name,
-                              monitoring=MonitoringConfig())
+        pool = PoolSpec("sft", nnodes=trainer.nnodes, devices_per_node=trainer.n_gpus_per_node,
+                        device=resolved_device(worker_config(config)))
+        with cluster(trainer.ray, [pool], {"actor": "sft"}) as pools, \
+                WorkerGroup(ActorRolloutRefWorker, pools.pool_for("actor"), name="sft_actor",
+                            args=(worker_config(config), trainer.total_training_steps, False)) as group:
+            tracker = open_tracker(trainer, self.run_dir, total_steps=trainer.total_training_steps,
+                                   monitoring=MonitoringConfig())
             try:
                 for step in range(trainer.total_training_steps):
                     metrics = group.call(ActorRolloutRefWorker.update_sft, self.batch(step))[0]
@@ -91,5 +90,4 @@ class SFTTrainer:
                 group.call(ActorRolloutRefWorker.export_hf, str(self.export_dir))
             finally:
                 tracker.close()
-                group.shutdown()
         return result

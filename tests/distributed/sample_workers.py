@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -80,6 +81,20 @@ class EchoWorker(Worker):
     def sleep(self, seconds: float) -> float:
         time.sleep(seconds)
         return seconds
+
+    @one_to_all
+    def sleep_marked(self, seconds: float, marker_dir: str) -> float:
+        """Sleep, having first created ``<marker_dir>/rank<r>``: a test can wait for the call to be running."""
+        (Path(marker_dir) / f"rank{self.rank}").touch()
+        time.sleep(seconds)
+        return seconds
+
+    @one_to_all
+    def sleep_span(self, seconds: float) -> tuple[float, float]:
+        """Sleep; returns when this rank started and ended (``time.time()``: one clock for every process here)."""
+        started = time.time()
+        time.sleep(seconds)
+        return started, time.time()
 
     @one_to_all
     def die_on(self, rank: int) -> None:

@@ -78,6 +78,7 @@ def test_role_to_pool_mapping_in_local_mode():
     manager = ResourcePoolManager(
         [PoolSpec("global", devices_per_node=2, device="cpu"), PoolSpec("critic", devices_per_node=1, device="cpu")],
         {"actor": "global", "rollout": "global", "ref": "global", "critic": "critic"})
+    assert manager.roles_in("global") == ["actor", "rollout", "ref"]
     with pytest.raises(RuntimeError, match="not created yet"):
         manager.pool_for("actor")
     manager.create(runtime)

@@ -38,14 +38,16 @@ def test_worker_crash_inside_a_collective(pool):
         group.call(EchoWorker.rank_info)
 
 
-def test_worker_killed_from_outside_during_a_call(pool):
+def test_worker_killed_from_outside_during_a_call(pool, tmp_path):
     group = WorkerGroup(EchoWorker, pool, name="reward_model")
     pids = group.call(EchoWorker.pid)
-    future = group.call_async(EchoWorker.sleep, 60.0)
-    time.sleep(0.5)
+    future = group.call_async(EchoWorker.sleep_marked, 60.0, str(tmp_path))
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "rank0").exists() and time.monotonic() < deadline:  # until rank 0 is inside the call
+        time.sleep(0.05)
     os.kill(pids[0], signal.SIGKILL)  # what the kernel's OOM killer does
     start = time.monotonic()
-    with pytest.raises(WorkerDiedError, match=r"'reward_model' rank 0 .* died in sleep\(\)"):
+    with pytest.raises(WorkerDiedError, match=r"'reward_model' rank 0 .* died in sleep_marked\(\)"):
         future.result()
     assert time.monotonic() - start < 10
 

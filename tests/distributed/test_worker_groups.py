@@ -90,14 +90,15 @@ def test_rank_zero_and_one_to_all(echo4):
 
 
 def test_async_calls_on_two_groups_run_concurrently(echo2, echo4):
-    start = time.monotonic()
-    slow2 = echo2.call_async(EchoWorker.sleep, 1.0)
-    slow4 = echo4.call_async(EchoWorker.sleep, 1.0)
+    slow2 = echo2.call_async(EchoWorker.sleep_span, 1.0)
+    slow4 = echo4.call_async(EchoWorker.sleep_span, 1.0)
     assert not slow2.done()
     first, second = gather(slow2, slow4)
-    assert first == [1.0, 1.0] and second == [1.0] * 4
-    assert time.monotonic() - start < 1.9  # both ran at once, not one after the other
-    assert slow2.done() and slow2.result() == [1.0, 1.0]
+    spans = first + second
+    assert len(spans) == 6
+    # Both ran at once, not one after the other: every rank of both groups had started before any had finished.
+    assert max(start for start, _ in spans) < min(end for _, end in spans)
+    assert slow2.done() and slow2.result() == first
 
 
 def test_worker_seconds_time_the_method_inside_each_rank(echo2):
@@ -108,10 +109,13 @@ def test_worker_seconds_time_the_method_inside_each_rank(echo2):
     wall = time.monotonic() - started
     assert sorted(future.worker_seconds) == [0, 1]
     assert all(0.2 <= seconds < wall for seconds in future.worker_seconds.values())  # the wall adds the dispatch
-    echo2.call(EchoWorker.sleep, 0.1)
+    second = echo2.call_async(EchoWorker.sleep, 0.1)
+    second.result()
     per_method = echo2.pop_worker_seconds()
     assert list(per_method) == ["sleep"]
-    assert per_method["sleep"] == pytest.approx(max(future.worker_seconds.values()) + 0.1, abs=0.05)  # slowest rank
+    # per method: the slowest rank of each call, summed over calls
+    slowest = max(future.worker_seconds.values()) + max(second.worker_seconds.values())
+    assert per_method["sleep"] == pytest.approx(slowest, rel=1e-9)
     assert echo2.pop_worker_seconds() == {}
 
 
@@ -223,7 +227,7 @@ def test_placement_fails_fast_when_the_cluster_is_too_small(ray_runtime):
         cpu_pool(ray_runtime, "huge", 32, nnodes=2)
     with pytest.raises(ResourceUnavailableError, match="requested 2 GPUs .*cluster has 0 GPUs"):
         ResourcePool.create(PoolSpec("gpus", devices_per_node=2, device="cuda"), ray_runtime)
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 60  # at once, not after the 120 s placement timeout
 
 
 def test_placement_times_out_when_devices_stay_busy(ray_runtime, echo2):

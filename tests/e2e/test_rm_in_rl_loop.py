@@ -46,7 +46,7 @@ def test_grpo_with_a_reward_model_group_and_a_fused_reward(model_dirs, tmp_path,
     trainer = RLTrainer(config)
     result = trainer.fit()
     assert result.global_step == 2
-    assert (trainer.reward_pool is not None) == (rm_gpus > 0)   # own pool: its own placement, not the actor's devices
+    assert (trainer.reward_model.pool is trainer.actor.pool) == (rm_gpus == 0)  # own pool: not the actor's devices
     assert trainer.reward_model.world_size == (rm_gpus or 2)
     rows = read_metrics(tmp_path / "run")
     for row in rows:

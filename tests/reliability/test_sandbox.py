@@ -23,6 +23,16 @@ print("connected")
 """
 
 
+def wait_until(condition, timeout_s: float) -> bool:
+    """Poll ``condition()`` until it is true (returns True) or ``timeout_s`` passes (returns False)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 @pytest.fixture
 def listener():
     """A TCP server on loopback that records whether anyone connected."""
@@ -54,8 +64,7 @@ def test_control_the_probe_connects_without_the_sandbox(listener):
     port, connected = listener
     process = subprocess.run([sys.executable, "-c", CONNECT], input=str(port), capture_output=True, text=True, timeout=30)
     assert process.stdout.strip() == "connected"
-    time.sleep(0.2)
-    assert connected == [b"hello"]
+    assert wait_until(lambda: connected, timeout_s=10) and connected == [b"hello"]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -83,9 +92,12 @@ def test_wall_clock_timeout_kills_the_process_group():
     result = run_untrusted_python(code, limits=SandboxLimits(timeout_s=1.0))
     assert result.status == "timeout" and result.seconds < 15
     child = int(result.stdout.split()[0])  # in a namespace this is the pid the child sees; check it from outside too
-    time.sleep(0.5)
-    leftovers = [proc for proc in psutil.process_iter(["cmdline"]) if "hybridrl-sandbox-" in " ".join(proc.info["cmdline"] or [])]
-    assert child > 0 and leftovers == []
+
+    def leftovers():
+        return [proc for proc in psutil.process_iter(["cmdline"])
+                if "hybridrl-sandbox-" in " ".join(proc.info["cmdline"] or [])]
+
+    assert child > 0 and wait_until(lambda: not leftovers(), timeout_s=10), leftovers()
 
 
 def test_busy_loop_times_out():

@@ -84,7 +84,7 @@ def test_pool_is_reused_across_calls(scorer):
     assert scores.sum().item() == 200.0
     assert scorer.worker_pids == pids  # no process was started for this batch
     assert set(info.extras["pid"]) <= set(pids)
-    assert elapsed < 2.0, f"200 cheap samples took {elapsed:.2f} s"
+    assert elapsed < 60, f"200 cheap samples took {elapsed:.2f} s"  # a hang guard; reuse is the pids check above
 
 
 def test_extras_are_aligned_and_averaged(scorer):
