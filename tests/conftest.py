@@ -14,8 +14,19 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from shared_ray import shared_ray_runtime, stop_shared_ray  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def shared_ray():
+    """The process's shared Ray runtime (``tests/shared_ray.py``)."""
+    return shared_ray_runtime()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    stop_shared_ray()
 
 
 def pytest_collection_modifyitems(config, items):

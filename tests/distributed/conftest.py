@@ -1,7 +1,7 @@
 """Shared set-up for the distributed tests: real Ray on CPU bundles, real gloo process groups.
 
-A module that needs Ray takes the module-scoped ``ray_runtime`` (one private Ray instance per module, shut down after
-it); the multi-node module starts its own simulated cluster instead.
+A module that needs Ray takes ``ray_runtime``: the process's shared private instance (``tests/conftest.py``; up for
+the whole session, not one per module). The multi-node module stops it and starts its own simulated cluster.
 """
 
 from __future__ import annotations
@@ -9,13 +9,11 @@ from __future__ import annotations
 from typing import Iterator
 
 import pytest
-from distributed_helpers import ray_config
+from shared_ray import shared_ray_runtime
 
-from hybridrl.runtime import RayRuntime, start_ray
+from hybridrl.runtime import RayRuntime
 
 
 @pytest.fixture(scope="module")
 def ray_runtime() -> Iterator[RayRuntime]:
-    runtime = start_ray(ray_config())
-    yield runtime
-    runtime.shutdown()
+    yield shared_ray_runtime()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import os
 import pickle
 
 import numpy as np
@@ -433,23 +432,11 @@ def test_property_pad_chunk_concat_unpad_is_identity(size, multiple):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    for name, value in (
-        ("RAY_AUTH_MODE", "disabled"),
-        ("RAY_USAGE_STATS_ENABLED", "0"),
-        ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"),
-    ):
-        os.environ.setdefault(name, value)
     import ray
+    from shared_ray import shared_ray_runtime
 
-    ray.init(
-        address="local",
-        num_cpus=1,
-        include_dashboard=False,
-        object_store_memory=200 * 2**20,
-        logging_level="warning",
-    )
+    shared_ray_runtime()  # the process's private instance (tests/shared_ray.py)
     yield ray
-    ray.shutdown()
 
 
 @pytest.mark.distributed
