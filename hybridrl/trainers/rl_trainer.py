@@ -26,6 +26,7 @@ from hybridrl.trainers.continual import PromptReplay, PtxBatches
 from hybridrl.trainers.faults import FaultInjector, NonFiniteGuard
 from hybridrl.trainers.health import HealthMonitor
 from hybridrl.trainers.restarts import RESTARTABLE, RestartRecord, Supervisor
+from hybridrl.trainers.run_lock import run_directory_lock
 from hybridrl.trainers.scaffold import open_tracker, resume_point
 from hybridrl.trainers.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
 from hybridrl.trainers.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
@@ -61,6 +62,11 @@ class TrainResult:
     last_validation: Optional[dict[str, float]] = None
     restarts: list[RestartRecord] = field(default_factory=list)
     export_dir: Optional[Path] = None
+
+    def metric_rows(self) -> list[dict[str, float]]:
+        """The steps this process trained, one dict each with its ``step`` (whatever ``trainer.logger`` wrote)."""
+        first = self.global_step - len(self.history)
+        return [{"step": first + index + 1, **metrics} for index, metrics in enumerate(self.history)]
 
 
 class RLTrainer:
@@ -98,12 +104,13 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ the run
     def fit(self) -> TrainResult:
-        """Train for ``total_steps`` (resuming if configured), validating and checkpointing as configured."""
-        dump_config(self.config, self.run_dir)
+        """Train for ``total_steps`` (resuming if configured), validating and checkpointing as configured. The run
+        directory is held for the whole run: a second run in it is refused."""
         result = TrainResult(self.run_dir, 0)
         supervisor = Supervisor(self.config.trainer.max_restarts)
-        with start_ray(self.config.trainer.ray) as runtime, \
+        with run_directory_lock(self.run_dir), start_ray(self.config.trainer.ray) as runtime, \
                 build_reward_scorer(self.config.custom_reward_function) as scorer:
+            dump_config(self.config, self.run_dir)
             self.rule_scoring = self.scoring = Scoring(scorer, self.tokenizer)
             supervisor.run(lambda: self._attempt(runtime, result, supervisor), lambda: self.global_step)
         result.global_step, result.restarts = self.global_step, supervisor.records

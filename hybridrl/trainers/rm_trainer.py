@@ -26,6 +26,7 @@ from hybridrl.config.rm_schema import RMConfig
 from hybridrl.config.validation import resolved_device
 from hybridrl.runtime import PoolSpec, WorkerGroup
 from hybridrl.trainers.checkpoints import CheckpointManager
+from hybridrl.trainers.run_lock import run_directory_lock
 from hybridrl.trainers.scaffold import cluster, open_tracker, resume_point
 from hybridrl.data.preference import (
     PairFields,
@@ -130,13 +131,14 @@ class RMTrainer:
 
     def fit(self) -> RMResult:
         config, trainer = self.config, self.config.trainer
-        dump_config(config, self.run_dir)
         result = RMResult(self.run_dir, self.export_dir)
         pool = PoolSpec("reward_model", nnodes=trainer.nnodes, devices_per_node=trainer.n_gpus_per_node,
                         device=resolved_device(config))
-        with cluster(trainer.ray, [pool], {"reward_model": "reward_model"}) as pools, \
+        with run_directory_lock(self.run_dir), \
+                cluster(trainer.ray, [pool], {"reward_model": "reward_model"}) as pools, \
                 WorkerGroup(RewardModelTrainWorker, pools.pool_for("reward_model"), name="reward_model_train",
                             args=(config,)) as group:
+            dump_config(config, self.run_dir)
             start = self._resume(group)
             tracker = open_tracker(trainer, self.run_dir, total_steps=trainer.total_training_steps,
                                    start_step=start, monitoring=MonitoringConfig())

@@ -17,8 +17,9 @@ from hybridrl.config.schema import ActorConfig, DataConfig, RolloutConfig, Train
 from hybridrl.config.sft_schema import SFTConfig
 from hybridrl.config.validation import resolved_device
 from hybridrl.runtime import PoolSpec, WorkerGroup
-from hybridrl.data.sft import encode_sft_examples
+from hybridrl.data.sft import check_sft_lengths, encode_sft_examples
 from hybridrl.data.sft_source import build_sft_source
+from hybridrl.trainers.run_lock import run_directory_lock
 from hybridrl.trainers.scaffold import cluster, open_tracker
 from hybridrl.protocol import Batch
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
@@ -62,6 +63,9 @@ class SFTTrainer:
         data = config.data
         self.source = build_sft_source(data.train_files if data.synthetic_task is None else [], data.synthetic_task,
                                        data.synthetic_task_kwargs, seed=data.seed)
+        # every file row is checked now, naming its file and row, not when its step comes
+        check_sft_lengths(self.tokenizer, self.source.examples, data.max_response_length, data.apply_chat_template,
+                          data.max_prompt_length)
 
     def batch(self, step: int) -> Batch:
         """The ``step``-th batch of ``train_batch_size`` examples (cycling over the examples)."""
@@ -72,13 +76,13 @@ class SFTTrainer:
 
     def fit(self) -> SFTResult:
         config, trainer = self.config, self.config.trainer
-        dump_config(config, self.run_dir)
         result = SFTResult(self.run_dir, self.export_dir)
         pool = PoolSpec("sft", nnodes=trainer.nnodes, devices_per_node=trainer.n_gpus_per_node,
                         device=resolved_device(worker_config(config)))
-        with cluster(trainer.ray, [pool], {"actor": "sft"}) as pools, \
+        with run_directory_lock(self.run_dir), cluster(trainer.ray, [pool], {"actor": "sft"}) as pools, \
                 WorkerGroup(ActorRolloutRefWorker, pools.pool_for("actor"), name="sft_actor",
                             args=(worker_config(config), trainer.total_training_steps, False)) as group:
+            dump_config(config, self.run_dir)
             tracker = open_tracker(trainer, self.run_dir, total_steps=trainer.total_training_steps,
                                    monitoring=MonitoringConfig())
             try:
