@@ -41,6 +41,25 @@ def command(name: str, help_text: str, config_name: Optional[str] = "ppo_trainer
     return register
 
 
+COMMAND_OF_SCHEMA = {"TrainConfig": "train", "SFTConfig": "sft", "RMConfig": "rm"}
+RUN_IN_PROGRESS: dict[str, str] = {}  # the run directory of the command running (for the Ctrl-C line)
+
+
+def load_for(command_name: str, args: argparse.Namespace, schema: type):
+    """The command's config, refused when ``--config-name`` names another trainer's (``hybridrl train`` given the
+    SFT config, ``hybridrl sft`` given an RL one)."""
+    from hybridrl.config import load_config
+
+    config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths)
+    RUN_IN_PROGRESS["run_dir"] = config.trainer.default_local_dir
+    if not isinstance(config, schema):
+        other = COMMAND_OF_SCHEMA.get(type(config).__name__, "?")
+        raise ValueError(f"--config-name={args.config_name} is a config of `hybridrl {other}` "
+                         f"({type(config).__name__}), not of `hybridrl {command_name}`; run `hybridrl {other} "
+                         f"--config-name {args.config_name} ...`, or give a {schema.__name__} config")
+    return config
+
+
 @command("config", "compose, validate and print the resolved config and its batch plan")
 def show_config(args: argparse.Namespace) -> int:
     from hybridrl.config import config_to_yaml, critic_enabled, load_config
@@ -69,6 +88,13 @@ def plan(args: argparse.Namespace) -> int:
     from hybridrl.config import load_config
     from hybridrl.planner import format_plan, gpu_spec, plan_job
 
+    for name, value, ok, rule in (("--steps", args.steps, args.steps is None or args.steps >= 1, "a positive count"),
+                                  ("--price-per-gpu-hour", args.price_per_gpu_hour,
+                                   args.price_per_gpu_hour is None or args.price_per_gpu_hour >= 0, ">= 0"),
+                                  ("--efficiency", args.efficiency, 0 < args.efficiency <= 1, "in (0, 1]"),
+                                  ("--headroom", args.headroom, 0 <= args.headroom < 1, "in [0, 1)")):
+        if not ok:
+            raise ValueError(f"{name}={value}: must be {rule}")
     config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths)
     job = plan_job(config, gpu_spec(args.gpu), headroom=args.headroom, efficiency=args.efficiency,
                    price_per_gpu_hour=args.price_per_gpu_hour, total_steps=args.steps)
@@ -78,38 +104,35 @@ def plan(args: argparse.Namespace) -> int:
 
 @command("train", "run the RL trainer (PPO, GRPO, ...): hybridrl train model.path=... algorithm=grpo")
 def train(args: argparse.Namespace) -> int:
-    from hybridrl.config import load_config
+    from hybridrl.config.schema import TrainConfig
     from hybridrl.trainers.rl_trainer import RLTrainer
     from hybridrl.utils.report import format_summary, plot_learning_curves, step_time_breakdown
-    from hybridrl.utils.tracking import read_metrics
 
-    config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths)
-    result = RLTrainer(config).fit()
-    plot = plot_learning_curves(result.run_dir)
+    result = RLTrainer(load_for("train", args, TrainConfig)).fit()
+    rows = result.metric_rows()  # from the run itself: metrics.jsonl exists only with the jsonl logger
+    plot = plot_learning_curves(result.run_dir, rows)
     figures = {"steps": result.global_step, "run directory": str(result.run_dir), "learning curves": str(plot)}
     figures.update({key: f"{value:.4g}" for key, value in (result.last_validation or {}).items()})
-    print(format_summary("hybridrl train", figures, step_time_breakdown(read_metrics(result.run_dir))))
+    print(format_summary("hybridrl train", figures, step_time_breakdown(rows)))
     return 0
 
 
 @command("sft", "supervised fine-tuning (the warm start for RL): hybridrl sft model.path=...", "sft_trainer")
 def sft(args: argparse.Namespace) -> int:
-    from hybridrl.config import load_config
+    from hybridrl.config.sft_schema import SFTConfig
     from hybridrl.trainers.sft_trainer import SFTTrainer
 
-    config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths)
-    result = SFTTrainer(config).fit()
+    result = SFTTrainer(load_for("sft", args, SFTConfig)).fit()
     print(f"hybridrl sft: {len(result.history)} steps; model exported to {result.export_dir}")
     return 0
 
 
 @command("rm", "train a reward model on preference pairs (Bradley-Terry): hybridrl rm model.path=...", "rm_trainer")
 def rm(args: argparse.Namespace) -> int:
-    from hybridrl.config import load_config
+    from hybridrl.config.rm_schema import RMConfig
     from hybridrl.trainers.rm_trainer import RMTrainer
 
-    config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths)
-    result = RMTrainer(config).fit()
+    result = RMTrainer(load_for("rm", args, RMConfig)).fit()
     accuracy = ""
     if result.validations:
         (first_step, first), (last_step, last) = result.validations[0], result.validations[-1]
@@ -191,12 +214,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _, _, handler = COMMANDS[args.command]
     try:
         return handler(args)
+    except KeyboardInterrupt:  # the run's own clean-up (workers, Ray, partial checkpoints) has run on the way out
+        print(f"hybridrl {args.command}: interrupted{_where_it_stopped(args.command)}", file=sys.stderr)
+        return 130
     except _user_errors() as error:
         if os.environ.get("HYBRIDRL_TRACEBACK") or not str(error):
             raise
         hint = "" if isinstance(error, ConfigError) else "\n(set HYBRIDRL_TRACEBACK=1 to see where it was raised)"
         print(f"hybridrl {args.command}: {error}{hint}", file=sys.stderr)
         return 2
+
+
+def _where_it_stopped(command_name: str) -> str:
+    """``" at checkpoint …; resume with …"`` for a run that had a checkpoint, else what is there to know."""
+    run_dir = RUN_IN_PROGRESS.get("run_dir")
+    if run_dir is None:
+        return ""
+    from hybridrl.trainers.checkpoints import CheckpointManager
+
+    latest = CheckpointManager(run_dir).latest()
+    if latest is None:
+        return f" (run directory {run_dir}: no checkpoint was written yet; the run starts afresh next time)"
+    resume = " (trainer.resume_mode=auto, the default)" if command_name != "sft" else ""
+    return (f"; the last checkpoint is {latest}; run the same command again to resume from it{resume}")
 
 
 # Controller errors a user acts on (not bugs): looked up only if their module was loaded, since importing it here

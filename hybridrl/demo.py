@@ -48,22 +48,24 @@ def run_demo(overrides: Sequence[str] = (), demo_dir: Path = DEMO_DIR, *, sft_ov
     print(f"[demo] 1/3 tiny model at {base}")
     sft_config = load_config([f"model.path={base}", f"trainer.default_local_dir={demo_dir / 'sft'}", *sft_overrides],
                              "demo_sft")
-    sft = SFTTrainer(sft_config).fit()
+    sft_trainer = SFTTrainer(sft_config)
+    rollout = [] if importlib.util.find_spec("vllm") else ["rollout=hf"]
+    rl_overrides = [f"trainer.default_local_dir={demo_dir / 'grpo'}", *rollout, *overrides]
+    # Every GRPO mistake is refused now, not after the SFT stage (the SFT model it will start from does not exist yet)
+    load_config([f"model.path={sft_trainer.export_dir}", *rl_overrides], "demo_grpo", check_paths=False)
+    sft = sft_trainer.fit()
     sft_seconds = time.perf_counter() - started
     print(f"[demo] 2/3 SFT done in {sft_seconds:.0f} s → {sft.export_dir}")
-    rollout = [] if importlib.util.find_spec("vllm") else ["rollout=hf"]
     if rollout:
         print("[demo] vLLM is not installed: generating with transformers on the actor's module (rollout=hf)")
-    rl_config = load_config([f"model.path={sft.export_dir}", f"trainer.default_local_dir={demo_dir / 'grpo'}",
-                             *rollout, *overrides], "demo_grpo")
+    rl_config = load_config([f"model.path={sft.export_dir}", *rl_overrides], "demo_grpo")
     rl_started = time.perf_counter()
     result = RLTrainer(rl_config).fit()
     rl_seconds = time.perf_counter() - rl_started
     before = (result.first_validation or {}).get("val/accuracy", float("nan"))
     after = (result.last_validation or {}).get("val/accuracy", float("nan"))
-    plot = plot_learning_curves(result.run_dir)
-    from hybridrl.utils.tracking import read_metrics
-
+    rows = result.metric_rows()
+    plot = plot_learning_curves(result.run_dir, rows)
     figures = {
         "held-out accuracy after SFT": f"{100 * before:.1f} %",
         "held-out accuracy after GRPO": f"{100 * after:.1f} %",
@@ -72,9 +74,9 @@ def run_demo(overrides: Sequence[str] = (), demo_dir: Path = DEMO_DIR, *, sft_ov
         "wall time: SFT / GRPO / total": f"{sft_seconds:.0f} s / {rl_seconds:.0f} s / "
                                          f"{time.perf_counter() - started:.0f} s",
         "learning curves": str(plot),
-        "metrics": str(result.run_dir / "metrics.jsonl"),
+        "run directory": str(result.run_dir),
     }
     print(format_summary("hybridrl demo: arithmetic, SFT → GRPO, 2 CPU ranks", figures,
-                         step_time_breakdown(read_metrics(result.run_dir))))
+                         step_time_breakdown(rows)))
     return {"accuracy_after_sft": before, "accuracy_after_rl": after, "wall_time_s": time.perf_counter() - started,
             "plot": plot, "run_dir": result.run_dir}

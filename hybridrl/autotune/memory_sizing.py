@@ -81,7 +81,12 @@ class DecoderShape:
 
     @classmethod
     def from_hf_config(cls, config) -> "DecoderShape":
-        """From a ``LlamaConfig``/``Qwen2Config``-like config (Qwen2 has q/k/v biases)."""
+        """From a ``LlamaConfig``/``Qwen2Config``-like config (Qwen2 has q/k/v biases); a ``ValueError`` for a
+        decoder this memory model does not describe (no gated MLP, e.g. GPT-2)."""
+        if getattr(config, "intermediate_size", None) is None:
+            raise ValueError(f"the memory model covers Llama-style decoders (gated MLP, intermediate_size); the "
+                             f"model's config (model_type={getattr(config, 'model_type', None)!r}) has no "
+                             "intermediate_size")
         heads = config.num_attention_heads
         return cls(num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
                    intermediate_size=config.intermediate_size, num_heads=heads,

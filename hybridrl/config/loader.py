@@ -12,6 +12,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, TypeVar
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
@@ -56,6 +57,11 @@ def compose_yaml(config_name: str = DEFAULT_CONFIG_NAME, overrides: Sequence[str
             return compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as error:
         raise _composition_error(error, overrides, SCHEMAS.get(config_name)) from None
+    except yaml.YAMLError as error:  # a config file that is not valid YAML: name the file and the line
+        mark = getattr(error, "problem_mark", None)
+        where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
+        problem = getattr(error, "problem", None) or _first_line(error)
+        raise ConfigError([("--config-name", config_name, f"{where} is not valid YAML: {problem}")]) from None
 
 
 def open_dict_overrides(overrides: Sequence[str], schema: type) -> list[str]:

@@ -7,6 +7,7 @@ Skipped (except the CPU limits a config states itself) when a config is composed
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -57,7 +58,23 @@ def _check_this_machine(config: TrainConfig, error: ConfigError) -> None:
                                                          f"machine has {visible} (a private Ray instance uses only them)")
     if config.trainer.device == "auto" and device == "cpu":
         _check_cpu_limits(config, error)
+    _check_object_store(config, error)
+    if device == "cpu" and config.rollout.name == "vllm" and config.rollout.kv_cache_memory_mb is None:
+        error.add("rollout.kv_cache_memory_mb", None, "is required for rollout.name=vllm on CPU (vLLM would size the "
+                                                      "KV cache from host RAM): use the CPU preset rollout=vllm_cpu, "
+                                                      "or set e.g. rollout.kv_cache_memory_mb=64")
     _check_precision_here(config, device, error)
+
+
+def _check_object_store(config: TrainConfig, error: ConfigError) -> None:
+    """A private Ray instance's object store must fit this machine's memory (Ray's own refusal prints negative GB)."""
+    wanted = config.trainer.ray.object_store_memory_mb
+    if config.trainer.ray.address != "local" or wanted is None:
+        return
+    total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    if wanted >= total_mb:
+        error.add("trainer.ray.object_store_memory_mb", wanted,
+                  f"is more than this machine's memory ({total_mb} MiB); a few hundred MiB to a few GiB is usual")
 
 
 def _check_precision_here(config: TrainConfig, device: str, error: ConfigError) -> None:
@@ -86,6 +103,9 @@ def resolved_device(config: TrainConfig) -> str:
 
 def _check_paths(config: TrainConfig, error: ConfigError) -> None:
     _check_model_dir(error, "model.path", config.model.path)
+    if not error:
+        _check_model_fits(config, error)
+    _check_run_dir(error, "trainer.default_local_dir", config.trainer.default_local_dir)
     if config.model.tokenizer_path is not None:
         _require(error, "model.tokenizer_path", config.model.tokenizer_path, Path(config.model.tokenizer_path).is_dir(),
                  "is not a directory")
@@ -109,6 +129,54 @@ def _check_paths(config: TrainConfig, error: ConfigError) -> None:
         _require(error, "trainer.resume_from_path", config.trainer.resume_from_path,
                  not resume_dir.is_dir() or (resume_dir / "trainer_state.pt").is_file(),
                  "is not a hybridrl checkpoint (no trainer_state.pt); point it at checkpoints/global_step_<k>")
+
+
+def _check_model_fits(config: TrainConfig, error: ConfigError) -> None:
+    """What the model can hold against what the run asks of it: every token id the tokenizer can produce must index
+    the embedding (a smaller vocabulary fails at the first forward, deep inside it), and the longest sequence must fit
+    the model's positions."""
+    import json
+
+    model_config = json.loads((Path(config.model.path) / "config.json").read_text(encoding="utf-8"))
+    model_config = model_config.get("text_config", model_config)  # multimodal configs nest the language model's
+    longest = config.data.max_prompt_length + config.data.max_response_length
+    positions = model_config.get("max_position_embeddings", model_config.get("n_positions"))
+    if isinstance(positions, int) and longest > positions:
+        error.add("data.max_response_length", config.data.max_response_length,
+                  f"data.max_prompt_length + data.max_response_length = {longest} tokens, but the model at model.path "
+                  f"has {positions} positions (max_position_embeddings); shorten one of them")
+    vocab_size = model_config.get("vocab_size")
+    tokenizer_tokens = _tokenizer_size(config.model.tokenizer_path or config.model.path, config.model.trust_remote_code)
+    if isinstance(vocab_size, int) and tokenizer_tokens is not None and tokenizer_tokens > vocab_size:
+        error.add("model.path", config.model.path,
+                  f"the model's vocabulary has {vocab_size} ids but its tokenizer produces {tokenizer_tokens} "
+                  "(model.tokenizer_path from another model?); the embedding cannot look them up")
+
+
+def _tokenizer_size(path: str, trust_remote_code: bool) -> Optional[int]:
+    """Token ids the tokenizer at ``path`` can produce (added tokens included); ``None`` when none loads there (the
+    tokenizer checks at start-up say why)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return len(AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code))
+    except Exception:  # noqa: BLE001 - reported with its own message when the trainer loads it
+        return None
+
+
+def _check_run_dir(error: ConfigError, key: str, path: str) -> None:
+    """The run directory must be (or become) a directory this process can write."""
+    run_dir = Path(path)
+    if run_dir.exists() and not run_dir.is_dir():
+        error.add(key, path, "is a regular file, not a directory")
+        return
+    ancestor = run_dir
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        error.add(key, path, f"cannot be created: {ancestor} is a regular file, not a directory")
+    elif not os.access(ancestor, os.W_OK):
+        error.add(key, path, f"is not writable ({ancestor} is read-only to this user)")
 
 
 def _check_model_dir(error: ConfigError, key: str, path: str) -> None:
@@ -139,6 +207,44 @@ def _model_dir_problem(path: Path) -> Optional[str]:
         return "config.json has no 'model_type': not a Hugging Face model config"
     if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILE_PATTERNS):
         return f"holds no weights (none of {', '.join(WEIGHT_FILE_PATTERNS)})"
+    unknown = _unknown_model_type(model_config)
+    if unknown:
+        return unknown
+    for weights in sorted(path.glob("*.safetensors")):
+        damage = _safetensors_damage(weights)
+        if damage:
+            return f"{weights.name} {damage}"
+    return None
+
+
+def _unknown_model_type(model_config: dict) -> Optional[str]:
+    """A ``model_type`` transformers does not know (and no ``auto_map`` to remote code): why, else ``None``."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    model_type = model_config["model_type"]
+    if model_type in CONFIG_MAPPING_NAMES or "auto_map" in model_config:
+        return None
+    return (f"config.json has model_type={model_type!r}, which this transformers does not know (a newer "
+            "transformers, or a model with remote code and model.trust_remote_code=true)")
+
+
+def _safetensors_damage(path: Path) -> Optional[str]:
+    """Why a ``.safetensors`` file cannot be complete (a header that does not parse, or data past the file's end)."""
+    import json
+    import struct
+
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as handle:
+            (header_bytes,) = struct.unpack("<Q", handle.read(8))
+            if 8 + header_bytes > size:
+                return f"is truncated: its header claims {header_bytes} bytes, the file has {size}"
+            header = json.loads(handle.read(header_bytes))
+    except (struct.error, ValueError, UnicodeDecodeError):
+        return "is not a safetensors file (its header does not parse)"
+    end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"), default=0)
+    if 8 + header_bytes + end > size:
+        return f"is truncated: {8 + header_bytes + end} bytes expected, the file has {size}"
     return None
 
 

@@ -97,6 +97,23 @@ def tokenize_prompts(texts: Sequence[str], tokenizer: Any, apply_chat_template: 
     return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=not apply_chat_template)["input_ids"]]
 
 
+def _tokenized_or_named(texts: Sequence[str], records: Sequence[PromptRecord], tokenizer: Any,
+                        apply_chat_template: bool) -> list[list[int]]:
+    """:func:`tokenize_prompts`, and when the tokenizer refuses a text (a character it cannot encode and no unknown
+    token), the row that holds it named."""
+    try:
+        return tokenize_prompts(texts, tokenizer, apply_chat_template)
+    except Exception:  # the tokenizers library raises its own exception types
+        for record, text in zip(records, texts):
+            try:
+                tokenize_prompts([text], tokenizer, apply_chat_template)
+            except Exception as error:
+                raise ValueError(f"{record.where}: the tokenizer cannot encode this prompt ({type(error).__name__}: "
+                                 f"{error}); remove the characters it does not know, or use a tokenizer with an "
+                                 "unknown token") from None
+        raise
+
+
 class PromptDataset(Sequence[TokenizedPrompt]):
     """A list of :class:`TokenizedPrompt` with a name (``train`` / ``val``, used in uids and messages).
 
@@ -158,7 +175,7 @@ class PromptDataset(Sequence[TokenizedPrompt]):
             )
         texts = [format_prompt(record.prompt, tokenizer, options.apply_chat_template, record.where)
                  for record in records]
-        token_ids = tokenize_prompts(texts, tokenizer, options.apply_chat_template)
+        token_ids = _tokenized_or_named(texts, records, tokenizer, options.apply_chat_template)
         prompts = []
         for row_id, (record, text, ids) in enumerate(zip(records, texts, token_ids)):
             kept = _apply_length_policy(ids, record.where, options)

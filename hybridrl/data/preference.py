@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ import torch
 
 from hybridrl.data.dataset import format_prompt, tokenize_prompts
 from hybridrl.data.io import SourceRow, read_rows
-from hybridrl.data.records import _check_prompt, _check_text
+from hybridrl.data.records import _check_text, check_prompt
 from hybridrl.data.sft import SFTExample, encode_sft_examples
 from hybridrl.protocol import Batch, Fields
 
@@ -78,7 +79,7 @@ def pairs_from_row(source: SourceRow) -> list[PreferencePair]:
     row, where = source.row, source.where
     if "prompt" not in row:
         raise ValueError(f"{where}: missing column 'prompt' (columns: {sorted(row)})")
-    prompt = _check_prompt(row["prompt"], where, "prompt")
+    prompt = check_prompt(row["prompt"], where, "prompt")
     if "responses" in row:
         responses = row["responses"]
         if isinstance(responses, str) or not isinstance(responses, Sequence) or len(responses) < 2:
@@ -100,6 +101,8 @@ def pairs_from_row(source: SourceRow) -> list[PreferencePair]:
         margin = 0.0
     if isinstance(margin, bool) or not isinstance(margin, (int, float)):
         raise ValueError(f"{where}: 'margin' must be a number, got {type(margin).__name__}")
+    if not math.isfinite(margin):  # it enters the loss: every step would be non-finite and skipped
+        raise ValueError(f"{where}: 'margin' must be a finite number, got {margin}")
     return [PreferencePair(prompt, chosen, rejected, float(margin), where)]
 
 

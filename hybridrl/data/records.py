@@ -64,7 +64,7 @@ def record_from_row(row: Mapping[str, Any], where: str, prompt_key: str = "promp
     data_source = row["data_source"]
     if not isinstance(data_source, str) or not data_source:
         raise ValueError(f"{where}: 'data_source' must be a non-empty string, got {data_source!r}")
-    prompt = _check_prompt(row[prompt_key], where, prompt_key)
+    prompt = check_prompt(row[prompt_key], where, prompt_key)
     reward_model = row["reward_model"]
     if not isinstance(reward_model, Mapping) or reward_model.get("ground_truth") is None:
         raise ValueError(f"{where}: 'reward_model' must be a dict with a 'ground_truth', got {reward_model!r}")
@@ -77,7 +77,7 @@ def record_from_row(row: Mapping[str, Any], where: str, prompt_key: str = "promp
     return PromptRecord(data_source, prompt, reward_model["ground_truth"], ability, dict(extra_info), where)
 
 
-def _check_prompt(prompt: Any, where: str, key: str) -> ChatMessages | str:
+def check_prompt(prompt: Any, where: str, key: str = "prompt") -> ChatMessages | str:
     if isinstance(prompt, str):
         _check_text(prompt, where, key)
         if not prompt.strip():
@@ -85,7 +85,7 @@ def _check_prompt(prompt: Any, where: str, key: str) -> ChatMessages | str:
         return prompt
     if isinstance(prompt, (bytes, bytearray)):
         try:
-            return _check_prompt(bytes(prompt).decode("utf-8"), where, key)
+            return check_prompt(bytes(prompt).decode("utf-8"), where, key)
         except UnicodeDecodeError as error:
             raise ValueError(f"{where}: '{key}' holds bytes that are not valid UTF-8 (offset {error.start})") from None
     if not isinstance(prompt, Sequence) or isinstance(prompt, Mapping):

@@ -12,36 +12,63 @@ emit and then stop.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 
 from hybridrl.data.dataset import format_prompt, tokenize_prompts
+from hybridrl.data.records import check_prompt
 from hybridrl.protocol import Batch, Fields
 from hybridrl.protocol.rollout_layout import assemble_rollout
 
-__all__ = ["SFTExample", "sft_examples_from_rows", "encode_sft_examples"]
+__all__ = ["SFTExample", "check_sft_lengths", "sft_examples_from_rows", "encode_sft_examples"]
 
 
 @dataclass(frozen=True)
 class SFTExample:
-    """One supervised pair: ``prompt`` (chat messages or text) and the exact target ``response`` text."""
+    """One supervised pair: ``prompt`` (chat messages or text) and the exact target ``response`` text; ``where``
+    names its file and row in errors (empty for a synthetic task's examples)."""
 
     prompt: Any
     response: str
+    where: str = field(default="", compare=False)
 
 
-def sft_examples_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[SFTExample]:
-    """One :class:`SFTExample` per row: its prompt, and as the response ``extra_info.answer`` when the row carries a
-    worked solution (GSM8K: it ends in ``#### N``, the format the reward pays for), else ``reward_model.ground_truth``
-    (synthetic tasks, whose ideal response is the bare answer)."""
+def sft_examples_from_rows(rows: Iterable[Mapping[str, Any]],
+                           wheres: Optional[Sequence[str]] = None) -> list[SFTExample]:
+    """One :class:`SFTExample` per row: its prompt (checked as RL prompts are: chat messages or text), and as the
+    response ``extra_info.answer`` when the row carries a worked solution (GSM8K: it ends in ``#### N``, the format
+    the reward pays for), else ``reward_model.ground_truth`` (synthetic tasks, whose ideal response is the bare
+    answer). ``wheres`` labels each row in errors (``ValueError`` naming it)."""
     examples = []
-    for row in rows:
+    for index, row in enumerate(rows):
+        where = wheres[index] if wheres is not None else f"SFT row {index}"
         extra = row.get("extra_info") or {}
         answer = extra.get("answer") if isinstance(extra, Mapping) else None
-        examples.append(SFTExample(row["prompt"], str(answer if answer else row["reward_model"]["ground_truth"])))
+        reward_model = row.get("reward_model")
+        target = answer if answer else (reward_model or {}).get("ground_truth") if isinstance(reward_model, Mapping) \
+            else None
+        if target is None or target == "":
+            raise ValueError(f"{where}: not an SFT row: needs extra_info.answer or reward_model.ground_truth as the "
+                             "target response")
+        examples.append(SFTExample(check_prompt(row.get("prompt"), where), str(target), where))
     return examples
+
+
+def check_sft_lengths(tokenizer: Any, examples: Sequence[SFTExample], max_response_length: int,
+                      apply_chat_template: bool, max_prompt_length: int) -> None:
+    """Refuse, before any step trains, an example whose prompt or target (with EOS) exceeds the limits, naming its
+    file and row (``ValueError``)."""
+    for example in examples:
+        prompt_tokens = len(_prompt_ids(tokenizer, example.prompt, apply_chat_template))
+        if prompt_tokens > max_prompt_length:
+            raise ValueError(f"{example.where}: prompt of {prompt_tokens} tokens exceeds data.max_prompt_length="
+                             f"{max_prompt_length}")
+        target_tokens = len(tokenizer(example.response, add_special_tokens=False)["input_ids"]) + 1
+        if target_tokens > max_response_length:
+            raise ValueError(f"{example.where}: target of {target_tokens} tokens (with EOS) exceeds "
+                             f"data.max_response_length={max_response_length}")
 
 
 def encode_sft_examples(tokenizer: Any, examples: Sequence[SFTExample], max_response_length: int,
@@ -58,10 +85,10 @@ def encode_sft_examples(tokenizer: Any, examples: Sequence[SFTExample], max_resp
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos_token: SFT targets need one to end the response")
     prompt_ids = [_prompt_ids(tokenizer, example.prompt, apply_chat_template) for example in examples]
-    for row, ids in enumerate(prompt_ids):
+    for row, (ids, example) in enumerate(zip(prompt_ids, examples)):
         if len(ids) > max_prompt_length:
-            raise ValueError(f"SFT example {row}: prompt of {len(ids)} tokens exceeds data.max_prompt_length="
-                             f"{max_prompt_length}")
+            raise ValueError(f"{example.where or f'SFT example {row}'}: prompt of {len(ids)} tokens exceeds "
+                             f"data.max_prompt_length={max_prompt_length}")
     width = max(len(ids) for ids in prompt_ids)
     prompts = torch.full((len(examples), width), tokenizer.pad_token_id, dtype=torch.long)
     prompt_mask = torch.zeros_like(prompts)
@@ -71,8 +98,8 @@ def encode_sft_examples(tokenizer: Any, examples: Sequence[SFTExample], max_resp
         prompts[row, width - len(ids):], prompt_mask[row, width - len(ids):] = torch.tensor(ids), 1
         target = tokenizer(example.response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         if len(target) > max_response_length:
-            raise ValueError(f"SFT example {row}: target of {len(target)} tokens (with EOS) exceeds "
-                             f"data.max_response_length={max_response_length}")
+            raise ValueError(f"{example.where or f'SFT example {row}'}: target of {len(target)} tokens (with EOS) "
+                             f"exceeds data.max_response_length={max_response_length}")
         responses[row, :len(target)], response_mask[row, :len(target)] = torch.tensor(target), 1
     prompt_batch = Batch(tensors={Fields.INPUT_IDS: prompts, Fields.ATTENTION_MASK: prompt_mask})
     return assemble_rollout(prompt_batch, 1, responses, response_mask, torch.zeros(responses.shape),

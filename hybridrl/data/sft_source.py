@@ -42,12 +42,8 @@ def build_sft_source(train_files: Sequence[str], synthetic_task: Optional[str] =
     if train_files:
         examples = []
         for path in train_files:
-            for source_row in read_rows(path).rows:
-                try:
-                    examples += sft_examples_from_rows([source_row.row])
-                except (KeyError, TypeError) as missing:
-                    raise ValueError(f"{source_row.where}: not an SFT row (needs prompt and "
-                                     f"reward_model.ground_truth or extra_info.answer): {missing!r}") from None
+            rows = read_rows(path).rows
+            examples += sft_examples_from_rows([row.row for row in rows], [row.where for row in rows])
         if not examples:
             raise ValueError(f"SFT files {list(train_files)} hold no rows")
         return SFTSource(examples=examples)

@@ -32,6 +32,8 @@ Add a task: subclass nothing — write a class with the same methods and ``@SYNT
 
 from __future__ import annotations
 
+import difflib
+
 import hashlib
 import random
 from collections.abc import Iterator
@@ -199,4 +201,32 @@ def build_synthetic_task(name: str, *, seed: int = 1, **options: Any) -> Any:
     """
     if name not in SYNTHETIC_TASKS:
         raise ValueError(f"data.synthetic_task={name!r} is unknown; valid names: {', '.join(SYNTHETIC_TASKS.names())}")
-    return SYNTHETIC_TASKS[name](seed=seed, **options)
+    task = SYNTHETIC_TASKS[name]
+    _check_options(name, task, options)
+    try:
+        return task(seed=seed, **options)
+    except TypeError as error:  # a value of the wrong kind reached the task's own checks
+        raise ValueError(f"data.synthetic_task_kwargs: {error} (task {name!r})") from None
+
+
+def _check_options(name: str, task: Any, options: dict[str, Any]) -> None:
+    """Every option must be one of the task's fields, of its type (an int where an int is expected, …)."""
+    import dataclasses
+    import typing
+
+    if not dataclasses.is_dataclass(task):
+        return
+    hints = typing.get_type_hints(task)
+    fields = [field.name for field in dataclasses.fields(task) if field.name != "seed"]
+    for key, value in options.items():
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"data.synthetic_task_kwargs.{key}={value!r}: task {name!r} has no such option{hint}; "
+                             f"its options: {', '.join(fields)}")
+        expected = tuple(kind for kind in typing.get_args(hints[key]) or (hints[key],) if isinstance(kind, type))
+        if float in expected:
+            expected += (int,)
+        if expected and not isinstance(value, expected) or isinstance(value, bool) and bool not in expected:
+            kinds = " or ".join(kind.__name__ for kind in expected if kind is not type(None)) or "null"
+            raise ValueError(f"data.synthetic_task_kwargs.{key}={value!r}: must be {kinds}")

@@ -8,12 +8,14 @@ plain ``transformers`` (``AutoModelForCausalLM.from_pretrained``) and with vLLM.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from hybridrl.trainers.checkpoints import TRAINER_STATE, CheckpointManager, load_trainer_state
+from hybridrl.trainers.checkpoints import (TRAINER_STATE, CheckpointManager, DamagedCheckpointError,
+                                          load_trainer_state, verify_checkpoint)
 
 
 class ExportError(ValueError):
@@ -54,7 +56,13 @@ def export_checkpoint(source: str | Path, output_dir: str | Path) -> Path:
     output_dir = Path(output_dir)
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise ExportError(f"output directory {output_dir} already exists and is not empty; choose a new one")
-    model_path = load_trainer_state(checkpoint).get("model_path")
+    _check_writable(output_dir)
+    try:
+        verify_checkpoint(checkpoint)
+        model_path = load_trainer_state(checkpoint).get("model_path")
+    except DamagedCheckpointError as damage:
+        raise ExportError(f"{damage}; export another checkpoint (hybridrl export <run dir>/checkpoints/"
+                          "global_step_<k> OUT_DIR)") from None
     if not model_path or not Path(model_path).is_dir():
         raise ExportError(f"checkpoint {checkpoint} was trained from model.path={model_path!r}, which is not a "
                           "directory here; the export needs that model's config and tokenizer")
@@ -68,6 +76,17 @@ def export_checkpoint(source: str | Path, output_dir: str | Path) -> Path:
         raise ExportError(f"cannot load the actor shards of {checkpoint} into the model at {model_path} (a "
                           f"checkpoint of a different model?): {type(cause).__name__}: {reason}") from None
     return export_hf(model, load_tokenizer(model_config), output_dir)
+
+
+def _check_writable(output_dir: Path) -> None:
+    """The output's nearest existing ancestor must be a directory we can write into."""
+    ancestor = output_dir.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ExportError(f"output directory {output_dir}: {ancestor} is a regular file, not a directory")
+    if not os.access(ancestor, os.W_OK):
+        raise ExportError(f"output directory {output_dir}: {ancestor} is not writable")
 
 
 def _run_model_settings(run_dir: Path) -> dict[str, Any]:

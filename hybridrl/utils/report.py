@@ -18,15 +18,17 @@ CURVES = (
 TIMING_PREFIX = "timing/"
 
 
-def plot_learning_curves(run_dir: str | Path, curves: Sequence[tuple[str, str]] = CURVES,
+def plot_learning_curves(run_dir: str | Path, rows: Optional[Sequence[dict[str, Any]]] = None,
+                         curves: Sequence[tuple[str, str]] = CURVES,
                          filename: str = "learning_curves.png") -> Optional[Path]:
-    """Plot each metric in ``curves`` that the run logged, one panel each; returns the PNG path (None if empty)."""
+    """Plot each metric in ``curves`` of ``rows`` (one dict per step, with ``step``; default: the run's
+    ``metrics.jsonl``), one panel each, into ``run_dir``; returns the PNG path (None if nothing to plot)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_metrics(run_dir)
+    rows = read_metrics(run_dir) if rows is None else rows
     present = [(key, title) for key, title in curves if any(row.get(key) is not None for row in rows)]
     if not present:
         return None

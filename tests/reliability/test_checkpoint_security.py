@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import hybridrl
-from hybridrl.trainers.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
+from hybridrl.trainers.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint, write_manifest
 from hybridrl.engines.checkpoint import load_sharded, save_sharded
 from hybridrl.modeling.safe_load import UnsafeCheckpointError
 
@@ -81,6 +81,7 @@ def test_pickle_payload_in_the_trainer_state_is_refused(tmp_path):
     checkpoint = manager.commit(1, {"global_step": 1, "model_path": "/m"})
     marker = tmp_path / "pwned"
     torch.save({"global_step": 1, "model_path": Payload(marker)}, checkpoint / "trainer_state.pt")
+    write_manifest(checkpoint)  # whoever can plant the payload can rewrite the manifest: the loader must refuse it
     with pytest.raises(UnsafeCheckpointError, match="trainer_state.pt: refused to load"):
         load_trainer_state(resume_checkpoint("auto", tmp_path / "run", None))  # what the trainer does on resume
     with pytest.raises(UnsafeCheckpointError, match="trainer_state.pt: refused to load"):

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.cli import main
 from hybridrl.config.schema import ModelConfig, OptimConfig
-from hybridrl.trainers.checkpoints import TRAINER_STATE, CheckpointManager
+from hybridrl.trainers.checkpoints import TRAINER_STATE, CheckpointManager, write_manifest
 from hybridrl.utils.tiny_model import TinyModelSpec, encode_chat, save_tiny_model
 from hybridrl.engines.checkpoint import save_sharded
 from hybridrl.modeling.model_builder import build_model
@@ -82,4 +82,5 @@ def test_export_refuses_what_is_not_a_complete_checkpoint(model_dir, tmp_path, c
     other = save_tiny_model(tmp_path / "other", TinyModelSpec(hidden_size=96, num_heads=3, num_kv_heads=1))
     state = tmp_path / "run" / "checkpoints" / "global_step_3" / TRAINER_STATE
     torch.save({"global_step": 3, "model_path": str(other)}, state)  # the shards do not fit the named model
+    write_manifest(state.parent)  # a checkpoint written so, not damaged afterwards
     assert "cannot load the actor shards" in refused(tmp_path / "run")

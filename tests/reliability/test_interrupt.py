@@ -1,0 +1,48 @@
+"""Ctrl-C in a terminal (SIGINT to the whole foreground process group) stops ``hybridrl train`` with one line saying
+where the run stopped and how to resume — no traceback — exit status 130, the checkpoints intact, nothing left
+running (resuming from that checkpoint is what test_controller_kill checks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from reliability_helpers import overrides, reap_process_group
+
+from hybridrl.trainers.checkpoints import CheckpointManager, verify_checkpoint
+from hybridrl.utils.tracking import read_metrics
+
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
+
+
+def test_ctrl_c_prints_one_line_and_the_run_resumes(model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "hybridrl.cli", "train", "--no-check-paths",
+               *overrides(model_dir, run_dir, "trainer.total_training_steps=1000")]
+    child = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while CheckpointManager(run_dir).latest() is None:  # until the run has a checkpoint to resume from
+            assert child.poll() is None and time.monotonic() < deadline, "the run did not reach its first checkpoint"
+            time.sleep(0.2)
+        os.killpg(child.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        _, stderr = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        leftovers = reap_process_group(child.pid, timeout_s=30)
+    assert child.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = CheckpointManager(run_dir).latest()
+    line = f"hybridrl train: interrupted; the last checkpoint is {last}; run the same command again to resume"
+    assert line in stderr, stderr[-3000:]
+    assert verify_checkpoint(last)
+    assert not [cmd for cmd in leftovers.values() if "raylet" in cmd or "gcs_server" in cmd], leftovers
+    steps = [row["step"] for row in read_metrics(run_dir)]
+    assert steps == list(range(1, len(steps) + 1)) and int(last.name.split("_")[-1]) <= steps[-1]
