@@ -61,11 +61,17 @@ def check_sft_lengths(tokenizer: Any, examples: Sequence[SFTExample], max_respon
     """Refuse, before any step trains, an example whose prompt or target (with EOS) exceeds the limits, naming its
     file and row (``ValueError``)."""
     for example in examples:
-        prompt_tokens = len(_prompt_ids(tokenizer, example.prompt, apply_chat_template))
+        try:
+            prompt_tokens = len(_prompt_ids(tokenizer, example.prompt, apply_chat_template))
+            target_tokens = len(tokenizer(example.response, add_special_tokens=False)["input_ids"]) + 1
+        except ValueError:
+            raise
+        except Exception as error:  # the tokenizers library's own exception types
+            raise ValueError(f"{example.where}: the tokenizer cannot encode this example ({type(error).__name__}: "
+                             f"{error})") from None
         if prompt_tokens > max_prompt_length:
             raise ValueError(f"{example.where}: prompt of {prompt_tokens} tokens exceeds data.max_prompt_length="
                              f"{max_prompt_length}")
-        target_tokens = len(tokenizer(example.response, add_special_tokens=False)["input_ids"]) + 1
         if target_tokens > max_response_length:
             raise ValueError(f"{example.where}: target of {target_tokens} tokens (with EOS) exceeds "
                              f"data.max_response_length={max_response_length}")

@@ -233,6 +233,8 @@ SFT_CASES = {
     "target_too_long": (lambda rows: rows[6].update(reward_model={"ground_truth": "9" * 40}),
                         ["sft.jsonl: row 6", "target of 41 tokens", "data.max_response_length=8"]),
     "no_target": (lambda rows: rows[1].pop("reward_model"), ["sft.jsonl: row 1", "not an SFT row"]),
+    "target_with_an_unknown_character": (lambda rows: rows[2].update(reward_model={"ground_truth": "3☃"}),
+                                         ["sft.jsonl: row 2", "the tokenizer cannot encode this example"]),
 }
 
 
