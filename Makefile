@@ -11,7 +11,7 @@ EXTRAS ?= cpu,test
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile 2>/dev/null | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 # Two test processes (pytest-xdist): the suite waits on process start-up and Ray as much as it computes, so two
-# keep both cores busy on the 2-core box (13.5 vs 19.8 min). TEST_WORKERS=0 runs it in one process.
+# keep both cores busy on the 2-core box (with one shared Ray per process: 10.3 vs 19.8 min). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-fast docs clean

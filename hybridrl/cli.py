@@ -42,7 +42,7 @@ def command(name: str, help_text: str, config_name: Optional[str] = "ppo_trainer
 
 
 COMMAND_OF_SCHEMA = {"TrainConfig": "train", "SFTConfig": "sft", "RMConfig": "rm"}
-RUN_IN_PROGRESS: dict[str, str] = {}  # the run directory of the command running (for the Ctrl-C line)
+RUN_IN_PROGRESS: dict[str, str] = {}  # the run directory and resume mode of the command running (the Ctrl-C line)
 
 
 def load_for(command_name: str, args: argparse.Namespace, schema: type):
@@ -51,7 +51,8 @@ def load_for(command_name: str, args: argparse.Namespace, schema: type):
     from hybridrl.config import load_config
 
     config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths)
-    RUN_IN_PROGRESS["run_dir"] = config.trainer.default_local_dir
+    RUN_IN_PROGRESS.update(run_dir=config.trainer.default_local_dir,
+                           resume_mode=getattr(config.trainer, "resume_mode", "disable"))
     if not isinstance(config, schema):
         other = COMMAND_OF_SCHEMA.get(type(config).__name__, "?")
         raise ValueError(f"--config-name={args.config_name} is a config of `hybridrl {other}` "
@@ -215,7 +216,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return handler(args)
     except KeyboardInterrupt:  # the run's own clean-up (workers, Ray, partial checkpoints) has run on the way out
-        print(f"hybridrl {args.command}: interrupted{_where_it_stopped(args.command)}", file=sys.stderr)
+        print(f"hybridrl {args.command}: interrupted{_where_it_stopped()}", file=sys.stderr)
         return 130
     except _user_errors() as error:
         if os.environ.get("HYBRIDRL_TRACEBACK") or not str(error):
@@ -225,7 +226,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
 
 
-def _where_it_stopped(command_name: str) -> str:
+def _where_it_stopped() -> str:
     """``" at checkpoint …; resume with …"`` for a run that had a checkpoint, else what is there to know."""
     run_dir = RUN_IN_PROGRESS.get("run_dir")
     if run_dir is None:
@@ -235,8 +236,10 @@ def _where_it_stopped(command_name: str) -> str:
     latest = CheckpointManager(run_dir).latest()
     if latest is None:
         return f" (run directory {run_dir}: no checkpoint was written yet; the run starts afresh next time)"
-    resume = " (trainer.resume_mode=auto, the default)" if command_name != "sft" else ""
-    return (f"; the last checkpoint is {latest}; run the same command again to resume from it{resume}")
+    if RUN_IN_PROGRESS.get("resume_mode") != "auto":
+        return (f"; the last checkpoint is {latest}; resume from it with trainer.resume_mode=resume_path "
+                f"trainer.resume_from_path={latest}")
+    return f"; the last checkpoint is {latest}; run the same command again to resume from it"
 
 
 # Controller errors a user acts on (not bugs): looked up only if their module was loaded, since importing it here

@@ -10,9 +10,14 @@ from pathlib import Path
 _runtime = None
 
 
+TEST_RAY_SETTINGS = dict(num_cpus=16, object_store_memory_mb=200, failure_grace_s=1.0, placement_timeout_s=5.0,
+                         startup_timeout_s=120.0,
+                         worker_env={"PYTHONPATH": str(Path(__file__).resolve().parent / "distributed")})
+"""Small, local, quick-to-fail settings; workers can import ``tests/distributed``'s sample workers."""
+
+
 def shared_ray_runtime():
-    """The shared runtime: 16 logical CPUs, failures detected fast; workers can import ``tests/distributed``'s
-    sample workers."""
+    """The shared runtime (:data:`TEST_RAY_SETTINGS`)."""
     global _runtime
     import ray
 
@@ -20,10 +25,7 @@ def shared_ray_runtime():
     from hybridrl.runtime import start_ray
 
     if _runtime is None or not ray.is_initialized():
-        tests_dir = Path(__file__).resolve().parent / "distributed"
-        _runtime = start_ray(RayConfig(num_cpus=16, object_store_memory_mb=200, failure_grace_s=1.0,
-                                       placement_timeout_s=5.0, startup_timeout_s=120.0,
-                                       worker_env={"PYTHONPATH": str(tests_dir)}))
+        _runtime = start_ray(RayConfig(**TEST_RAY_SETTINGS))
     return _runtime
 
 

@@ -8,7 +8,7 @@ loop, as a hook of the actor's engine:
   step) and are reconsidered after it, from the latest noise-scale estimate. The micro-batch stays fixed, so the
   per-rank mini-batch is ``micro × K`` and the global one ``micro × K × world``; only ``K`` that divide the rank's
   sequences of a training step are allowed. Each mini-batch's loss is divided by *its own* global normaliser
-  (``accumulation.global_normalizer``), so an update at any ``K`` still equals one big batch of ``micro × K × world``
+  (``engines.losses.global_normalizer``), so an update at any ``K`` still equals one big batch of ``micro × K × world``
   sequences.
 - **Learning rate.** The configured rate was tuned at the configured ``K_ref``; at ``K`` it is multiplied by
   ``(K / K_ref)^p`` (``lr_scaling``). The schedule (warm-up, cosine) advances by *samples*: ``K / K_ref`` scheduler
@@ -25,14 +25,13 @@ from typing import Literal, Optional
 import torch
 
 from hybridrl.autotune.grad_noise import NoiseScaleEstimate, NoiseScaleMonitor
-from hybridrl.config.schema import LR_SCALINGS, AdaptiveAccumulationConfig
+from hybridrl.config.schema import LR_SCALING_EXPONENTS, AdaptiveAccumulationConfig
 from hybridrl.engines.hooks import EngineView, StepHook
 
 logger = logging.getLogger(__name__)
 
 LrScaling = Literal["linear", "sqrt", "none"]
-LR_EXPONENTS = {"linear": 1.0, "sqrt": 0.5, "none": 0.0}
-assert tuple(LR_EXPONENTS) == LR_SCALINGS, "the config's lr_scaling names and their exponents must agree"
+LR_EXPONENTS = LR_SCALING_EXPONENTS  # owned by the config, which validates the names
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ micro-batch, and one 3-float all-reduce per step.
 
 **Units.** The accumulation loop divides every micro-batch loss by the mini-batch's global normaliser ``N`` (tokens
 for ``token-mean``, sequences for the ``seq-mean-*`` modes) and multiplies by the DP size ``W``, so the increment of a
-micro-batch with ``n`` normaliser units is ``W·n/N`` times that micro-batch's *mean* gradient. :meth:`wrap` undoes
+micro-batch with ``n`` normaliser units is ``W·n/N`` times that micro-batch's *mean* gradient. :meth:`MicroBatchGradNorms.measure` undoes
 this and records ``b = n``; batch sizes, ``S`` and ``B_simple`` are therefore in normaliser units (tokens under
 ``token-mean``). Tokens of one sequence are not independent samples, so a token-unit ``S`` is an effective value.
 """

@@ -2,16 +2,29 @@
 
 Each entry is a ``.py`` file (run once per process, :func:`hybridrl.utils.user_files.import_user_file`) or the name of
 an importable module. They run in the controller before the config is validated — so the names they register are
-accepted — and again in every worker process before it builds anything, so the workers find them too.
+accepted — and again in every worker process before it builds anything, so the workers find them too. Validation makes
+the file paths absolute; the files must exist on every node a worker runs on.
 """
 
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Sequence
 
 from hybridrl.config.errors import PREFORMATTED, ConfigError
 from hybridrl.utils.user_files import import_user_file
+
+
+def is_file_entry(plugin: str) -> bool:
+    """A ``trainer.plugins`` entry naming a file (else an importable module)."""
+    return plugin.endswith(".py") or "/" in plugin
+
+
+def resolved_plugins(plugins: Sequence[str]) -> list[str]:
+    """The entries with every file path made absolute (against this process's directory), so the worker processes,
+    which may start elsewhere, find the same files."""
+    return [str(Path(plugin).resolve()) if is_file_entry(plugin) else plugin for plugin in plugins]
 
 
 def load_plugins(plugins: Sequence[str]) -> None:
@@ -19,7 +32,7 @@ def load_plugins(plugins: Sequence[str]) -> None:
     error = ConfigError()
     for plugin in plugins:
         try:
-            if plugin.endswith(".py") or "/" in plugin:
+            if is_file_entry(plugin):
                 import_user_file(plugin, "trainer.plugins")
             else:
                 importlib.import_module(plugin)

@@ -11,7 +11,7 @@ Three modes, combinable where it makes sense:
   is unchanged; matmul throughput doubles at the device's fp8 peak.
 
 This module is pure Python (no torch import at module level): the planner and config validation use it; the training
-side lives in :mod:`hybridrl.engines.precision`.
+side lives in :mod:`hybridrl.engines.precision` (8-bit optimizer states) and :mod:`hybridrl.modeling.fp8` (fp8 compute).
 """
 
 from __future__ import annotations

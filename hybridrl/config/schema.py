@@ -134,8 +134,9 @@ class MicroBatchSizingConfig(FreezableConfig):
     """Fraction of the budget kept free (allocator caching, fragmentation, kernel workspaces); 0.10–0.20 is usual."""
 
 
-LR_SCALINGS = ("linear", "sqrt", "none")
-"""``actor.adaptive_accumulation.lr_scaling`` choices (the exponents are :data:`hybridrl.autotune.grad_noise.LR_EXPONENTS`)."""
+LR_SCALING_EXPONENTS = {"linear": 1.0, "sqrt": 0.5, "none": 0.0}
+"""``actor.adaptive_accumulation.lr_scaling`` → the exponent ``p`` of the learning-rate rule ``(K / K_ref)^p``."""
+LR_SCALINGS = tuple(LR_SCALING_EXPONENTS)
 
 
 @dataclass

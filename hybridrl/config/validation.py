@@ -9,7 +9,7 @@ from __future__ import annotations
 from hybridrl.config.components import COMPONENT_REGISTRIES, registered_names, value_at
 from hybridrl.config.checks import _choice, _positive, _require, critic_enabled
 from hybridrl.config.errors import PREFORMATTED, ConfigError
-from hybridrl.config.plugins import load_plugins
+from hybridrl.config.plugins import load_plugins, resolved_plugins
 from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS
 from hybridrl.config.rm_schema import SYNTHETIC_PREFERENCES, RMConfig
 from hybridrl.config.schema import LR_SCALINGS, TrainConfig
@@ -43,6 +43,8 @@ def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
     compose a recipe meant for a GPU cluster.
     """
     error = ConfigError()
+    if not config.is_frozen:  # workers may start in another directory: give them absolute paths
+        config.trainer.plugins = resolved_plugins(config.trainer.plugins)
     try:  # first: the components they register are valid choices below
         load_plugins(config.trainer.plugins)
     except ConfigError as plugin_error:

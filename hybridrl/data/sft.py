@@ -52,33 +52,23 @@ def sft_examples_from_rows(rows: Iterable[Mapping[str, Any]],
         if target is None or target == "":
             raise ValueError(f"{where}: not an SFT row: needs extra_info.answer or reward_model.ground_truth as the "
                              "target response")
-        examples.append(SFTExample(check_prompt(row.get("prompt"), where), str(target), where))
+        checked = check_prompt(row.get("prompt"), where)  # checked as RL prompts are
+        prompt = checked if isinstance(checked, str) else row["prompt"]  # messages kept as written (extra keys too)
+        examples.append(SFTExample(prompt, str(target), where))
     return examples
 
 
 def check_sft_lengths(tokenizer: Any, examples: Sequence[SFTExample], max_response_length: int,
                       apply_chat_template: bool, max_prompt_length: int) -> None:
-    """Refuse, before any step trains, an example whose prompt or target (with EOS) exceeds the limits, naming its
-    file and row (``ValueError``)."""
-    for example in examples:
-        try:
-            prompt_tokens = len(_prompt_ids(tokenizer, example.prompt, apply_chat_template))
-            target_tokens = len(tokenizer(example.response, add_special_tokens=False)["input_ids"]) + 1
-        except ValueError:
-            raise
-        except Exception as error:  # the tokenizers library's own exception types
-            raise ValueError(f"{example.where}: the tokenizer cannot encode this example ({type(error).__name__}: "
-                             f"{error})") from None
-        if prompt_tokens > max_prompt_length:
-            raise ValueError(f"{example.where}: prompt of {prompt_tokens} tokens exceeds data.max_prompt_length="
-                             f"{max_prompt_length}")
-        if target_tokens > max_response_length:
-            raise ValueError(f"{example.where}: target of {target_tokens} tokens (with EOS) exceeds "
-                             f"data.max_response_length={max_response_length}")
+    """Refuse, before any step trains, an example whose prompt or target (with EOS) exceeds the limits or that the
+    tokenizer cannot encode, naming its file and row (``ValueError``)."""
+    for row, example in enumerate(examples):
+        prompt_ids, target = _example_ids(tokenizer, example, apply_chat_template, row)
+        _check_lengths(example, row, len(prompt_ids), len(target), max_prompt_length, max_response_length)
 
 
 def encode_sft_examples(tokenizer: Any, examples: Sequence[SFTExample], max_response_length: int,
-                    apply_chat_template: bool = True, max_prompt_length: int = 1 << 30) -> Batch:
+                        apply_chat_template: bool = True, max_prompt_length: int = 1 << 30) -> Batch:
     """SFT examples in the rollout layout, so the SFT loss runs through the same engine as RL.
 
     Returns:
@@ -90,26 +80,43 @@ def encode_sft_examples(tokenizer: Any, examples: Sequence[SFTExample], max_resp
         raise ValueError("no SFT examples to encode")
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos_token: SFT targets need one to end the response")
-    prompt_ids = [_prompt_ids(tokenizer, example.prompt, apply_chat_template) for example in examples]
-    for row, (ids, example) in enumerate(zip(prompt_ids, examples)):
-        if len(ids) > max_prompt_length:
-            raise ValueError(f"{example.where or f'SFT example {row}'}: prompt of {len(ids)} tokens exceeds "
-                             f"data.max_prompt_length={max_prompt_length}")
-    width = max(len(ids) for ids in prompt_ids)
+    encoded = [_example_ids(tokenizer, example, apply_chat_template, row) for row, example in enumerate(examples)]
+    for row, (example, (prompt_ids, target)) in enumerate(zip(examples, encoded)):
+        _check_lengths(example, row, len(prompt_ids), len(target), max_prompt_length, max_response_length)
+    width = max(len(prompt_ids) for prompt_ids, _ in encoded)
     prompts = torch.full((len(examples), width), tokenizer.pad_token_id, dtype=torch.long)
     prompt_mask = torch.zeros_like(prompts)
     responses = torch.full((len(examples), max_response_length), tokenizer.pad_token_id, dtype=torch.long)
     response_mask = torch.zeros_like(responses)
-    for row, (ids, example) in enumerate(zip(prompt_ids, examples)):
-        prompts[row, width - len(ids):], prompt_mask[row, width - len(ids):] = torch.tensor(ids), 1
-        target = tokenizer(example.response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        if len(target) > max_response_length:
-            raise ValueError(f"{example.where or f'SFT example {row}'}: target of {len(target)} tokens (with EOS) "
-                             f"exceeds data.max_response_length={max_response_length}")
+    for row, (prompt_ids, target) in enumerate(encoded):
+        prompts[row, width - len(prompt_ids):], prompt_mask[row, width - len(prompt_ids):] = torch.tensor(prompt_ids), 1
         responses[row, :len(target)], response_mask[row, :len(target)] = torch.tensor(target), 1
     prompt_batch = Batch(tensors={Fields.INPUT_IDS: prompts, Fields.ATTENTION_MASK: prompt_mask})
     return assemble_rollout(prompt_batch, 1, responses, response_mask, torch.zeros(responses.shape),
                             tokenizer.pad_token_id)
+
+
+def _example_ids(tokenizer: Any, example: SFTExample, apply_chat_template: bool,
+                 row: int) -> tuple[list[int], list[int]]:
+    """``(prompt ids, target ids + EOS)`` of one example; the tokenizer's refusal named by the example's row."""
+    try:
+        prompt_ids = _prompt_ids(tokenizer, example.prompt, apply_chat_template)
+        return prompt_ids, tokenizer(example.response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    except ValueError:
+        raise
+    except Exception as error:  # the tokenizers library's own exception types
+        raise ValueError(f"{example.where or f'SFT example {row}'}: the tokenizer cannot encode this example "
+                         f"({type(error).__name__}: {error})") from None
+
+
+def _check_lengths(example: SFTExample, row: int, prompt_tokens: int, target_tokens: int, max_prompt_length: int,
+                   max_response_length: int) -> None:
+    where = example.where or f"SFT example {row}"
+    if prompt_tokens > max_prompt_length:
+        raise ValueError(f"{where}: prompt of {prompt_tokens} tokens exceeds data.max_prompt_length={max_prompt_length}")
+    if target_tokens > max_response_length:
+        raise ValueError(f"{where}: target of {target_tokens} tokens (with EOS) exceeds "
+                         f"data.max_response_length={max_response_length}")
 
 
 def _prompt_ids(tokenizer: Any, prompt: Any, apply_chat_template: bool) -> list[int]:

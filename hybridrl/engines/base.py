@@ -111,8 +111,11 @@ class TrainingEngine:
                      seed: int = 0, group_prompts: bool = False, hooks: Sequence[StepHook] = ()) -> dict[str, float]:
         """PPO-style epochs over this rank's ``data``: one :meth:`optimizer_step` per ``mini_batch_size`` rows,
         shuffled per epoch (seeded by ``seed``); ``group_prompts`` puts each shuffled mini-batch back in prompt order
-        (shared prompts). ``hooks`` (this update's, e.g. PPO-ptx) run before the engine's own. Returns the metrics averaged over optimizer steps
-        (``skipped_step`` summed), then what the hooks' ``after_update`` add."""
+        (shared prompts). The loss checks the update first (``check_update``: a policy loss without old log-probs
+        refuses anything but one epoch over one mini-batch). ``hooks`` (this update's, e.g. PPO-ptx) run before the
+        engine's own. Returns the metrics averaged over optimizer steps (``skipped_step`` summed), then what the
+        hooks' ``after_update`` add."""
+        loss.check_update(data, epochs=epochs, mini_batch_size=mini_batch_size)
         hooks = [*hooks, *self.hooks]
         self.model.train()
         for hook in hooks:

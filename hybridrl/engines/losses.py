@@ -67,6 +67,16 @@ class Loss(Protocol):
                  normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """``(this micro-batch's share of the mini-batch loss, its metrics as floats)``."""
 
+    def check_update(self, data: Batch, *, epochs: int, mini_batch_size: int) -> None:
+        """Refuse (``ValueError``) an update this loss cannot be right for, before its first step."""
+
+
+class NoUpdateChecks:
+    """For losses that are right for any update: ``check_update`` does nothing."""
+
+    def check_update(self, data: Batch, *, epochs: int, mini_batch_size: int) -> None:
+        return None
+
 
 @dataclass(frozen=True)
 class SequenceForward:
@@ -132,6 +142,14 @@ class PolicyLoss:
     def agg_mode(self) -> str:
         return self.loss_agg_mode
 
+    def check_update(self, data: Batch, *, epochs: int, mini_batch_size: int) -> None:
+        """Without ``old_log_probs`` the loss uses its own log-probs, detached, as π_old: only right when the update
+        is exactly on-policy — one epoch over one mini-batch. Anything else is refused."""
+        if Fields.OLD_LOG_PROBS not in data and (epochs != 1 or mini_batch_size != len(data)):
+            raise ValueError(f"no old_log_probs: only an on-policy update (one epoch over one mini-batch) may use its "
+                             f"own log-probs, but this one has {epochs} epoch(s) over mini-batches of "
+                             f"{mini_batch_size} of {len(data)} rows")
+
     def __call__(self, model: nn.Module, micro_batch: Batch,
                  normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         response_mask = micro_batch[Fields.RESPONSE_MASK]
@@ -139,7 +157,7 @@ class PolicyLoss:
                                                    with_entropy=True, entropy_grad=self.entropy_coeff != 0)
         aggregate = dict(response_mask=response_mask, mode=self.loss_agg_mode, normalizer=normalizer,
                          loss_scale_factor=self.loss_scale_factor)
-        # Without old log-probs the update is exactly on-policy (the engine's caller checks it): π_old = π_θ.
+        # Without old log-probs the update is exactly on-policy (check_update refused anything else): π_old = π_θ.
         old_log_prob = micro_batch[Fields.OLD_LOG_PROBS] if Fields.OLD_LOG_PROBS in micro_batch else log_prob.detach()
         loss, metrics = POLICY_LOSSES[self.policy_loss](
             old_log_prob=old_log_prob, log_prob=log_prob, advantages=micro_batch[Fields.ADVANTAGES],
@@ -158,7 +176,7 @@ class PolicyLoss:
 
 
 @dataclass(frozen=True)
-class SFTLoss:
+class SFTLoss(NoUpdateChecks):
     """Negative log-likelihood of the response tokens, token-mean over the whole mini-batch (global normaliser), so
     supervised accumulation is exact too."""
 
@@ -174,7 +192,7 @@ class SFTLoss:
 
 
 @dataclass(frozen=True)
-class ValueLoss:
+class ValueLoss(NoUpdateChecks):
     """The critic's clipped value loss against ``returns`` (``values`` = the values the rollout step computed)."""
 
     forward: SequenceForward
@@ -215,7 +233,7 @@ def pair_rewards(model: nn.Module, pairs: Batch, *, packed: bool) -> tuple[torch
 
 
 @dataclass(frozen=True)
-class BradleyTerryLoss:
+class BradleyTerryLoss(NoUpdateChecks):
     """``−log σ(r_chosen − r_rejected − margin)`` per pair (the row's ``margin`` plus a constant one), with an
     optional centring term ``center_coef · (r_chosen + r_rejected)²`` (``rm.loss``)."""
 
@@ -244,6 +262,9 @@ class Scaled:
     @property
     def agg_mode(self) -> str:
         return self.loss.agg_mode
+
+    def check_update(self, data: Batch, *, epochs: int, mini_batch_size: int) -> None:
+        self.loss.check_update(data, epochs=epochs, mini_batch_size=mini_batch_size)
 
     def __call__(self, model: nn.Module, micro_batch: Batch,
                  normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:

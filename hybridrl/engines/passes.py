@@ -42,12 +42,3 @@ def pair_rewards_of(engine: TrainingEngine, pairs: Batch, micro_batching: MicroB
         return {PairFields.CHOSEN_REWARDS: chosen, PairFields.REJECTED_REWARDS: rejected}
 
     return engine.forward(pairs, micro_batching, outputs_of)
-
-
-def check_on_policy(data: Batch, *, epochs: int, mini_batch_size: int) -> None:
-    """Without ``old_log_probs`` a policy update uses its own log-probs, detached, as π_old: only right when the
-    update is exactly on-policy — one epoch over one mini-batch. Anything else is refused (``ValueError``)."""
-    if Fields.OLD_LOG_PROBS not in data and (epochs != 1 or mini_batch_size != len(data)):
-        raise ValueError(f"no old_log_probs: only an on-policy update (one epoch over one mini-batch) may use its "
-                         f"own log-probs, but this one has {epochs} epoch(s) over mini-batches of "
-                         f"{mini_batch_size} of {len(data)} rows")

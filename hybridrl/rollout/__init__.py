@@ -55,7 +55,15 @@ class EngineInputs:
     micro_batch_size: Optional[int] = None
 
 
-ROLLOUT_ENGINES: Registry[RolloutEngineClass] = Registry("rollout engine")
+def _check_engine_class(name: str, engine: object) -> None:
+    missing = [attribute for attribute in ("generates_with_actor_module", "from_inputs") if not hasattr(engine, attribute)]
+    if missing:
+        raise TypeError(f"rollout engine {name!r}: {engine!r} lacks {', '.join(missing)}; register a class with "
+                        "generates_with_actor_module (bool) and a from_inputs(inputs) classmethod (see "
+                        "hybridrl.rollout.base.RolloutEngineClass)")
+
+
+ROLLOUT_ENGINES: Registry[RolloutEngineClass] = Registry("rollout engine", check=_check_engine_class)
 ROLLOUT_ENGINES.register("hf")(HFRollout)
 ROLLOUT_ENGINES.register("vllm")(VLLMRollout)
 

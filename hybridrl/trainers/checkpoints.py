@@ -140,8 +140,11 @@ def _files(checkpoint: Path) -> list[Path]:
 
 
 def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_manifest(checkpoint: Path) -> None:
@@ -200,7 +203,7 @@ def load_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
                          "trainer.resume_from_path at a checkpoints/global_step_<k> directory")
     try:
         return load_tensors(path)  # weights-only: a pickle payload is refused
-    except RuntimeError as error:  # torch's reader on a truncated or overwritten file
+    except (RuntimeError, EOFError) as error:  # torch's reader on a truncated, emptied or overwritten file
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise DamagedCheckpointError(f"checkpoint {checkpoint} is damaged: {TRAINER_STATE} cannot be read "
                                      f"(truncated?): {reason}") from None

@@ -42,7 +42,7 @@ from hybridrl.rollout import holds_own_weights
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.seeding import derive_seed
 from hybridrl.utils.timing import PhaseTimer
-from hybridrl.utils.tracking import Tracker
+from hybridrl.utils.tracking import Tracker, read_metrics
 from hybridrl.workers.actor_worker import NO_WEIGHT_SYNC, ActorRolloutRefWorker
 from hybridrl.workers.critic_worker import CriticWorker
 from hybridrl.workers.reward_model_worker import RewardModelWorker
@@ -64,7 +64,10 @@ class TrainResult:
     export_dir: Optional[Path] = None
 
     def metric_rows(self) -> list[dict[str, float]]:
-        """The steps this process trained, one dict each with its ``step`` (whatever ``trainer.logger`` wrote)."""
+        """One dict per logged step, with its ``step``: the run's ``metrics.jsonl`` when the ``jsonl`` logger wrote
+        one (the whole run, resumed parts and the step-0 validation included), else the steps this process trained."""
+        if (self.run_dir / "metrics.jsonl").is_file():
+            return read_metrics(self.run_dir)
         first = self.global_step - len(self.history)
         return [{"step": first + index + 1, **metrics} for index, metrics in enumerate(self.history)]
 
@@ -166,11 +169,13 @@ class RLTrainer:
         replay_metrics: dict[str, float] = {}
         if self.replay is not None:  # a share of the prompts comes back from earlier steps
             prompts, replay_metrics = self.replay.mix(prompts, self.global_step)
-        batch, reward_metrics = self._rollout(prompts, timer)
+        params = SamplingParams.for_training(config.rollout, config.data.max_response_length, seed=self._sampling_seed())
+        batch, reward_metrics = self._rollout(prompts, params, timer)
+        temperature = params.effective_temperature  # log-probs are of the distribution the rollout sampled from
         # Balance tokens across DP ranks before any forward (only reorders rows; groups are found by uid).
         batch = balance_batch(batch, world_size(config)) if config.trainer.balance_batch else batch
         with timer.phase("log_probs_and_values"):
-            batch = self._old_log_probs_ref_and_values(batch)
+            batch = self._old_log_probs_ref_and_values(batch, temperature)
         with timer.phase("advantages"):
             baselines = self._remax_baselines(batch) if config.algorithm.adv_estimator == "remax" else None
             metrics = self._rewards_and_advantages(batch, baselines)
@@ -184,7 +189,7 @@ class RLTrainer:
             with timer.phase("update_actor"):
                 ptx = self.ptx.batch(self.global_step) if self.ptx is not None else None
                 metrics.update(_prefixed("actor", actor.call(ActorRolloutRefWorker.update_actor, batch,
-                                                             step=self.global_step, temperature=self._temperature(),
+                                                             step=self.global_step, temperature=temperature,
                                                              ptx=ptx)[0]))
             with timer.phase("weight_sync"):
                 metrics.update(actor.call(ActorRolloutRefWorker.sync_rollout_weights)
@@ -216,11 +221,10 @@ class RLTrainer:
             self.replay.observe(batch)
         return batch, metrics
 
-    def _rollout(self, prompts: Batch, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
+    def _rollout(self, prompts: Batch, params: SamplingParams, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
         """Generate and score; with dynamic sampling, keep informative groups and generate more until the batch is
         full (``algorithm.filter_groups``)."""
         config, filtering = self.config, self.config.algorithm.filter_groups
-        params = SamplingParams.for_training(config.rollout, config.data.max_response_length, seed=self._sampling_seed())
         batch, metrics = self._generate_and_score(prompts, params, timer)
         if not filtering.enable:
             return batch, metrics
@@ -248,11 +252,11 @@ class RLTrainer:
         shape_rewards(greedy, self.config)  # the baseline must be on the same scale as the rewards it is compared to
         return greedy[Fields.TOKEN_LEVEL_SCORES].sum(-1)[torch.as_tensor(group_of_row)]
 
-    def _old_log_probs_ref_and_values(self, batch: Batch) -> Batch:
+    def _old_log_probs_ref_and_values(self, batch: Batch, temperature: float) -> Batch:
         """Start the old-log-prob, reference and value forwards together, then merge their outputs. The old-log-prob
         forward is skipped when the update is exactly on-policy (``actor.old_log_prob=auto``; the update then uses its
         own log-probs, detached)."""
-        actor, temperature = self._actor(), self._temperature()
+        actor = self._actor()
         futures = [] if reuses_update_log_probs(self.config) else [
             actor.call_async(ActorRolloutRefWorker.compute_log_prob, batch, temperature)]
         if self.with_reference:
@@ -384,10 +388,6 @@ class RLTrainer:
 
     def _due(self, frequency: int) -> bool:
         return frequency > 0 and self.global_step % frequency == 0
-
-    def _temperature(self) -> float:
-        """The temperature training rollouts sample at: log-probs are recomputed at the same one."""
-        return SamplingParams.for_training(self.config.rollout, self.config.data.max_response_length).effective_temperature
 
     def _sampling_seed(self) -> int:
         """A different, reproducible seed every step (from ``rollout.seed``, else ``trainer.seed``)."""

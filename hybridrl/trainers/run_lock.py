@@ -1,11 +1,12 @@
 """One run per run directory: an OS lock held for the life of the run.
 
 Two runs writing one directory corrupt each other silently — the second resumes from the first's checkpoints while
-they are being written, and both append to one ``metrics.jsonl``. The lock is a POSIX record lock (``fcntl.lockf``)
-on ``<run dir>/.hybridrl.lock``: the kernel drops it when the process exits, however it exits (a SIGKILL, an OOM
-kill), so a stale lock never blocks the next run, and a child process (a reward worker, Ray's daemons) never holds
-it. The file says who holds it — pid, host, start time and command line — for the message the next run shows.
-Record locks are per process, so a second run in the *same* process is caught by the set of directories held here.
+they are being written, and both append to one ``metrics.jsonl``. The lock is ``flock`` on
+``<run dir>/.hybridrl.lock``: the kernel drops it when the process exits, however it exits (a SIGKILL, an OOM kill),
+so a stale lock never blocks the next run. Its descriptor is not inheritable and every child hybridrl starts execs
+(Ray's processes, ``spawn``ed reward workers, the sandbox), so no child ever holds it; reading the file elsewhere in
+the process does not release it (a POSIX record lock would be). The file says who holds it — pid, host, start time and
+command line — for the message the next run shows.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ def run_directory_lock(run_dir: str | Path, key: str = "trainer.default_local_di
     descriptor = _open_lock_file(directory, key)
     try:
         try:
-            fcntl.lockf(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
-            if error.errno not in (errno.EACCES, errno.EAGAIN):
+            if error.errno not in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK):
                 raise
             raise RunDirectoryInUse(f"{key}={str(run_dir)!r} is in use by another run ({_holder(directory)}); wait "
                                     f"for it to finish, stop it, or choose another {key}") from None

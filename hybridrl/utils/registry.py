@@ -21,7 +21,7 @@ uniformly), with a message that lists the valid names.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Generic, TypeVar
+from typing import Generic, Optional, TypeVar
 
 __all__ = ["Registry", "UnknownNameError"]
 
@@ -41,10 +41,13 @@ class Registry(Mapping[str, T], Generic[T]):
 
     Args:
         kind: what the entries are, in words (``"advantage estimator"``); used in error messages.
+        check: called as ``check(name, obj)`` on every registration; raises (``TypeError``) for an object that cannot
+            serve as an entry, so a wrong plugin fails where it registers, not mid-run.
     """
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, check: Optional[Callable[[str, T], None]] = None) -> None:
         self.kind = kind
+        self.check = check
         self._entries: dict[str, T] = {}
 
     def register(self, name: str, *, override: bool = False) -> Callable[[T], T]:
@@ -57,6 +60,8 @@ class Registry(Mapping[str, T], Generic[T]):
             raise ValueError(f"a {self.kind} name must be a non-empty string, got {name!r}")
 
         def decorator(obj: T) -> T:
+            if self.check is not None:
+                self.check(name, obj)
             existing = self._entries.get(name, obj)
             if existing is not obj and not override:
                 raise ValueError(

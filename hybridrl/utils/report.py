@@ -1,4 +1,4 @@
-"""End-of-run outputs: a PNG of the learning curves and a one-screen summary, both from ``metrics.jsonl``."""
+"""End-of-run outputs: a PNG of the learning curves and a one-screen summary, from the run's per-step metric rows."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from hybridrl.engines.checkpoint import export_hf, load_sharded, save_sharded
 from hybridrl.engines.losses import PolicyLoss, SequenceForward, SFTLoss
 from hybridrl.engines.offload import move_optimizer_state
 from hybridrl.engines.optim import build_optimizer, build_scheduler
-from hybridrl.engines.passes import check_on_policy, log_probs
+from hybridrl.engines.passes import log_probs
 from hybridrl.hybrid_engine import WeightResharder, bucket_bytes_from_mb
 from hybridrl.hybrid_engine.lora_weights import MergedLoraWeights
 from hybridrl.modeling.fsdp import shard_model
@@ -217,7 +217,6 @@ class ActorRolloutRefWorker(Worker):
             self._anchor_ewc(batch)
         mini_batch_size = (self.accumulation.local_mini_batch_size if self.accumulation is not None
                            else self.plan.local_mini_batch_sequences)
-        check_on_policy(batch, epochs=actor.ppo_epochs, mini_batch_size=mini_batch_size)
         hooks = []
         if ptx is not None and actor.ptx.coef > 0:
             hooks.append(PtxHook(ptx, len(batch) // mini_batch_size, SFTLoss(self.forward), actor.ptx.coef))

@@ -15,7 +15,7 @@ from hybridrl.config import load_config
 from hybridrl.runtime import PoolSpec, ResourcePool, WorkerGroup, start_ray
 from hybridrl.protocol import Fields
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.utils.tiny_model import save_tiny_model
+from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
 from hybridrl.autotune.auto_micro_batch import sizing_options
 from hybridrl.workers.critic_worker import CriticWorker
@@ -52,7 +52,8 @@ def budget_for_two(model_dir) -> int:
 
 
 def test_workers_resolve_auto_and_update_with_adaptive_steps(tmp_path):
-    model_dir = save_tiny_model(tmp_path / "model")
+    # positions for the 1024-token sequences the sizing plans for (the config is refused otherwise)
+    model_dir = save_tiny_model(tmp_path / "model", TinyModelSpec(max_position_embeddings=PROMPT_LENGTH + RESPONSE_LENGTH))
     config = config_for(model_dir, budget_for_two(model_dir))
     runtime = start_ray(ray_config(local_mode=True))
     actor_pool = ResourcePool.create(PoolSpec("actor_local", devices_per_node=1, device="cpu"), runtime)

@@ -224,10 +224,10 @@ def test_local_mode_single_rank_has_a_process_group_and_surfaces_the_original_ex
 def test_placement_fails_fast_when_the_cluster_is_too_small(ray_runtime):
     start = time.monotonic()
     with pytest.raises(ResourceUnavailableError, match=r"requested 64 CPUs .*cluster has 16 CPUs"):
-        cpu_pool(ray_runtime, "huge", 32, nnodes=2)
+        ResourcePool.create(PoolSpec("huge", nnodes=2, devices_per_node=32, device="cpu"), ray_runtime, timeout_s=120)
     with pytest.raises(ResourceUnavailableError, match="requested 2 GPUs .*cluster has 0 GPUs"):
-        ResourcePool.create(PoolSpec("gpus", devices_per_node=2, device="cuda"), ray_runtime)
-    assert time.monotonic() - start < 60  # at once, not after the 120 s placement timeout
+        ResourcePool.create(PoolSpec("gpus", devices_per_node=2, device="cuda"), ray_runtime, timeout_s=120)
+    assert time.monotonic() - start < 60  # at once, not after the 120 s placement timeout each was given
 
 
 def test_placement_times_out_when_devices_stay_busy(ray_runtime, echo2):

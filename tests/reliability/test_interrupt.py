@@ -23,20 +23,22 @@ def test_ctrl_c_prints_one_line_and_the_run_resumes(model_dir, tmp_path):
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "hybridrl.cli", "train", "--no-check-paths",
                *overrides(model_dir, run_dir, "trainer.total_training_steps=1000")]
-    child = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True)
+    log = tmp_path / "train.log"  # a file, not a pipe: Ray's forwarded worker output could fill a pipe and stall
+    with log.open("w") as stderr_file:
+        child = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=stderr_file)
     try:
         deadline = time.monotonic() + 240
         while CheckpointManager(run_dir).latest() is None:  # until the run has a checkpoint to resume from
-            assert child.poll() is None and time.monotonic() < deadline, "the run did not reach its first checkpoint"
+            assert child.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
         os.killpg(child.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
-        _, stderr = child.communicate(timeout=120)
+        child.wait(timeout=120)
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
         leftovers = reap_process_group(child.pid, timeout_s=30)
+    stderr = log.read_text()
     assert child.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     last = CheckpointManager(run_dir).latest()

@@ -33,6 +33,14 @@ class RecordingTrainer(RLTrainer):
         super()._start_workers(runtime)
 
 
+@pytest.fixture(autouse=True)
+def _shared_ray():
+    """This module needs a Ray of its own, started with each test's settings (debug-level logs, whose files are
+    scanned for secrets): the process's shared instance (``tests/shared_ray.py``) is stopped first."""
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def files_holding(root: Path, secret: str) -> list[str]:
     return [str(path) for path in root.rglob("*") if path.is_file() and not path.is_symlink()
             and not path.is_socket() and secret.encode() in path.read_bytes()]

@@ -45,6 +45,12 @@ def test_engines_declare_whether_they_hold_their_own_weights():
     assert not holds_own_weights("hf") and holds_own_weights("vllm")
 
 
+def test_a_registration_without_the_capabilities_is_refused_where_it_happens():
+    with pytest.raises(TypeError, match="rollout engine 'builder_fn'.*lacks generates_with_actor_module, from_inputs"):
+        ROLLOUT_ENGINES.register("builder_fn")(lambda inputs: None)
+    assert "builder_fn" not in ROLLOUT_ENGINES
+
+
 def test_engine_kwargs_from_config():
     rollout = RolloutConfig(name="vllm", kv_cache_memory_mb=32, max_num_seqs=8, max_num_batched_tokens=512)
     kwargs = _engine_kwargs(rollout, "float32", 96, default_seed=7, on_cpu=True)

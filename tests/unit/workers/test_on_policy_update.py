@@ -17,7 +17,7 @@ from hybridrl.utils.tiny_model import save_tiny_model
 from hybridrl.engines.base import TrainingEngine
 from hybridrl.engines.losses import PolicyLoss, SequenceForward
 from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
-from hybridrl.engines.passes import check_on_policy, log_probs
+from hybridrl.engines.passes import log_probs
 from hybridrl.modeling.model_builder import build_model
 from hybridrl.engines.optim import build_optimizer, build_scheduler
 
@@ -44,8 +44,7 @@ def engine(model, micro_batching: MicroBatching) -> TrainingEngine:
 
 
 def update(engine: TrainingEngine, rows: Batch, loss: PolicyLoss, *, mini_batch_size: int, epochs: int = 1) -> dict:
-    """What ``ActorRolloutRefWorker.update_actor`` runs: the on-policy check, then the PPO epochs."""
-    check_on_policy(rows, epochs=epochs, mini_batch_size=mini_batch_size)
+    """PPO epochs as ``ActorRolloutRefWorker.update_actor`` runs them (the loss checks the update first)."""
     return engine.train_epochs(rows, loss, mini_batch_size=mini_batch_size, epochs=epochs)
 
 
