@@ -14,7 +14,7 @@ on all ranks sum to the loss of one big batch. ``agg_mode`` says what the normal
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
 import torch
@@ -22,6 +22,7 @@ from torch import nn
 
 from hybridrl.algorithms import POLICY_LOSSES, aggregate_loss, kl_penalty, loss_normalizer, masked_mean, value_loss
 from hybridrl.algorithms.preference import bradley_terry_loss
+from hybridrl.config.rm_schema import RMLossConfig
 from hybridrl.config.schema import ActorConfig, CriticConfig
 from hybridrl.data.preference import PairFields
 from hybridrl.engines.micro_batches import DataParallelGroup
@@ -108,39 +109,28 @@ class SequenceForward:
 
 @dataclass(frozen=True)
 class PolicyLoss:
-    """The actor's loss: ``POLICY_LOSSES[policy_loss]`` on the ratio to ``old_log_probs`` (or, exactly on-policy,
-    to its own log-probs detached), minus ``entropy_coeff`` × entropy, plus ``kl_loss_coef`` × KL to the reference.
-    Every term is aggregated with the same ``loss_agg_mode`` and global normaliser.
+    """The actor's loss: ``POLICY_LOSSES[actor.policy_loss]`` on the ratio to ``old_log_probs`` (or, exactly
+    on-policy, to its own log-probs detached), minus ``actor.entropy_coeff`` × entropy, plus ``actor.kl_loss_coef`` ×
+    KL to the reference. Every term is aggregated with the same ``actor.loss_agg_mode`` and global normaliser.
 
-    ``temperature``: the one the rollout sampled at (log-probs must be of that distribution).
+    ``actor``: the ``actor.*`` config (its clip ratios, coefficients and modes; the config's defaults are the only
+    ones). ``temperature``: the one the rollout sampled at (log-probs must be of that distribution).
     ``loss_scale_factor``: the constant horizon of ``seq-mean-token-sum-norm`` (the maximum response length).
     """
 
     forward: SequenceForward
     temperature: float
-    policy_loss: str = "vanilla"
-    loss_agg_mode: str = "token-mean"
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
+    actor: ActorConfig = field(default_factory=ActorConfig)
     loss_scale_factor: Optional[float] = None
 
     @classmethod
     def from_config(cls, actor: ActorConfig, max_response_length: int, *, forward: SequenceForward,
                     temperature: float) -> "PolicyLoss":
-        return cls(forward=forward, temperature=temperature, policy_loss=actor.policy_loss,
-                   loss_agg_mode=actor.loss_agg_mode, clip_ratio_low=actor.clip_ratio_low,
-                   clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c,
-                   entropy_coeff=actor.entropy_coeff, use_kl_loss=actor.use_kl_loss, kl_loss_coef=actor.kl_loss_coef,
-                   kl_loss_type=actor.kl_loss_type, loss_scale_factor=float(max_response_length))
+        return cls(forward=forward, temperature=temperature, actor=actor, loss_scale_factor=float(max_response_length))
 
     @property
     def agg_mode(self) -> str:
-        return self.loss_agg_mode
+        return self.actor.loss_agg_mode
 
     def check_update(self, data: Batch, *, epochs: int, mini_batch_size: int) -> None:
         """Without ``old_log_probs`` the loss uses its own log-probs, detached, as π_old: only right when the update
@@ -152,25 +142,25 @@ class PolicyLoss:
 
     def __call__(self, model: nn.Module, micro_batch: Batch,
                  normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        response_mask = micro_batch[Fields.RESPONSE_MASK]
+        actor, response_mask = self.actor, micro_batch[Fields.RESPONSE_MASK]
         log_prob, entropy = self.forward.log_probs(model, micro_batch, temperature=self.temperature,
-                                                   with_entropy=True, entropy_grad=self.entropy_coeff != 0)
-        aggregate = dict(response_mask=response_mask, mode=self.loss_agg_mode, normalizer=normalizer,
+                                                   with_entropy=True, entropy_grad=actor.entropy_coeff != 0)
+        aggregate = dict(response_mask=response_mask, mode=actor.loss_agg_mode, normalizer=normalizer,
                          loss_scale_factor=self.loss_scale_factor)
         # Without old log-probs the update is exactly on-policy (check_update refused anything else): π_old = π_θ.
         old_log_prob = micro_batch[Fields.OLD_LOG_PROBS] if Fields.OLD_LOG_PROBS in micro_batch else log_prob.detach()
-        loss, metrics = POLICY_LOSSES[self.policy_loss](
+        loss, metrics = POLICY_LOSSES[actor.policy_loss](
             old_log_prob=old_log_prob, log_prob=log_prob, advantages=micro_batch[Fields.ADVANTAGES],
-            response_mask=response_mask, clip_ratio_low=self.clip_ratio_low, clip_ratio_high=self.clip_ratio_high,
-            clip_ratio_c=self.clip_ratio_c, loss_agg_mode=self.loss_agg_mode, normalizer=normalizer,
+            response_mask=response_mask, clip_ratio_low=actor.clip_ratio_low, clip_ratio_high=actor.clip_ratio_high,
+            clip_ratio_c=actor.clip_ratio_c, loss_agg_mode=actor.loss_agg_mode, normalizer=normalizer,
             loss_scale_factor=self.loss_scale_factor)
         metrics = {name: float(value) for name, value in metrics.items()}
         metrics["entropy"] = float(masked_mean(entropy.detach(), response_mask))
-        if self.entropy_coeff != 0:
-            loss = loss - self.entropy_coeff * aggregate_loss(entropy, **aggregate)
-        if self.use_kl_loss:
-            kl = kl_penalty(log_prob, micro_batch[Fields.REF_LOG_PROBS], self.kl_loss_type)
-            loss = loss + self.kl_loss_coef * aggregate_loss(kl, **aggregate)
+        if actor.entropy_coeff != 0:
+            loss = loss - actor.entropy_coeff * aggregate_loss(entropy, **aggregate)
+        if actor.use_kl_loss:
+            kl = kl_penalty(log_prob, micro_batch[Fields.REF_LOG_PROBS], actor.kl_loss_type)
+            loss = loss + actor.kl_loss_coef * aggregate_loss(kl, **aggregate)
             metrics["kl_loss"] = float(masked_mean(kl.detach(), response_mask))
         return loss, metrics
 
@@ -193,29 +183,29 @@ class SFTLoss(NoUpdateChecks):
 
 @dataclass(frozen=True)
 class ValueLoss(NoUpdateChecks):
-    """The critic's clipped value loss against ``returns`` (``values`` = the values the rollout step computed)."""
+    """The critic's clipped value loss against ``returns`` (``values`` = the values the rollout step computed), with
+    ``critic.cliprange_value`` and ``critic.loss_agg_mode``."""
 
     forward: SequenceForward
-    cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
+    critic: CriticConfig = field(default_factory=CriticConfig)
     loss_scale_factor: Optional[float] = None
 
     @classmethod
     def from_config(cls, critic: CriticConfig, max_response_length: int, *,
                     forward: SequenceForward) -> "ValueLoss":
-        return cls(forward=forward, cliprange_value=critic.cliprange_value, loss_agg_mode=critic.loss_agg_mode,
-                   loss_scale_factor=float(max_response_length))
+        return cls(forward=forward, critic=critic, loss_scale_factor=float(max_response_length))
 
     @property
     def agg_mode(self) -> str:
-        return self.loss_agg_mode
+        return self.critic.loss_agg_mode
 
     def __call__(self, model: nn.Module, micro_batch: Batch,
                  normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         predictions = self.forward.values(model, micro_batch)
         loss, metrics = value_loss(predictions, micro_batch[Fields.VALUES], micro_batch[Fields.RETURNS],
-                                   micro_batch[Fields.RESPONSE_MASK], self.cliprange_value, self.loss_agg_mode,
-                                   normalizer=normalizer, loss_scale_factor=self.loss_scale_factor)
+                                   micro_batch[Fields.RESPONSE_MASK], self.critic.cliprange_value,
+                                   self.critic.loss_agg_mode, normalizer=normalizer,
+                                   loss_scale_factor=self.loss_scale_factor)
         return loss, {name: float(value) for name, value in metrics.items()}
 
 
@@ -234,20 +224,19 @@ def pair_rewards(model: nn.Module, pairs: Batch, *, packed: bool) -> tuple[torch
 
 @dataclass(frozen=True)
 class BradleyTerryLoss(NoUpdateChecks):
-    """``−log σ(r_chosen − r_rejected − margin)`` per pair (the row's ``margin`` plus a constant one), with an
-    optional centring term ``center_coef · (r_chosen + r_rejected)²`` (``rm.loss``)."""
+    """``−log σ(r_chosen − r_rejected − margin)`` per pair (the row's ``margin`` plus ``loss.margin``), with an
+    optional centring term ``loss.center_coef · (r_chosen + r_rejected)²`` (``loss``: the RM trainer's ``loss.*``)."""
 
     packed: bool = False
-    margin: float = 0.0
-    center_coef: float = 0.0
+    loss: RMLossConfig = field(default_factory=RMLossConfig)
     agg_mode: str = PAIR_MEAN
 
     def __call__(self, model: nn.Module, micro_batch: Batch,
                  normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         chosen, rejected = pair_rewards(model, micro_batch, packed=self.packed)
         loss, metrics = bradley_terry_loss(chosen, rejected, normalizer=normalizer,
-                                           margin=micro_batch[PairFields.MARGIN] + self.margin,
-                                           center_coef=self.center_coef)
+                                           margin=micro_batch[PairFields.MARGIN] + self.loss.margin,
+                                           center_coef=self.loss.center_coef)
         return loss, {name: float(value) for name, value in metrics.items()}
 
 

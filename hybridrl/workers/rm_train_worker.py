@@ -53,8 +53,7 @@ class RewardModelTrainWorker(EngineCheckpoints, Worker):
                                      micro_batching=MicroBatching(micro_batch_size=micro_batch_size,
                                                                   grad_sync=config.fsdp.grad_sync),
                                      hooks=[NoiseScaleMonitor(model, dp)] if config.loss.log_grad_noise_scale else [])
-        self.loss = BradleyTerryLoss(packed=config.model.use_remove_padding, margin=config.loss.margin,
-                                     center_coef=config.loss.center_coef)
+        self.loss = BradleyTerryLoss(packed=config.model.use_remove_padding, loss=config.loss)
 
     @dp_split(pad=False)
     def update(self, pairs: Batch) -> dict[str, float]:

@@ -51,9 +51,9 @@ pytestmark = pytest.mark.distributed
 
 WORLD, HEADROOM = 2, 0.15
 SIZED_PROMPT, SIZED_RESPONSE = 256, 256  # the longest *expected* sequence the sizing plans for; the data is shorter
-LOSS = PolicyLoss(forward=SequenceForward(), temperature=1.0, loss_agg_mode="token-mean", entropy_coeff=0.01,
-                  use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl", loss_scale_factor=HORIZON,
-                  **ACTOR_SETTINGS)
+LOSS = PolicyLoss(forward=SequenceForward(), temperature=1.0, loss_scale_factor=HORIZON,
+                  actor=ActorConfig(loss_agg_mode="token-mean", entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1,
+                                    kl_loss_type="low_var_kl", **ACTOR_SETTINGS))
 
 
 def sizing_config(model_dir, budget_mb: int, micro: int | str = "auto") -> TrainConfig:

@@ -17,7 +17,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-from hybridrl.config.schema import ModelConfig
+from hybridrl.config.schema import ActorConfig, CriticConfig, ModelConfig
 from hybridrl.protocol import Batch
 from hybridrl.utils.tiny_model import save_tiny_model
 from hybridrl.utils.collectives import CollectiveCounter
@@ -154,9 +154,11 @@ def engine_for(role, model_dir, rank, world, micro_batching, keep_gathered=False
 def loss_for(role, mode, layout):
     forward = SequenceForward(packed=layout == "packed", share_prompts=layout == "shared")
     if role == "actor":
-        return PolicyLoss(forward=forward, temperature=1.0, loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True,
-                          kl_loss_coef=0.1, kl_loss_type="low_var_kl", loss_scale_factor=HORIZON, **ACTOR_SETTINGS)
-    return ValueLoss(forward=forward, cliprange_value=0.5, loss_agg_mode=mode, loss_scale_factor=HORIZON)
+        actor = ActorConfig(loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1,
+                            kl_loss_type="low_var_kl", **ACTOR_SETTINGS)
+        return PolicyLoss(forward=forward, temperature=1.0, actor=actor, loss_scale_factor=HORIZON)
+    return ValueLoss(forward=forward, critic=CriticConfig(cliprange_value=0.5, loss_agg_mode=mode),
+                     loss_scale_factor=HORIZON)
 
 
 def micro_batching_for(micro, local_size, grad_sync="step"):

@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from hybridrl.config.rm_schema import RMLossConfig
 from hybridrl.config.schema import ModelConfig, OptimConfig
 from hybridrl.data.preference import PairFields
 from hybridrl.protocol import Batch
@@ -99,7 +100,7 @@ def run_cases(rank, world, model_dir, data, cases, out_path):
                                        grad_sync=grad_sync)
         engine = TrainingEngine(model, dp=DataParallelGroup(rank=rank, size=world), micro_batching=micro_batching,
                                 optimizer=optimizer, scheduler=build_scheduler(optimizer, OPTIM, 10))
-        loss = BradleyTerryLoss(packed=packed, margin=MARGIN, center_coef=CENTER_COEF)
+        loss = BradleyTerryLoss(packed=packed, loss=RMLossConfig(margin=MARGIN, center_coef=CENTER_COEF))
         if full_step:  # through the engine's own step, as the RM worker runs it
             model.train()
             with CollectiveCounter() as counter:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hybridrl.config import load_config
-from hybridrl.config.schema import ModelConfig, OptimConfig
+from hybridrl.config.schema import ActorConfig, ModelConfig, OptimConfig
 from hybridrl.config.sizes import reuses_update_log_probs
 from hybridrl.protocol import Batch, Fields
 from hybridrl.utils.tiny_model import save_tiny_model
@@ -53,7 +53,8 @@ def test_update_without_old_log_probs_equals_the_recomputed_one(tmp_path, policy
     model = build_model(ModelConfig(path=str(save_tiny_model(tmp_path / "m")), dtype="float32"), "actor")
     twin, initial = copy.deepcopy(model), copy.deepcopy(model)
     rows = rollout_rows()
-    loss = PolicyLoss(forward=SequenceForward(), temperature=1.0, policy_loss=policy_loss, entropy_coeff=0.01)
+    loss = PolicyLoss(forward=SequenceForward(), temperature=1.0,
+                      actor=ActorConfig(policy_loss=policy_loss, entropy_coeff=0.01))
     micro = MicroBatching(micro_batch_size=3)  # the log-prob pass and the update cut the batch differently
     recomputing, reusing = engine(model, micro), engine(twin, micro)
     with_old = rows.union(log_probs(recomputing, rows, MicroBatching(micro_batch_size=8), SequenceForward(),
