@@ -20,6 +20,7 @@ COMPONENT_REGISTRIES: dict[str, str] = {
     "algorithm.kl_penalty": "hybridrl.algorithms:KL_PENALTY_KINDS",
     "algorithm.kl_ctrl.type": "hybridrl.algorithms:KL_CONTROLLER_KINDS",
     "rollout.name": "hybridrl.rollout:ROLLOUT_ENGINES",
+    "algorithm.filter_groups.metric": "hybridrl.trainers.variants:GROUP_FILTERS",
 }
 """``config key -> "module:attribute"`` of the registry (or tuple of names) its value must be in."""
 

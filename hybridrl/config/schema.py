@@ -82,7 +82,8 @@ class OptimConfig(FreezableConfig):
     eps: float = 1e-8
     """AdamW epsilon."""
     lr_warmup_steps: int = 0
-    """Linear warm-up steps (optimizer steps). Takes precedence over ``lr_warmup_steps_ratio`` when > 0."""
+    """Linear warm-up steps (optimizer steps). Takes precedence over ``lr_warmup_steps_ratio`` when > 0 (0, or verl's
+    -1: use the ratio)."""
     lr_warmup_steps_ratio: float = 0.0
     """Warm-up as a fraction of the total optimizer steps, used when ``lr_warmup_steps`` is 0."""
     lr_scheduler: str = "constant"
@@ -270,6 +271,13 @@ class RolloutConfig(FreezableConfig):
     """vLLM: maximum tokens per engine step."""
     free_cache_engine: bool = True
     """Release the engine's KV cache during training and restore it before generation (vLLM sleep/wake on GPU)."""
+    enable_chunked_prefill: bool = True
+    """vLLM: split long prompt prefills into chunks batched with decode steps (vLLM's ``enable_chunked_prefill``)."""
+    enable_prefix_caching: bool = True
+    """vLLM: reuse the KV cache of shared prompt prefixes (the ``n`` responses to one prompt share its prefill)."""
+    load_format: str = "auto"
+    """vLLM: how the engine reads ``model.path`` at start-up: ``auto`` | ``safetensors`` | ``pt`` (the files) or
+    ``dummy`` (random weights, replaced by the actor's before the first generation: a faster start)."""
     weight_sync_bucket_mb: int = 256
     """Size of one bucket of streamed weights when resharding training weights into the engine."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
@@ -328,6 +336,11 @@ class FilterGroupsConfig(FreezableConfig):
     generate more prompts until ``data.train_batch_size`` informative groups are collected."""
     max_num_gen_batches: int = 10
     """Give up (with an error) after this many generation batches in one step; raise it or lower the filter."""
+    metric: str = "seq_reward"
+    """What must differ within a kept group: ``seq_reward`` (the sum of a response's token-level scores, reward
+    shaping such as the overlong buffer included) | ``score`` (the reward function's score, before shaping) |
+    ``seq_final_reward`` (verl's name for the reward after KL-in-reward; equal to ``seq_reward`` and accepted only
+    with ``algorithm.use_kl_in_reward=false``, since hybridrl filters before the KL penalty)."""
 
 
 @dataclass
@@ -380,6 +393,10 @@ class DataConfig(FreezableConfig):
     """Maximum generated tokens per response."""
     train_batch_size: int = 64
     """Prompts per training step (global)."""
+    gen_batch_size: Optional[int] = None
+    """Prompts per generation batch with dynamic sampling (``algorithm.filter_groups``, DAPO's ``gen_batch_size``):
+    each batch of this many prompts is generated and filtered until ``train_batch_size`` informative groups are
+    collected. ``null`` = ``train_batch_size``. Without the filter it must be null or equal ``train_batch_size``."""
     val_batch_size: Optional[int] = None
     """Prompts per validation generation call; ``null`` = ``train_batch_size`` (bounded memory on large sets)."""
     truncation: str = "error"

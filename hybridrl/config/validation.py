@@ -32,6 +32,7 @@ LR_SCHEDULERS = ("constant", "cosine")
 REDUCE_DTYPES = ("float32", "bfloat16")
 FUSION_WEIGHTINGS = ("fixed", "inverse_std")
 GRAD_SYNC_MODES = ("step", "micro_batch")
+LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
 # Estimators whose baseline comes from the other responses to the same prompt.
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
 
@@ -231,21 +232,46 @@ def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
     if overlong.enable and not 0 < overlong.len < config.data.max_response_length:
         error.add("algorithm.overlong_buffer.len", overlong.len,
                   f"must be in (0, data.max_response_length={config.data.max_response_length})")
-    if config.algorithm.filter_groups.enable:
-        if n < 2:
-            error.add("algorithm.filter_groups.enable", True, "dynamic sampling compares a prompt's responses: "
-                                                              "it needs rollout.n >= 2")
-        if config.algorithm.filter_groups.max_num_gen_batches < 1:
-            error.add("algorithm.filter_groups.max_num_gen_batches",
-                      config.algorithm.filter_groups.max_num_gen_batches, "must be >= 1")
-    if not config.data.train_files and config.data.synthetic_task is None:
-        error.add("data.train_files", [], "give at least one parquet/JSONL file, or set data.synthetic_task")
+    _check_dynamic_sampling(config, error)
+    _check_prompt_source(config, error)
     if config.trainer.resume_mode == "resume_path" and not config.trainer.resume_from_path:
         error.add("trainer.resume_from_path", None, "is required when trainer.resume_mode=resume_path")
     if config.reward_model.enable and not config.reward_model.model_path:
         error.add("reward_model.model_path", None, "is required when reward_model.enable=true")
     _require(error, "reward_model.n_gpus", config.reward_model.n_gpus, config.reward_model.n_gpus >= 0,
              "must be >= 0 (0: colocated with the actor; N: its own pool of N devices)")
+
+
+def _check_dynamic_sampling(config: TrainConfig, error: ConfigError) -> None:
+    """DAPO's dynamic sampling: its group size, batches, metric and generation batch."""
+    filtering, data = config.algorithm.filter_groups, config.data
+    if filtering.metric == "seq_final_reward" and config.algorithm.use_kl_in_reward:
+        error.add("algorithm.filter_groups.metric", "seq_final_reward",
+                  "hybridrl filters groups before the KL-in-reward penalty: use seq_reward (or "
+                  "algorithm.use_kl_in_reward=false, where the two are the same)")
+    _positive(error, [("data.gen_batch_size", data.gen_batch_size)])
+    if not filtering.enable:
+        if data.gen_batch_size not in (None, data.train_batch_size):
+            error.add("data.gen_batch_size", data.gen_batch_size, "sets the generation batch of dynamic sampling: "
+                      "it needs algorithm.filter_groups.enable=true (or leave it null)")
+        return
+    if config.rollout.n < 2:
+        error.add("algorithm.filter_groups.enable", True, "dynamic sampling compares a prompt's responses: "
+                                                          "it needs rollout.n >= 2")
+    if filtering.max_num_gen_batches < 1:
+        error.add("algorithm.filter_groups.max_num_gen_batches", filtering.max_num_gen_batches, "must be >= 1")
+
+
+def _check_prompt_source(config: TrainConfig, error: ConfigError) -> None:
+    data = config.data
+    if not data.train_files and data.synthetic_task is None:
+        error.add("data.train_files", [], "give at least one parquet/JSONL file, or set data.synthetic_task")
+    if data.synthetic_task is not None:
+        for key in ("train_files", "val_files"):
+            if getattr(data, key):
+                error.add(f"data.{key}", getattr(data, key), f"and data.synthetic_task={data.synthetic_task!r} are "
+                          "both set: choose one source of prompts (data.synthetic_task=null for files)")
+    _choice(error, "rollout.load_format", config.rollout.load_format, LOAD_FORMATS)
 
 
 def _check_layout(config: TrainConfig, error: ConfigError) -> None:

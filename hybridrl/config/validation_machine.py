@@ -18,6 +18,8 @@ from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH
 
 DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json")
+TRACKER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard",
+                    "prometheus": "prometheus_client"}
 
 
 def _check_cpu_limits(config: TrainConfig, error: ConfigError) -> None:
@@ -46,6 +48,11 @@ def _check_this_machine(config: TrainConfig, error: ConfigError) -> None:
                   "flash-attn is not installed (pip install 'hybridrl[gpu]' on a CUDA machine); sdpa is the portable choice")
     if config.model.lora.rank > 0 and importlib.util.find_spec("peft") is None:
         error.add("model.lora.rank", config.model.lora.rank, "LoRA needs PEFT: pip install 'hybridrl[lora]'")
+    for name in config.trainer.logger:
+        package = TRACKER_PACKAGES.get(name)
+        if package is not None and importlib.util.find_spec(package) is None:
+            error.add("trainer.logger", name, f"needs the {package} package, which is not installed here "
+                      f"(pip install 'hybridrl[tracking]'), or drop {name!r} from trainer.logger")
     device = resolved_device(config)
     if device == "cuda" and config.trainer.ray.address == "local":  # a private instance has this machine's devices
         import torch

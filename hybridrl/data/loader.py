@@ -214,7 +214,8 @@ def build_prompt_datasets(data_config: Any, tokenizer: Any) -> tuple[PromptDatas
 def build_prompt_loaders(data_config: Any, tokenizer: Any) -> PromptLoaders:
     """Train and validation loaders from a :class:`~hybridrl.config.schema.DataConfig`.
 
-    Training: ``train_batch_size`` prompts per step, ``shuffle`` with ``seed``, ``drop_last``. Validation: dataset
+    Training: ``train_batch_size`` prompts per step (``gen_batch_size`` per generation batch with dynamic
+    sampling), ``shuffle`` with ``seed``, ``drop_last``. Validation: dataset
     order, ``val_batch_size`` prompts per batch (``null``: ``train_batch_size``), nothing dropped.
     The pad id is the tokenizer's pad token, or its EOS token when it has none (padding is masked either way).
     """
@@ -222,7 +223,8 @@ def build_prompt_loaders(data_config: Any, tokenizer: Any) -> PromptLoaders:
     if pad_token_id is None:
         raise ValueError(f"the tokenizer ({type(tokenizer).__name__}) has neither a pad nor an eos token to pad with")
     train_set, val_set = build_prompt_datasets(data_config, tokenizer)
-    train = PromptLoader(train_set, data_config.train_batch_size, pad_token_id=pad_token_id,
+    generation_batch = getattr(data_config, "gen_batch_size", None) or data_config.train_batch_size
+    train = PromptLoader(train_set, generation_batch, pad_token_id=pad_token_id,
                          shuffle=data_config.shuffle, seed=data_config.seed, drop_last=True)
     val = None
     if val_set is not None:

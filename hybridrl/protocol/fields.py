@@ -37,6 +37,7 @@ class Fields:
     ROLLOUT_LOG_PROBS = "rollout_log_probs"
     VALUES = "values"
     TOKEN_LEVEL_SCORES = "token_level_scores"
+    SCORES = "scores"  # [B]: the reward function's score of each response, before reward shaping
     TOKEN_LEVEL_REWARDS = "token_level_rewards"
     ADVANTAGES = "advantages"
     RETURNS = "returns"
@@ -109,6 +110,11 @@ class TypedFieldsMixin:
     def token_level_scores(self) -> Tensor:
         """Raw reward-function / reward-model scores placed on response tokens (before KL), ``[B, R]`` float."""
         return self._typed_tensor(Fields.TOKEN_LEVEL_SCORES)
+
+    @property
+    def scores(self) -> Tensor:
+        """The reward function's score of each response before reward shaping, ``[B]`` float."""
+        return self._typed_tensor(Fields.SCORES)
 
     @property
     def token_level_rewards(self) -> Tensor:

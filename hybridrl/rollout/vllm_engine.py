@@ -244,12 +244,13 @@ def _check_engine_inputs(rollout: RolloutConfig, dtype: str, max_model_len: int,
 def _engine_kwargs(rollout: RolloutConfig, dtype: str, max_model_len: int, *, default_seed: int,
                    on_cpu: bool) -> dict:
     """``vllm.LLM`` keyword arguments (KV budget, sleep mode and parallelism per device; the seed is ``rollout.seed``,
-    else ``default_seed``). Prefix caching is always on: the ``n`` samples of one prompt share its KV."""
+    else ``default_seed``). With prefix caching (the default) the ``n`` samples of one prompt share its KV."""
     seed = rollout.seed if rollout.seed is not None else default_seed
     kwargs = dict(dtype=dtype, seed=seed, tensor_parallel_size=rollout.tensor_model_parallel_size,
                   enforce_eager=rollout.enforce_eager, max_model_len=max_model_len,
                   max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
-                  enable_prefix_caching=True,
+                  enable_prefix_caching=rollout.enable_prefix_caching,
+                  enable_chunked_prefill=rollout.enable_chunked_prefill, load_format=rollout.load_format,
                   use_tqdm_on_load=False)  # a progress bar per rank for a load of a second buries the trainer's own
     if rollout.kv_cache_memory_mb is not None:
         kwargs["kv_cache_memory_bytes"] = rollout.kv_cache_memory_mb << 20

@@ -216,21 +216,23 @@ class RLTrainer:
         with timer.phase("reward"):
             scores, metrics = self.scoring.token_level_scores(batch)
             batch[Fields.TOKEN_LEVEL_SCORES] = scores
+            batch[Fields.SCORES] = scores.sum(-1)  # before shaping (filter_groups.metric=score)
             metrics.update(shape_rewards(batch, self.config))
         if self.replay is not None:
             self.replay.observe(batch)
         return batch, metrics
 
     def _rollout(self, prompts: Batch, params: SamplingParams, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
-        """Generate and score; with dynamic sampling, keep informative groups and generate more until the batch is
-        full (``algorithm.filter_groups``)."""
+        """Generate and score; with dynamic sampling, keep informative groups and generate more batches (of
+        ``data.gen_batch_size`` prompts, the loader's batch) until ``data.train_batch_size`` groups are collected
+        (``algorithm.filter_groups``)."""
         config, filtering = self.config, self.config.algorithm.filter_groups
         batch, metrics = self._generate_and_score(prompts, params, timer)
         if not filtering.enable:
             return batch, metrics
         kept, attempts = [], 1
         while True:
-            kept.append(keep_groups(batch, GROUP_FILTERS["non_constant_score"](batch)))
+            kept.append(keep_groups(batch, GROUP_FILTERS[filtering.metric](batch)))
             collected = concat_rollouts(kept, self.tokenizer.pad_token_id)
             if num_groups(collected) >= config.data.train_batch_size:
                 metrics["dapo/num_gen_batches"] = float(attempts)
@@ -363,7 +365,10 @@ class RLTrainer:
         state = self.initial_state if checkpoint is None else load_trainer_state(checkpoint)
         if checkpoint is not None:
             self._actor().call(ActorRolloutRefWorker.load_checkpoint, str(checkpoint / "actor"))
-            self._actor().call(ActorRolloutRefWorker.sync_rollout_weights)  # a separate engine still holds model.path
+        if checkpoint is not None or self.config.rollout.load_format == "dummy":
+            # a separate engine still holds model.path (or, load_format=dummy, random weights)
+            self._actor().call(ActorRolloutRefWorker.sync_rollout_weights)
+        if checkpoint is not None:
             if self.critic is not None:
                 self.critic.call(CriticWorker.load_checkpoint, str(checkpoint / "critic"))
             logger.info("resumed from %s at step %d", checkpoint, int(state["global_step"]))

@@ -4,7 +4,7 @@
   after scoring. Built in: ``overlong_buffer`` (DAPO), enabled by ``algorithm.overlong_buffer.enable``.
 - **Group filters** (``GROUP_FILTERS``): ``(batch) -> keep [num_groups] bool`` over prompt groups (``uid``), used by
   dynamic sampling (``algorithm.filter_groups.enable``): groups whose responses all scored the same carry no GRPO
-  signal and are replaced by freshly generated ones.
+  signal and are replaced by freshly generated ones; registered by ``algorithm.filter_groups.metric``.
 
 A recipe registers its own (``@REWARD_SHAPERS.register("mine")``) and lists it in ``extra.reward_shapers``.
 """
@@ -59,13 +59,25 @@ def shape_rewards(batch: Batch, config: TrainConfig) -> dict[str, float]:
     return metrics
 
 
-@GROUP_FILTERS.register("non_constant_score")
-def non_constant_score(batch: Batch) -> np.ndarray:
-    """Keep prompt groups whose sequence scores are not all equal (all-correct and all-wrong groups are dropped)."""
+def varies_within_groups(batch: Batch, values: torch.Tensor) -> np.ndarray:
+    """``[num_groups]``: whether ``values [B]`` are not all equal within each prompt group (``uid``, in order of first
+    appearance) — all-correct and all-wrong groups carry no group-relative signal."""
     uids = np.asarray(batch[Fields.UID])
-    scores = batch[Fields.TOKEN_LEVEL_SCORES].sum(-1).numpy()
-    groups = list(dict.fromkeys(uids.tolist()))
-    return np.array([np.ptp(scores[uids == uid]) > 0 for uid in groups])
+    values = values.numpy()
+    return np.array([np.ptp(values[uids == uid]) > 0 for uid in dict.fromkeys(uids.tolist())])
+
+
+@GROUP_FILTERS.register("seq_reward")
+@GROUP_FILTERS.register("seq_final_reward")  # the same before the KL penalty, which is when hybridrl filters
+def non_constant_score(batch: Batch) -> np.ndarray:
+    """Keep groups whose sequence rewards (token-level scores summed, reward shaping included) differ."""
+    return varies_within_groups(batch, batch[Fields.TOKEN_LEVEL_SCORES].sum(-1))
+
+
+@GROUP_FILTERS.register("score")
+def non_constant_raw_score(batch: Batch) -> np.ndarray:
+    """Keep groups whose reward-function scores (``Fields.SCORES``, before any shaping) differ."""
+    return varies_within_groups(batch, batch[Fields.SCORES])
 
 
 def keep_groups(batch: Batch, keep: np.ndarray) -> Batch:

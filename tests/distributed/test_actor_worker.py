@@ -117,3 +117,28 @@ def test_vllm_engine_in_the_colocated_worker_follows_updates(vllm_group, model_d
     # The policy did change, so matching after the sync is not vacuous: a stale engine would be off by this much.
     changed = vllm_group.call(ActorRolloutRefWorker.compute_log_prob, rollout, 1.0)[Fields.OLD_LOG_PROBS]
     assert float((changed - rollout[Fields.OLD_LOG_PROBS]).abs()[rollout[Fields.RESPONSE_MASK].bool()].max()) > 1e-3
+
+
+def test_vllm_engine_started_with_dummy_weights_gets_the_actors_on_sync(ray_runtime, model_dir):
+    """``rollout.load_format=dummy`` (verl's usual setting): the engine starts from random weights — its log-probs
+    are far from the trainer's — and one resharded sync (what the trainer runs before the first generation) makes
+    them agree."""
+    config = load_config([f"model.path={model_dir}", "model.dtype=float32", "trainer.n_gpus_per_node=2",
+                          "rollout=vllm_cpu", "rollout.load_format=dummy", "data.train_batch_size=4", "rollout.n=2",
+                          "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size_per_gpu=2",
+                          "data.max_response_length=6"])
+    group = WorkerGroup(ActorRolloutRefWorker, cpu_pool(ray_runtime, "vllm_dummy_pool", 2), name="actor_vllm_dummy",
+                        args=(config, 10, False))
+    try:
+        params = SamplingParams(n=2, max_new_tokens=6, temperature=1.0, seed=7)
+        gaps = []
+        for sync in (False, True):
+            if sync:
+                group.call(ActorRolloutRefWorker.sync_rollout_weights)
+            rollout = group.call(ActorRolloutRefWorker.generate_sequences, prompt_batch(model_dir), params)
+            trainer = group.call(ActorRolloutRefWorker.compute_log_prob, rollout, 1.0)[Fields.OLD_LOG_PROBS]
+            mask = rollout[Fields.RESPONSE_MASK].bool()
+            gaps.append(float((trainer - rollout[Fields.ROLLOUT_LOG_PROBS]).abs()[mask].max()))
+        assert gaps[0] > 0.1 and gaps[1] < 1e-4, gaps
+    finally:
+        group.shutdown()

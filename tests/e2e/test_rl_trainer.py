@@ -80,6 +80,7 @@ def test_resume_rejects_a_checkpoint_of_another_model(model_dir, tmp_path):
     ["algorithm=remax", "rollout.n=1", "data.train_batch_size=4", "actor.ppo_mini_batch_size=2",
      "actor.ppo_micro_batch_size_per_gpu=1"],
     ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=20",
+     "algorithm.filter_groups.metric=seq_reward", "data.gen_batch_size=8",  # DAPO's larger generation batch
      "algorithm.overlong_buffer.enable=true", "algorithm.overlong_buffer.len=2", "actor.clip_ratio_high=0.28",
      "actor.log_grad_noise_scale=true", "actor.ppo_micro_batch_size_per_gpu=1"],
     ["algorithm=gae", "trainer.critic_warmup=1", "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=1",

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hybridrl.config.schema import AlgorithmConfig, DataConfig, OverlongBufferConfig, TrainConfig
-from hybridrl.trainers.variants import (concat_rollouts, first_groups, keep_groups, non_constant_score,
-                                          num_groups, overlong_penalty, prompt_rows)
+from hybridrl.trainers.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups,
+                                          non_constant_score, num_groups, overlong_penalty, prompt_rows)
 from hybridrl.protocol import Batch, Fields
 
 
@@ -48,6 +48,19 @@ def test_dynamic_sampling_drops_constant_groups_and_refills():
     assert num_groups(merged) == 3 and merged[Fields.PROMPTS].shape[1] == 5
     assert merged[Fields.ATTENTION_MASK][:2, :2].sum() == 0  # the narrower prompts were left-padded
     assert list(first_groups(merged, 2)[Fields.UID]) == ["g0", "g0", "h0", "h0"]
+
+
+def test_the_filter_metric_chooses_shaped_or_raw_scores():
+    """Two responses both right (score 1), one of them cut by the overlong buffer: their sequence rewards differ
+    (``seq_reward`` keeps the group), their reward-function scores do not (``score`` drops it)."""
+    config = TrainConfig(algorithm=AlgorithmConfig(overlong_buffer=OverlongBufferConfig(enable=True, len=4)),
+                         data=DataConfig(max_response_length=6))
+    batch = rollout([1.0, 1.0, 1.0, 0.0], [2, 6, 2, 2])
+    batch[Fields.SCORES] = batch[Fields.TOKEN_LEVEL_SCORES].sum(-1)
+    batch[Fields.TOKEN_LEVEL_SCORES], _ = overlong_penalty(batch, config)
+    assert GROUP_FILTERS["seq_reward"](batch).tolist() == [True, True]
+    assert GROUP_FILTERS["score"](batch).tolist() == [False, True]
+    assert GROUP_FILTERS["seq_final_reward"] is GROUP_FILTERS["seq_reward"]
 
 
 def test_prompt_rows_give_one_prompt_per_group():
