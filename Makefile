@@ -42,6 +42,7 @@ test-fast: setup
 
 docs: setup
 	$(BIN)/python -m hybridrl.config.docs > docs/config.md
+	$(BIN)/python -m hybridrl.config.docs verl > docs/verl.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis runs

@@ -61,13 +61,22 @@ def load_for(command_name: str, args: argparse.Namespace, schema: type):
     return config
 
 
-@command("config", "compose, validate and print the resolved config and its batch plan")
+@command("config", "compose and validate a config (with every check `train` runs before its workers: data rows, "
+         "rewards, tokenizer), then print it and its batch plan")
 def show_config(args: argparse.Namespace) -> int:
     from hybridrl.config import config_to_yaml, critic_enabled, load_config
     from hybridrl.config.plan_report import batch_plan_report
+    from hybridrl.trainers.preflight import check_run_inputs
 
-    config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths)
+    report: list[str] = []
+    config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths,
+                         translation_report=report)
+    if not args.no_check_paths:  # what `hybridrl train` checks before its first worker, by the same code
+        check_run_inputs(config)
     print(config_to_yaml(config), end="")
+    if report:
+        print("# ---- verl's layout: what each verl key became (docs/verl.md) ----")
+        print("\n".join(f"# {line}" for line in report))
     print("# ---- derived (never written back into the config) ----")
     print(batch_plan_report(config, include_critic=critic_enabled(config)))
     return 0

@@ -1,7 +1,8 @@
 """The config reference, generated from the schema's attribute docstrings (the string right under each field).
 
 ``python -m hybridrl.config.docs`` prints it as Markdown; ``docs/config.md`` is that output, and a test keeps the two
-in sync and fails if any field lacks a docstring.
+in sync and fails if any field lacks a docstring. ``python -m hybridrl.config.docs verl`` prints ``docs/verl.md``,
+the verl → hybridrl key table.
 """
 
 from __future__ import annotations
@@ -76,5 +77,7 @@ def render_markdown(roots: tuple[tuple[str, type], ...] = (("ppo_trainer", Train
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":
-    sys.stdout.write(render_markdown())
+if __name__ == "__main__":  # `verl`: the verl key table (docs/verl.md) instead
+    from hybridrl.config.verl_layout import verl_table_markdown
+
+    sys.stdout.write(verl_table_markdown() if sys.argv[1:] == ["verl"] else render_markdown())

@@ -7,22 +7,25 @@ Every user mistake comes out as one ``ConfigError`` (a ``ValueError``) naming th
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, TypeVar
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.rm_schema import RMConfig
 from hybridrl.config.sft_schema import SFTConfig
+from hybridrl.config.verl_layout import Override, Translation, translate_overrides
 from hybridrl.utils.secrets import REDACTED, is_secret_key
 
 ConfigT = TypeVar("ConfigT")
+logger = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_NAME = "ppo_trainer"
 # Primary config name → the dataclass that types it. Later trainers (SFT, reward model) add theirs here.
@@ -43,25 +46,64 @@ def compose_yaml(config_name: str = DEFAULT_CONFIG_NAME, overrides: Sequence[str
 
     Returns the raw composed tree, before it meets the schema.
     """
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
+    return compose_translated(config_name, overrides, conf_dir)[0]
 
+
+def compose_translated(config_name: str = DEFAULT_CONFIG_NAME, overrides: Sequence[str] = (),
+                       conf_dir: Optional[Path] = None) -> tuple[DictConfig, Translation]:
+    """:func:`compose_yaml`, and what became of the overrides: verl-layout keys translated (the RL trainer's configs),
+    every key checked against the schema (all unknown or refused keys in one ``ConfigError``), bare strings for
+    list keys made lists. ``data.train_files`` given on the command line replaces a default synthetic task."""
     _register_schemas()
-    overrides = open_dict_overrides(overrides, SCHEMAS.get(config_name, TrainConfig))
     conf_dir = Path(conf_dir) if conf_dir is not None else config_dir()
     if not (conf_dir / f"{config_name}.yaml").is_file():
         available = sorted(path.stem for path in conf_dir.glob("*.yaml"))
         raise ConfigError([("--config-name", config_name, f"no {config_name}.yaml in {conf_dir}; available: {available}")])
+    schema = SCHEMAS.get(config_name) or schema_of(_compose(config_name, [], conf_dir, None))
+    translation = translate_overrides(overrides, schema, verl_rules=schema is TrainConfig)
+    translation.problems.raise_if_any()
+    hydra_overrides = open_dict_overrides(translation.overrides, schema)
+    raw = _compose(config_name, hydra_overrides, conf_dir, schema)
+    return _prompts_from_files(raw, hydra_overrides, lambda more: _compose(config_name, more, conf_dir, schema)), \
+        translation
+
+
+def _compose(config_name: str, overrides: Sequence[str], conf_dir: Path, schema: Optional[type]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base=None, job_name="hybridrl"):
             return compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as error:
-        raise _composition_error(error, overrides, SCHEMAS.get(config_name)) from None
+        raise _composition_error(error, overrides, schema) from None
     except yaml.YAMLError as error:  # a config file that is not valid YAML: name the file and the line
         mark = getattr(error, "problem_mark", None)
         where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
         problem = getattr(error, "problem", None) or _first_line(error)
         raise ConfigError([("--config-name", config_name, f"{where} is not valid YAML: {problem}")]) from None
+
+
+def _prompts_from_files(raw: DictConfig, overrides: list[str], recompose) -> DictConfig:
+    """``data.train_files`` set on the command line over a config whose prompts come from a synthetic task: the
+    files win. The ``data`` group switches to ``files`` (the synthetic preset's lengths and batch go with it) when the
+    command line chose no data group; a synthetic task the config names itself is cleared. Both set on the command
+    line stays both set, and validation refuses it."""
+    data = raw.get("data")
+    keys = {Override.parse(text).key for text in overrides}
+    if data is None or "data.train_files" not in keys or not data.get("train_files") \
+            or data.get("synthetic_task") is None or "data.synthetic_task" in keys:
+        return raw
+    if "data" not in keys:
+        try:
+            raw = recompose([*overrides, "data=files"])
+        except ConfigError:  # the config has no data group in its defaults list
+            pass
+    if raw.data.get("synthetic_task") is not None:
+        with open_dict(raw):
+            raw.data.synthetic_task = None
+    logger.info("data.train_files is set: prompts come from the files, not the default synthetic task")
+    return raw
 
 
 def open_dict_overrides(overrides: Sequence[str], schema: type) -> list[str]:
@@ -93,12 +135,25 @@ def _dict_field_paths(schema: type, prefix: str = "") -> list[str]:
 
 
 def _register_schemas() -> None:
-    """Make each schema available to the YAML defaults lists as ``<config_name>_schema`` (Hydra's ConfigStore)."""
+    """Make each schema available to the YAML defaults lists as ``<config_name>_schema`` (Hydra's ConfigStore), and
+    the ``${hybridrl_devices:...}`` resolver to ``conf/trainer/auto.yaml``."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
     for name, schema in SCHEMAS.items():
         store.store(name=f"{name}_schema", node=schema)
+    OmegaConf.register_new_resolver("hybridrl_devices", visible_devices, replace=True)
+
+
+def visible_devices(device: str, cpu_ranks: int) -> int:
+    """Devices per node for ``trainer.device``: every visible GPU for ``cuda`` (and for ``auto`` when one is
+    visible), else ``cpu_ranks`` CPU ranks."""
+    if device in ("auto", "cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.device_count()
+    return int(cpu_ranks)
 
 
 def _composition_error(error: Exception, overrides: Sequence[str], schema: Optional[type]) -> ConfigError:
@@ -145,11 +200,14 @@ def to_schema(raw: DictConfig | dict, schema: type[ConfigT]) -> ConfigT:
 
 
 def load_config(overrides: Sequence[str] = (), config_name: str = DEFAULT_CONFIG_NAME, *,
-                conf_dir: Optional[Path] = None, check_paths: bool = True) -> Any:
+                conf_dir: Optional[Path] = None, check_paths: bool = True,
+                translation_report: Optional[list[str]] = None) -> Any:
     """Compose, type-check, validate and freeze a trainer config — the one entry point for CLI, recipes and notebooks.
 
     Returns a ``TrainConfig`` for ``ppo_trainer`` (and configs built on it), an ``SFTConfig`` for ``sft_trainer``,
-    an ``RMConfig`` for ``rm_trainer``.
+    an ``RMConfig`` for ``rm_trainer``. Overrides may use verl's layout (``actor_rollout_ref.actor.optim.lr``);
+    ``translation_report``, when given, receives one line per verl key translated, without effect or defaulted
+    (keys without effect are also logged).
 
     Example::
 
@@ -157,13 +215,37 @@ def load_config(overrides: Sequence[str] = (), config_name: str = DEFAULT_CONFIG
     """
     from hybridrl.config.validation import validate_config, validate_rm_config, validate_sft_config
 
-    raw = compose_yaml(config_name, overrides, conf_dir)
+    raw, translation = compose_translated(config_name, overrides, conf_dir)
+    _log_translation(translation)
+    _log_device(raw)
+    if translation_report is not None:
+        translation_report.extend(translation.report())
     schema = schema_of(raw)
     config = to_schema(raw, schema)
     validator = {SFTConfig: validate_sft_config, RMConfig: validate_rm_config}.get(schema, validate_config)
     validator(config, check_paths=check_paths)
     config.freeze()
     return config
+
+
+def _log_device(raw: DictConfig) -> None:
+    trainer = raw.get("trainer")
+    if trainer is None or trainer.get("device") != "auto" or "n_gpus_per_node" not in trainer:
+        return
+    import torch
+
+    found = f"cuda ({torch.cuda.device_count()} visible)" if torch.cuda.is_available() else "cpu (no CUDA device visible)"
+    logger.info("trainer.device=auto: %s; %s nodes × %s devices", found, trainer.nnodes, trainer.n_gpus_per_node)
+
+
+def _log_translation(translation: Translation) -> None:
+    if not translation.verl_layout:
+        return
+    logger.info("verl layout: %d key(s) moved to hybridrl's names, %d verl default(s) applied, %d without effect "
+                "(`hybridrl config` lists them all)", len(translation.moved), len(translation.defaults),
+                len(translation.no_effect))
+    for key, value, reason in translation.no_effect:
+        logger.info("verl key %s=%s has no effect: %s", key, value, reason)
 
 
 def schema_of(raw: DictConfig) -> type:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from bad_input_cases import copy_model, encoded, good_rows, jsonl_lines, run_overrides, train_files
 
+from hybridrl.cli import main
 from hybridrl.config import load_config
 from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.trainers.rm_trainer import RMTrainer
@@ -214,6 +215,19 @@ def test_file_mistake_is_named_before_workers_start(case, model_dir, tmp_path):
     message = refused(model_dir, tmp_path, overrides)
     for phrase in phrases:
         assert phrase in message, message
+
+
+@pytest.mark.parametrize("case", FILE_CASES, ids=[case.__name__ for case in FILE_CASES])
+def test_hybridrl_config_refuses_what_train_refuses(case, model_dir, tmp_path, capsys):
+    """`hybridrl config` runs the trainer's start-up checks too: the same refusal, exit 2, no config printed."""
+    overrides, phrases = case(tmp_path, model_dir)
+    trainer_message = refused(model_dir, tmp_path, overrides)
+    capsys.readouterr()
+    assert main(["config", *run_overrides(model_dir, tmp_path / "run", *overrides)]) == 2
+    output = capsys.readouterr()
+    assert trainer_message.splitlines()[-1] in output.err and "model:" not in output.out, output.err
+    for phrase in phrases:
+        assert phrase in output.err
 
 
 # ---------------------------------------------------------------------------------------------- SFT and RM data
