@@ -73,7 +73,7 @@ def _compose(config_name: str, overrides: Sequence[str], conf_dir: Path, schema:
     from hydra.errors import HydraException
 
     try:
-        with initialize_config_dir(config_dir=str(conf_dir), version_base=None, job_name="hybridrl"):
+        with initialize_config_dir(config_dir=str(conf_dir), job_name="hybridrl"):
             return compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as error:
         raise _composition_error(error, overrides, schema) from None
@@ -141,8 +141,9 @@ def _register_schemas() -> None:
 
     store = ConfigStore.instance()
     for name, schema in SCHEMAS.items():
-        store.store(name=f"{name}_schema", node=schema)
-    OmegaConf.register_new_resolver("hybridrl_devices", visible_devices, replace=True)
+        if store.repo.get(f"{name}_schema.yaml") is None:  # once per process (a second store warns in Hydra 1.4)
+            store.store(name=f"{name}_schema", node=schema)
+    OmegaConf.register_resolver("hybridrl_devices", visible_devices, replace=True)
 
 
 def visible_devices(device: str, cpu_ranks: int) -> int:
