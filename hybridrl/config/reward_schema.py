@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from hybridrl.config.frozen import FreezableConfig
 
@@ -51,5 +51,11 @@ class CustomRewardConfig(FreezableConfig):
     """Python file defining your reward function; ``null`` uses the built-in registry routed by ``data_source``."""
     name: str = "compute_score"
     """Function name inside ``path``: ``(data_source, solution_str, ground_truth, extra_info) -> float``."""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the reward function. A custom function gets them all; a built-in one those it declares
+    (refused if none does): gsm8k ``correct_score`` (1.0), ``unformatted_correct_score`` (0.5: a right number
+    without ``####``; 0 = verl's strict scoring), ``format_score`` (0.0: a wrong ``#### N``); math_dapo / aime*
+    ``correct_score`` (1.0), ``incorrect_score`` (-1.0); searchR1_* ``correct_score``, ``format_score``; math
+    ``timeout_s``. Example: ``+custom_reward_function.reward_kwargs.unformatted_correct_score=0``."""
     timeout_s: float = 10.0
     """Per-sample timeout; a reward function that hangs or raises scores 0 and is counted as a warning."""

@@ -247,7 +247,13 @@ RULES: tuple[Rule, ...] = (
     Unsupported("critic.forward_micro_batch_size", "set critic.ppo_micro_batch_size_per_gpu", ("null",)),
     # ---------------------------------------------------------------------------------------- reward
     Moved("reward_model.model.path", "reward_model.model_path"),
+    NoEffect("reward_model.overlong_buffer.log", "the penalty is always logged (reward/overlong_penalty_mean)"),
     Moved("reward_model.overlong_buffer.", "algorithm.overlong_buffer."),
+    NoEffect("reward_model.reward_kwargs.overlong_buffer_cfg.log", "the penalty is always logged "
+             "(reward/overlong_penalty_mean)"),
+    Moved("reward_model.reward_kwargs.overlong_buffer_cfg.", "algorithm.overlong_buffer."),
+    NoEffect("reward_model.reward_kwargs.max_resp_len", "the overlong buffer ends at data.max_response_length"),
+    Moved("reward_model.reward_kwargs.", "custom_reward_function.reward_kwargs."),
     NoEffect("reward_model.reward_manager", "hybridrl scores each response by its data_source, as verl's naive "
              "manager does; DAPO's overlong penalty is algorithm.overlong_buffer (reward_model.overlong_buffer "
              "moves there); scoring runs in a process pool, like prime's", ("naive", "dapo", "prime")),

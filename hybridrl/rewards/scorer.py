@@ -111,9 +111,9 @@ class RewardScorer:
 
     @classmethod
     def from_config(cls, config: Any, *, num_workers: int | None = None) -> RewardScorer:
-        """Build from a :class:`~hybridrl.config.schema.CustomRewardConfig` (``path``, ``name``, ``timeout_s``)."""
-        source = RewardFunctionSource(config.path, config.name) if config.path else RewardFunctionSource()
-        return cls(source, timeout_s=config.timeout_s, num_workers=num_workers)
+        """Build from a :class:`~hybridrl.config.schema.CustomRewardConfig` (``path``, ``name``, ``reward_kwargs``,
+        ``timeout_s``)."""
+        return cls(RewardFunctionSource.from_config(config), timeout_s=config.timeout_s, num_workers=num_workers)
 
     @property
     def worker_pids(self) -> list[int]:

@@ -35,7 +35,7 @@ from hybridrl.trainers.variants import (GROUP_FILTERS, concat_rollouts, first_gr
                                           prompt_rows, shape_rewards)
 from hybridrl.data.loader import build_prompt_loaders
 from hybridrl.protocol import Batch, Fields
-from hybridrl.rewards.custom import load_custom_reward_fn
+from hybridrl.rewards.custom import RewardFunctionSource
 from hybridrl.rewards.registry import check_data_sources
 from hybridrl.rewards.scorer import build_reward_scorer
 from hybridrl.rollout import holds_own_weights
@@ -83,11 +83,11 @@ class RLTrainer:
         self.run_dir = Path(config.trainer.default_local_dir)
         self.tokenizer = load_tokenizer(config.model)
         self.loaders = build_prompt_loaders(config.data, self.tokenizer)
-        if config.custom_reward_function.path is None:  # every prompt's data_source needs a reward function, now
+        reward_source = RewardFunctionSource.from_config(config.custom_reward_function)
+        reward_source.load()  # a bad reward file, name or keyword fails now, before Ray starts
+        if reward_source.is_builtin:  # every prompt's data_source needs a reward function, now
             for loader in filter(None, self.loaders):
                 check_data_sources(sorted({prompt.data_source for prompt in loader.dataset}))
-        else:  # a bad reward file or name fails now, before Ray starts
-            load_custom_reward_fn(config.custom_reward_function.path, config.custom_reward_function.name)
         self.total_steps = config.trainer.total_training_steps or \
             config.trainer.total_epochs * self.loaders.train.steps_per_epoch
         self.kl_controller = _kl_controller(config, self.total_steps)
