@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from hybridrl.config.schema import TrainConfig
-from hybridrl.config.sizes import BatchPlan, gathers_once
+from hybridrl.config.sizes import BatchPlan, gathers_once, shard_group_ranks
 from hybridrl.engines.micro_batches import DataParallelGroup
 from hybridrl.autotune.memory_probe import MeasureFn, max_over_ranks, make_probe
 from hybridrl.modeling.attention import attention_implementation
@@ -79,7 +79,7 @@ def sizing_options(config: TrainConfig, role: str, world_size: int, device_type:
     precision = Precision(compute_bytes=torch_dtype(model.dtype).itemsize,
                           grad_bytes=torch_dtype(fsdp.reduce_dtype).itemsize)
     # FSDP2's root returns fp32 outputs (hybridrl.modeling.fsdp), so the loss sees fp32 logits.
-    return dict(world_size=world_size, precision=precision, checkpointing=model.enable_gradient_checkpointing,
+    return dict(world_size=shard_group_ranks(fsdp.fsdp_size, world_size), precision=precision, checkpointing=model.enable_gradient_checkpointing,
                 packed=model.use_remove_padding,
                 attention=attention_implementation(model.attn_implementation, device_type, torch_dtype(model.dtype)),
                 accumulating=fsdp.grad_sync == "step", logits_bytes=FP32,

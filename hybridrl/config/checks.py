@@ -30,3 +30,10 @@ def _positive(error: ConfigError, items: Iterable[tuple[str, Optional[int | floa
 def _choice(error: ConfigError, key: str, value: Any, choices: Iterable[str]) -> None:
     choices = tuple(choices)
     _require(error, key, value, value in choices, f"unknown; expected one of {', '.join(choices)}")
+
+
+def _fsdp_size(error: ConfigError, key: str, fsdp_size: int, ranks: int) -> None:
+    """``fsdp_size`` (HSDP's shard group) is -1 (all ranks) or a divisor of the role's ``ranks``."""
+    _require(error, key, fsdp_size, fsdp_size == -1 or (fsdp_size >= 1 and ranks % fsdp_size == 0),
+             f"must be -1 (shard over all {ranks} ranks) or divide them: each group of fsdp_size ranks holds one "
+             "sharded copy of the model")

@@ -105,6 +105,11 @@ class FSDPConfig(FreezableConfig):
     """FSDP2 ``reshard_after_forward``: free gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
     reduce_dtype: str = "float32"
     """Dtype of the gradient reduce-scatter: ``float32`` (exact accumulation) or ``bfloat16``."""
+    fsdp_size: int = -1
+    """Ranks one copy of the model is sharded over (HSDP): shard within groups of ``fsdp_size`` consecutive ranks and
+    replicate across groups, so all-gathers and reduce-scatters stay in a group (e.g. one node's NVLink) and one
+    all-reduce of each gradient shard crosses groups; each rank holds 1/``fsdp_size`` of the model instead of
+    1/world. ``-1``: all ranks (plain FSDP2). Must divide the role's ranks; data parallelism still spans them all."""
     gather_once: Union[bool, str] = "auto"
     """All-gather the parameters once per optimizer step (and once per log-prob or value pass) and keep them through
     its micro-batches, instead of twice per micro-batch (forward, and again in backward). Costs one unsharded copy

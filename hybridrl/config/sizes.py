@@ -113,6 +113,11 @@ def world_size(config: TrainConfig) -> int:
     return config.trainer.nnodes * config.trainer.n_gpus_per_node
 
 
+def shard_group_ranks(fsdp_size: int, world: int) -> int:
+    """Ranks one copy of a model is sharded over: ``fsdp_size`` (HSDP's shard group), or all ``world`` for -1."""
+    return world if fsdp_size == -1 else fsdp_size
+
+
 def role_plan(config: TrainConfig, role: str) -> BatchPlan:
     """The ``BatchPlan`` of ``role`` (``"actor"`` or ``"critic"``); raises ``ConfigError`` if its sizes do not divide."""
     role_config = getattr(config, role)

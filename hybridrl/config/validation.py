@@ -7,7 +7,7 @@ this module checks values, choices, cross-field rules and files.
 from __future__ import annotations
 
 from hybridrl.config.components import COMPONENT_REGISTRIES, registered_names, value_at
-from hybridrl.config.checks import _choice, _positive, _require, critic_enabled
+from hybridrl.config.checks import _choice, _fsdp_size, _positive, _require, critic_enabled
 from hybridrl.config.errors import PREFORMATTED, ConfigError
 from hybridrl.config.plugins import load_plugins, resolved_plugins
 from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS
@@ -184,6 +184,7 @@ def _check_choices(config: TrainConfig, error: ConfigError) -> None:
         _choice(error, f"{role}.optim.lr_scheduler", role_config.optim.lr_scheduler, LR_SCHEDULERS)
         _choice(error, f"{role}.fsdp.reduce_dtype", role_config.fsdp.reduce_dtype, REDUCE_DTYPES)
         _choice(error, f"{role}.fsdp.grad_sync", role_config.fsdp.grad_sync, GRAD_SYNC_MODES)
+        _fsdp_size(error, f"{role}.fsdp.fsdp_size", role_config.fsdp.fsdp_size, world_size(config))
         gather_once = role_config.fsdp.gather_once
         _require(error, f"{role}.fsdp.gather_once", gather_once, isinstance(gather_once, bool) or gather_once == "auto",
                  "expected true, false or auto")
@@ -349,6 +350,7 @@ def validate_sft_config(config: SFTConfig, *, check_paths: bool = True) -> None:
     _choice(error, "trainer.device", trainer.device, DEVICES)
     _choice(error, "fsdp.reduce_dtype", config.fsdp.reduce_dtype, REDUCE_DTYPES)
     _choice(error, "fsdp.grad_sync", config.fsdp.grad_sync, GRAD_SYNC_MODES)
+    _fsdp_size(error, "fsdp.fsdp_size", config.fsdp.fsdp_size, config.trainer.nnodes * config.trainer.n_gpus_per_node)
     for logger in trainer.logger:
         _choice(error, "trainer.logger", logger, LOGGERS)
     if not data.train_files and data.synthetic_task is None:
@@ -387,6 +389,7 @@ def validate_rm_config(config: RMConfig, *, check_paths: bool = True) -> None:
     _choice(error, "optim.lr_scheduler", config.optim.lr_scheduler, LR_SCHEDULERS)
     _choice(error, "fsdp.reduce_dtype", config.fsdp.reduce_dtype, REDUCE_DTYPES)
     _choice(error, "fsdp.grad_sync", config.fsdp.grad_sync, GRAD_SYNC_MODES)
+    _fsdp_size(error, "fsdp.fsdp_size", config.fsdp.fsdp_size, config.trainer.nnodes * config.trainer.n_gpus_per_node)
     _choice(error, "trainer.device", trainer.device, DEVICES)
     _choice(error, "trainer.resume_mode", trainer.resume_mode, ("auto", "disable"))
     for logger in trainer.logger:

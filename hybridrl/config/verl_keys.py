@@ -100,8 +100,7 @@ RULES: tuple[Rule, ...] = (
     Moved(ARR + "actor.rollout_n", "rollout.n"),
     Moved(ARR + "actor.fsdp_config.dtype", "model.dtype", {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}),
     NoEffect(ARR + "actor.fsdp_config.model_dtype", "master weights are always float32", ("fp32", "float32")),
-    NoEffect(ARR + "actor.fsdp_config.fsdp_size", "-1 shards over all ranks, which is what hybridrl does "
-             "(hybrid sharding within smaller groups is not implemented)", ("-1",)),
+    Moved(ARR + "actor.fsdp_config.fsdp_size", "actor.fsdp.fsdp_size"),
     NoEffect(ARR + "actor.fsdp_config.wrap_policy.", "FSDP2 shards every decoder layer, always"),
     NoEffect(ARR + "actor.fsdp_config.offload_policy", "parameter offload is actor.fsdp.param_offload", ("false",)),
     NoEffect(ARR + "actor.fsdp_config.forward_prefetch", "FSDP2 prefetches the next layer's all-gather, always"),

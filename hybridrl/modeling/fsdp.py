@@ -15,6 +15,7 @@ from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecision
 
 from hybridrl.modeling.model_builder import decoder_layers
 from hybridrl.modeling.single_rank import apply_compute_dtype, casts_kept
+from hybridrl.utils.distributed import sharding_mesh
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,8 @@ class ShardingOptions:
     """How one model is sharded. ``compute_dtype`` is the dtype of forward/backward; master weights stay fp32.
 
     ``reduce_dtype`` is the dtype of the gradient reduce-scatter (fp32 keeps accumulation exact).
+    ``shard_group_size`` (``*.fsdp.fsdp_size``): shard within groups of that many ranks and replicate across them
+    (HSDP); -1 shards over all ranks.
     ``keep_gathered``: the parameters stay gathered through each step or pass (``*.fsdp.gather_once``). On a one-rank
     mesh (:func:`without_fsdp`: no ``param_offload``, fp32 ``reduce_dtype``) the model is then not FSDP2-wrapped:
     per-layer groups only let layers be gathered, freed and reduced one at a time, which a kept-gathered single rank
@@ -36,6 +39,7 @@ class ShardingOptions:
     reshard_after_forward: bool = True
     param_offload: bool = False
     keep_gathered: bool = False
+    shard_group_size: int = -1
 
 
 def without_fsdp(world_size: int, options: ShardingOptions) -> bool:
@@ -51,12 +55,14 @@ def shard_model(model: nn.Module, mesh: Optional[DeviceMesh], options: ShardingO
 
     FSDP2 *averages* gradients over ranks. The losses here are already normalised by the global token or sequence
     count of the mini-batch, so the accumulation loop multiplies each rank's loss by the DP size to cancel the
-    average (a divide factor of 1 would need PREMUL_SUM, which gloo lacks).
+    average (a divide factor of 1 would need PREMUL_SUM, which gloo lacks). With HSDP (``shard_group_size``) FSDP2
+    averages within a shard group (reduce-scatter) and then across the groups (all-reduce): over all ranks again.
     """
     if mesh is None:
         return model
     if without_fsdp(mesh.size(), options):
         return apply_compute_dtype(model, options.compute_dtype)
+    mesh = sharding_mesh(mesh, options.shard_group_size)
     # Inside the model activations stay in the compute dtype (a layer emitting fp32 would meet bf16 weights in the
     # next root-level op, e.g. a tied lm_head); only the root's outputs (logits, values) come back in fp32.
     layer_policy = MixedPrecisionPolicy(param_dtype=options.compute_dtype, reduce_dtype=options.reduce_dtype)

@@ -27,7 +27,7 @@ from typing import Optional
 
 from hybridrl.config.precision import DTYPE_BYTES, PrecisionMode, precision_mode
 from hybridrl.config.schema import TrainConfig
-from hybridrl.config.sizes import gathers_once, role_plan, world_size
+from hybridrl.config.sizes import gathers_once, role_plan, shard_group_ranks, world_size
 from hybridrl.config.validation import critic_enabled
 from hybridrl.autotune.memory_sizing import (
     FP32,
@@ -252,7 +252,8 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
                                      config.model.fp8_compute)}
     actor_plan = role_plan(config, "actor")
     roles = {"actor": trained_role(
-        "actor", shapes.policy, training_layout(config, "actor", setup.actor_micro_batch), world=world,
+        "actor", shapes.policy, training_layout(config, "actor", setup.actor_micro_batch),
+        world=shard_group_ranks(config.actor.fsdp.fsdp_size, world),
         mode=modes["actor"], accumulating=holds_unsharded_gradients(
             setup.actor_grad_sync, actor_plan.local_mini_batch_sequences, setup.actor_micro_batch),
         checkpointing=setup.checkpointing, param_offload=setup.param_offload,
@@ -260,7 +261,8 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
     log_prob_rows = config.actor.log_prob_micro_batch_size_per_gpu or setup.actor_micro_batch
     forward_layout = training_layout(config, "actor", log_prob_rows)
     if config.actor.use_kl_loss or config.algorithm.use_kl_in_reward:
-        roles["ref"] = frozen_role("ref", shapes.policy, forward_layout, world=world, compute_bytes=c,
+        roles["ref"] = frozen_role("ref", shapes.policy, forward_layout, compute_bytes=c,
+                                   world=shard_group_ranks(config.actor.fsdp.fsdp_size, world),
                                    offload=config.ref.param_offload)
     if critic_enabled(config):
         modes["critic"] = precision_mode(config.model.dtype, config.critic.fsdp.reduce_dtype,
@@ -268,7 +270,8 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
         critic_shape = value_shape(shapes.critic or shapes.policy)
         critic_plan = role_plan(config, "critic")
         roles["critic"] = trained_role(
-            "critic", critic_shape, training_layout(config, "critic", setup.critic_micro_batch), world=world,
+            "critic", critic_shape, training_layout(config, "critic", setup.critic_micro_batch),
+            world=shard_group_ranks(config.critic.fsdp.fsdp_size, world),
             mode=modes["critic"], accumulating=holds_unsharded_gradients(
                 setup.critic_grad_sync, critic_plan.local_mini_batch_sequences, setup.critic_micro_batch),
             checkpointing=setup.checkpointing, param_offload=config.critic.fsdp.param_offload,

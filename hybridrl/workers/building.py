@@ -21,13 +21,15 @@ def data_parallel_group(worker: Worker) -> DataParallelGroup:
 
 
 def sharding_options(model_dtype: str, fsdp, *, keep_gathered: bool,
-                     param_offload: Optional[bool] = None) -> ShardingOptions:
-    """FSDP2 options of a role: compute dtype ``model.dtype``; ``reduce_dtype``, ``reshard_after_forward`` and
-    (unless given) ``param_offload`` from its ``fsdp`` section; ``keep_gathered``: ``gather_once`` as resolved."""
+                     param_offload: Optional[bool] = None, fsdp_size: Optional[int] = None) -> ShardingOptions:
+    """FSDP2 options of a role: compute dtype ``model.dtype``; ``reduce_dtype``, ``reshard_after_forward``, and
+    (unless given) ``param_offload`` and ``fsdp_size`` from its ``fsdp`` section; ``keep_gathered``: ``gather_once``
+    as resolved."""
     return ShardingOptions(compute_dtype=torch_dtype(model_dtype), reduce_dtype=torch_dtype(fsdp.reduce_dtype),
                            reshard_after_forward=fsdp.reshard_after_forward,
                            param_offload=fsdp.param_offload if param_offload is None else param_offload,
-                           keep_gathered=keep_gathered)
+                           keep_gathered=keep_gathered,
+                           shard_group_size=fsdp.fsdp_size if fsdp_size is None else fsdp_size)
 
 
 def log_prob_micro_batching(config: TrainConfig, micro_batch_size: int | None, ppo_micro_batch_size: int | None,

@@ -38,7 +38,8 @@ class RewardModelWorker(Worker):
         self.model.requires_grad_(False)
         self.model.eval()
         shard_model(self.model, self.dp_mesh, sharding_options(config.model.dtype, config.actor.fsdp,
-                                                               param_offload=False, keep_gathered=False))
+                                                               param_offload=False, keep_gathered=False,
+                                                               fsdp_size=-1))  # its own pool: all of its ranks
 
     @dp_split
     @torch.no_grad()

@@ -28,6 +28,8 @@ BAD_CONFIGS = [
     (["rollout.name=sglang"], "rollout.name", "expected one of"),
     (["model.dtype=float64"], "model.dtype", "expected one of"),
     (["critic.fsdp.grad_sync=layer"], "critic.fsdp.grad_sync", "expected one of"),
+    (["actor.fsdp.fsdp_size=3"], "actor.fsdp.fsdp_size", "must be -1 (shard over all 2 ranks) or divide them"),
+    (["critic.fsdp.fsdp_size=0"], "critic.fsdp.fsdp_size", "must be -1"),
     (["data.truncation=middle"], "data.truncation", "expected one of"),
     (["trainer.logger=[console,neptune]"], "trainer.logger", "expected one of"),
     (["actor.clip_ratio_c=1.0"], "actor.clip_ratio_c", "> 1"),
@@ -136,6 +138,7 @@ BAD_RM_CONFIGS = [
     (["data.synthetic_task=arithmetic", "trainer.resume_mode=resume_path"], "trainer.resume_mode", "expected one of"),
     (["data.synthetic_task=arithmetic", "fsdp.optimizer_offload=true"], "fsdp.optimizer_offload", "only to the actor"),
     (["data.synthetic_task=arithmetic", "fsdp.grad_sync=never"], "fsdp.grad_sync", "expected one of"),
+    (["data.synthetic_task=arithmetic", "fsdp.fsdp_size=4"], "fsdp.fsdp_size", "divide them"),
 ]
 
 

@@ -88,6 +88,16 @@ def test_roles_and_phases_by_hand():
     assert plan.phases["generate"] - offloaded.phases["generate"] == actor.optimizer
 
 
+def test_hsdp_states_are_sharded_over_the_shard_group_only():
+    device = gpu_spec("a100-80").memory_bytes
+    plain = plan_memory(big_job("actor.use_kl_loss=true"), Shapes(QWEN_7B), device)
+    hsdp = plan_memory(big_job("actor.use_kl_loss=true", "actor.fsdp.fsdp_size=4"), Shapes(QWEN_7B), device)
+    per_rank_of_4 = -(-QWEN_7B.num_parameters() // 4)
+    for role in ("actor", "ref"):
+        assert hsdp.roles[role].parameters == 4 * per_rank_of_4 and plain.roles[role].parameters < per_rank_of_4 * 4
+    assert hsdp.roles["actor"].optimizer == 8 * per_rank_of_4
+
+
 def test_eight_bit_states_shrink_the_optimizer_term():
     standard = plan_memory(big_job(), Shapes(QWEN_7B), gpu_spec("h100").memory_bytes)
     eight_bit = plan_memory(big_job("actor.optim.state_precision=8bit"), Shapes(QWEN_7B), gpu_spec("h100").memory_bytes)
