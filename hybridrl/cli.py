@@ -122,7 +122,9 @@ def train(args: argparse.Namespace) -> int:
     rows = result.metric_rows()  # from the run itself: metrics.jsonl exists only with the jsonl logger
     plot = plot_learning_curves(result.run_dir, rows)
     figures = {"steps": result.global_step, "run directory": str(result.run_dir), "learning curves": str(plot)}
-    figures.update({key: f"{value:.4g}" for key, value in (result.last_validation or {}).items()})
+    first = result.first_validation or {}
+    figures.update({key: f"{first[key]:.4g} -> {value:.4g}" if key in first and first is not result.last_validation
+                    else f"{value:.4g}" for key, value in (result.last_validation or {}).items()})
     print(format_summary("hybridrl train", figures, step_time_breakdown(rows)))
     return 0
 

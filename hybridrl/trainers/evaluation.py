@@ -16,7 +16,9 @@ from hybridrl.rollout.base import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-# A response counts as correct (for the accuracy metric) when its score reaches this value.
+# A response counts as correct (for the accuracy metric) when its reward function says so (an ``acc`` extra, as the
+# built-in scorers return: GSM8K's right answer without "####" scores 0.5 but is right), else when its score reaches
+# this value.
 CORRECT_SCORE = 1.0
 
 
@@ -35,6 +37,19 @@ class Scoring:
 
     def score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], list[str]]:
         """``[B]`` scores, failure-count metrics, and the decoded texts."""
+        scores, info, texts = self._score(batch)
+        return scores, info.metrics(), texts
+
+    def judge(self, batch: Batch) -> tuple[torch.Tensor, list[float], list[str]]:
+        """``[B]`` scores, whether each response is right (its ``acc`` extra where the function returns one, else
+        score >= ``CORRECT_SCORE``), and the decoded texts."""
+        scores, info, texts = self._score(batch)
+        accuracies = info.extras.get("acc", [None] * len(texts))
+        correct = [float(acc) if isinstance(acc, (int, float)) else float(score >= CORRECT_SCORE)
+                   for acc, score in zip(accuracies, scores.tolist())]
+        return scores, correct, texts
+
+    def _score(self, batch: Batch) -> tuple[torch.Tensor, Any, list[str]]:
         texts = self.decode(batch)
         scores, info = self.scorer.score(list(batch[DataFields.DATA_SOURCE]), texts,
                                          list(batch[DataFields.GROUND_TRUTH]), list(batch[DataFields.EXTRA_INFO]))
@@ -45,7 +60,7 @@ class Scoring:
         if info.messages:
             logger.warning("reward: %d sample(s) scored 0 after a failure, e.g. %s", len(info.messages),
                            info.messages[0])
-        return scores, info.metrics(), texts
+        return scores, info, texts
 
     def token_level_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         """Scores on each response's last valid token ``[B, R]``, plus scoring metrics."""
@@ -61,24 +76,22 @@ def validate(actor_group, loader: Optional[PromptLoader], scoring: Scoring, para
 
     if loader is None:
         return {}
-    per_source: dict[str, list[float]] = defaultdict(list)
+    per_source: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (score, correct) per response
     lengths: list[float] = []
     samples: list[tuple[str, str, float]] = []
     for prompts in loader:
         batch = actor_group.call(ActorRolloutRefWorker.generate_sequences, prompts, params)
-        scores, _, texts = scoring.score(batch)
+        scores, correct, texts = scoring.judge(batch)
         lengths += batch[Fields.RESPONSE_MASK].sum(-1).float().tolist()
-        for source, value in zip(batch[DataFields.DATA_SOURCE], scores.tolist()):
-            per_source[str(source)].append(value)
+        for source, value, right in zip(batch[DataFields.DATA_SOURCE], scores.tolist(), correct):
+            per_source[str(source)].append((value, right))
         samples += list(zip(batch[DataFields.RAW_PROMPT], texts, scores.tolist()))[:num_samples_to_log]
     for prompt, text, value in samples[:num_samples_to_log]:
         logger.info("val sample: %r -> %r (score %.2f)", prompt, text, value)
     metrics: dict[str, float] = {}
-    all_scores = [value for values in per_source.values() for value in values]
-    for source, values in per_source.items():
-        metrics[f"val/{source}/score"] = sum(values) / len(values)
-        metrics[f"val/{source}/accuracy"] = sum(value >= CORRECT_SCORE for value in values) / len(values)
-    metrics["val/score"] = sum(all_scores) / max(len(all_scores), 1)
-    metrics["val/accuracy"] = sum(value >= CORRECT_SCORE for value in all_scores) / max(len(all_scores), 1)
+    for source, results in [*per_source.items(), ("", [pair for pairs in per_source.values() for pair in pairs])]:
+        prefix = f"val/{source}/" if source else "val/"
+        metrics[f"{prefix}score"] = sum(value for value, _ in results) / max(len(results), 1)
+        metrics[f"{prefix}accuracy"] = sum(right for _, right in results) / max(len(results), 1)
     metrics["val/response_length"] = sum(lengths) / max(len(lengths), 1)
     return metrics

@@ -67,8 +67,12 @@ class FusedScoring:
                 stats.load_state_dict(state[key])
 
     def score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], list[str]]:
-        """The rule score (validation's accuracy), unchanged."""
+        """The rule score, unchanged."""
         return self.scoring.score(batch)
+
+    def judge(self, batch: Batch) -> tuple[torch.Tensor, list[float], list[str]]:
+        """The rule score and correctness (validation's score and accuracy), unchanged."""
+        return self.scoring.judge(batch)
 
     def rm_scores(self, batch: Batch, texts: list[str]) -> torch.Tensor:
         """``[B]`` reward-model scores of the batch's (prompt, response) sequences."""

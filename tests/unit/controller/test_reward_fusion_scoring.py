@@ -68,3 +68,23 @@ def test_fused_rule_and_guard_rewards_land_on_the_last_token():
     assert torch.equal(fused != 0, torch.nn.functional.one_hot(mask.sum(-1) - 1, 6).bool() & (expected != 0)[:, None])
     assert metrics["reward/rule/mean"] == 0.75 and metrics["reward/diversity_penalty/mean"] < 0
     assert list(batch[DataFields.MESSAGES])[0] == rows[0]["prompt"]
+
+
+def test_validation_counts_a_right_answer_by_the_scorers_acc_not_by_a_full_score():
+    """GSM8K-style scoring pays 0.5 for the right number without "####"; it is still right (its ``acc``)."""
+    tokenizer = build_char_tokenizer()
+    config = load_config(["data.max_response_length=6"], check_paths=False)
+    batch, rows = rollout_batch(tokenizer, ["x", "x"])
+    answers = [row["reward_model"]["ground_truth"] for row in rows]
+    batch[DataFields.DATA_SOURCE] = ["openai/gsm8k", "openai/gsm8k", "arithmetic", "arithmetic"]
+    texts = [answers[0], "99", answers[1], "99"]  # (the char tokenizer has no "#")
+    responses = torch.full((4, 6), tokenizer.pad_token_id)
+    mask = torch.zeros(4, 6, dtype=torch.long)
+    for row, text in enumerate(texts):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        responses[row, :len(ids)], mask[row, :len(ids)] = torch.tensor(ids), 1
+    batch[Fields.RESPONSES], batch[Fields.RESPONSE_MASK] = responses, mask
+    with build_reward_scorer(config.custom_reward_function, num_workers=0) as scorer:
+        scores, correct, decoded = Scoring(scorer, tokenizer).judge(batch)
+    assert decoded == texts
+    assert scores.tolist() == [0.5, 0.0, 1.0, 0.0] and correct == [1.0, 0.0, 1.0, 0.0]
