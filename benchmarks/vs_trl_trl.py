@@ -41,7 +41,8 @@ def run(spec: dict, out: Path) -> dict:
 
     def addition_reward(prompts, completions, ground_truth, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [task.compute_score("vs_trl_addition", text, truth) for text, truth in zip(texts, ground_truth)]
+        source = spec.get("data_source", "vs_trl_addition")
+        return [float(task.compute_score(source, text, truth)) for text, truth in zip(texts, ground_truth)]
 
     class StepClock(TrainerCallback):
         def __init__(self) -> None:
@@ -79,6 +80,9 @@ def run(spec: dict, out: Path) -> dict:
                           processing_class=tokenizer, callbacks=[clock])
     started = time.perf_counter()
     trainer.train()
+    if spec.get("save_dir"):  # the trained model, for a held-out evaluation outside this process
+        trainer.save_model(spec["save_dir"])
+        tokenizer.save_pretrained(spec["save_dir"])
     rows_per_step = spec["prompts"] * spec["n"]
     seen = [0.0] + [log["num_tokens"] for log in clock.logs]
     return {

@@ -14,7 +14,8 @@ writes ``train.parquet`` / ``test.parquet`` with rows::
      "extra_info": {"split": "train", "index": 17, "question": "...", "answer": "<full worked solution>"}}
 
 The synthetic arithmetic task can be exported the same way (``arithmetic --output DIR``) to inspect it or to
-train from files. Generated files are build outputs: do not commit them.
+train from files; ``word-problems --output DIR`` writes the chat-format word problems of
+:mod:`hybridrl.data.word_problems` (the SmolLM2 recipe's task). Generated files are build outputs: do not commit them.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from typing import Any
 
 from hybridrl.data.io import read_rows, write_rows
 from hybridrl.data.synthetic import ArithmeticTask
+from hybridrl.data.word_problems import WordProblems
 
 __all__ = ["GSM8K_DATA_SOURCE", "GSM8K_INSTRUCTION", "gsm8k_final_answer", "gsm8k_rows", "preprocess_gsm8k",
-           "export_arithmetic", "main"]
+           "export_arithmetic", "export_word_problems", "main"]
 
 GSM8K_DATA_SOURCE = "openai/gsm8k"
 GSM8K_INSTRUCTION = 'Reason step by step, then give the final answer on the last line as "#### <number>".'
@@ -88,6 +90,14 @@ def export_arithmetic(output_dir: str | Path, *, seed: int = 1, num_train: int =
             "val": write_rows(task.validation_rows(), Path(output_dir) / "val.parquet")}
 
 
+def export_word_problems(output_dir: str | Path, *, seed: int = 1, num_train: int = 4096,
+                         num_val: int = 200) -> dict[str, Path]:
+    """Write ``num_train`` training and ``num_val`` held-out word problems as parquet."""
+    task = WordProblems(seed=seed)
+    return {"train": write_rows(task.rows("train", num_train), Path(output_dir) / "train.parquet"),
+            "val": write_rows(task.rows("val", num_val), Path(output_dir) / "val.parquet")}
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hybridrl.data.preprocess",
                                      description="Turn raw datasets into parquet prompt files with verl's row schema.")
@@ -101,6 +111,11 @@ def _parser() -> argparse.ArgumentParser:
     arithmetic.add_argument("--seed", type=int, default=1)
     arithmetic.add_argument("--num-train", type=int, default=8192)
     arithmetic.add_argument("--num-val", type=int, default=256)
+    words = commands.add_parser("word-problems", help="chat-format arithmetic word problems -> parquet")
+    words.add_argument("--output", required=True, help="folder for train.parquet and val.parquet")
+    words.add_argument("--seed", type=int, default=1)
+    words.add_argument("--num-train", type=int, default=4096)
+    words.add_argument("--num-val", type=int, default=200)
     return parser
 
 
@@ -110,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.dataset == "gsm8k":
             outputs = preprocess_gsm8k(args.input, args.output, limit=args.limit)
+        elif args.dataset == "word-problems":
+            outputs = export_word_problems(args.output, seed=args.seed, num_train=args.num_train, num_val=args.num_val)
         else:
             outputs = export_arithmetic(args.output, seed=args.seed, num_train=args.num_train, num_val=args.num_val)
     except ValueError as error:

@@ -5,7 +5,7 @@ Every reward function has the signature ``(data_source, solution_str, ground_tru
 :data:`RE==========================================================================  =========================================
 data_source                                                                 function
 ==========================================================================  =========================================
-``openai/gsm8k``, ``gsm8k``                                                 :mod:`hybridrl.rewards.gsm8k` (1 / 0.5 / 0)
+``openai/gsm8k``, ``gsm8k``, ``arithmetic_word_problems``                   :mod:`hybridrl.rewards.gsm8k` (1 / 0.5 / 0)
 ``math``, ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``,       :mod:`hybridrl.rewards.math_reward`
 ``HuggingFaceH4/MATH-500``, ``numina_aops_forum``, ``numina_synthetic_math``,  (``\\boxed{}``, math-verify; 1 / 0)
 ``numina_amc_aime``, ``numina_synthetic_amc``, ``numina_cn_k12``,
@@ -50,7 +50,7 @@ RewardFn = Callable[[str, str, Any, Union[dict, None]], Union[float, dict]]
 
 REWARD_FUNCTIONS: Registry[RewardFn] = Registry("reward function (data_source)")
 
-for _source in ("openai/gsm8k", "gsm8k"):
+for _source in ("openai/gsm8k", "gsm8k", "arithmetic_word_problems"):
     REWARD_FUNCTIONS.register(_source)(gsm8k.compute_score)
 for _source in ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500",
                 *(f"numina_{name}" for name in ("aops_forum", "synthetic_math", "amc_aime", "synthetic_amc", "cn_k12",
