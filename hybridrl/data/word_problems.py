@@ -2,7 +2,7 @@
 
 Each problem is one sentence about a person and a count that goes up or down (*"Mia has 34 stickers and buys 27
 more. How many stickers does Mia have now?"*); the model must read which way the count moves and do one two-digit
-addition or subtraction. SmolLM2-135M-Instruct answers about a quarter of them right out of the box — it often
+addition or subtraction. SmolLM2-135M-Instruct answers about 30 % of them right out of the box — it often
 subtracts where the story adds — which leaves room for RL to show on **held-out** problems.
 
 Rows use verl's schema with a chat prompt (``prompt = [{"role": "user", "content": ...}]``), ``data_source =
