@@ -32,7 +32,8 @@ def test_ctrl_c_prints_one_line_and_the_run_resumes(model_dir, tmp_path):
             assert child.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
         os.killpg(child.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
-        child.wait(timeout=120)
+        # a hang guard, not a speed check: beside the soak test on 2 cores the shutdown has taken over 120 s
+        child.wait(timeout=300)
     finally:
         if child.poll() is None:
             child.kill()
