@@ -34,6 +34,7 @@ This module is pure Python (no torch): the reward worker processes import it and
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
@@ -91,6 +92,7 @@ def default_compute_score(
     return function(data_source, solution_str, ground_truth, extra_info, **keywords)
 
 
+@functools.lru_cache(maxsize=None)  # asked once per scored sample: read each function's signature once
 def keywords_of(function: RewardFn) -> tuple[str, ...]:
     """The keyword-only parameters ``function`` declares (what ``reward_kwargs`` may set for it)."""
     return tuple(name for name, parameter in inspect.signature(function).parameters.items()
