@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from typing import Callable, Optional, Sequence
 
 from hybridrl.config import ConfigError
+from hybridrl.utils.signals import TerminationRequested
 
 # Before transformers is imported anywhere: its per-file progress bars would bury the trainer's progress display.
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -224,17 +226,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging()
     _, _, handler = COMMANDS[args.command]
+    if args.command in TRAINING_COMMANDS:
+        _warn_if_interrupt_ignored(args.command)
     try:
         return handler(args)
-    except KeyboardInterrupt:  # the run's own clean-up (workers, Ray, partial checkpoints) has run on the way out
-        print(f"hybridrl {args.command}: interrupted{_where_it_stopped()}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # the run's own clean-up (workers, Ray, partial checkpoints) ran on the way out
+        terminated = isinstance(stop, TerminationRequested)
+        print(f"hybridrl {args.command}: {'terminated (SIGTERM)' if terminated else 'interrupted'}"
+              f"{_where_it_stopped()}", file=sys.stderr)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
     except _user_errors() as error:
         if os.environ.get("HYBRIDRL_TRACEBACK") or not str(error):
             raise
         hint = "" if isinstance(error, ConfigError) else "\n(set HYBRIDRL_TRACEBACK=1 to see where it was raised)"
         print(f"hybridrl {args.command}: {error}{hint}", file=sys.stderr)
         return 2
+
+
+TRAINING_COMMANDS = ("train", "sft", "rm", "demo")
+
+
+def _warn_if_interrupt_ignored(command: str) -> None:
+    """A program started in the background by a non-interactive shell (``hybridrl train … &`` in a script) inherits
+    SIGINT ignored: Ctrl-C would then not stop the run. Say so, and what does stop it."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        logging.getLogger("hybridrl.cli").warning(
+            "SIGINT is ignored in this process (started in the background by a non-interactive shell?): Ctrl-C "
+            "will not stop `hybridrl %s`; `kill %d` (SIGTERM) does, after stopping the workers", command, os.getpid())
 
 
 def _where_it_stopped() -> str:

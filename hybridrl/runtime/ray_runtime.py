@@ -39,6 +39,7 @@ from typing import Any, Optional  # noqa: E402
 import ray  # noqa: E402
 
 from hybridrl.config.ray import RayConfig  # noqa: E402
+from hybridrl.utils.signals import stop_on_sigterm  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ def start_ray(config: Optional[RayConfig] = None) -> RayRuntime:
         ray.init(**ray_init_kwargs(config))
     except ConnectionError as error:  # address=auto with no cluster running, or a cluster that went away
         raise ValueError(f"trainer.ray.address={config.address!r}: cannot connect to a Ray cluster: {error}") from None
+    stop_on_sigterm()  # after ray.init, which installs its own (an exit that skips the workers' clean-up)
     return RayRuntime(config, owns_ray=True)
 
 

@@ -38,3 +38,17 @@ def test_rm_command_refuses_a_config_without_pairs(capsys):
     assert main(["rm", "--no-check-paths", "data.train_batch_size=16"]) == 2
     err = capsys.readouterr().err
     assert "hybridrl rm:" in err and "data.train_files" in err and "Traceback" not in err
+
+
+def test_a_run_that_inherits_sigint_ignored_says_ctrl_c_will_not_stop_it(capsys, monkeypatch):
+    import signal
+
+    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.SIG_IGN if signum == signal.SIGINT else None)
+    assert main(["train", "--no-check-paths", "rollout.n=0"]) == 2
+    err = capsys.readouterr().err
+    assert "SIGINT is ignored in this process" in err and "Ctrl-C will not stop `hybridrl train`" in err
+
+
+def test_a_run_with_the_default_sigint_handler_gives_no_such_warning(capsys):
+    assert main(["train", "--no-check-paths", "rollout.n=0"]) == 2
+    assert "SIGINT is ignored" not in capsys.readouterr().err
