@@ -225,10 +225,10 @@ def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
         _require(error, f"reward_fusion.{key}", value, value >= 0, "must be >= 0 (it is subtracted as a penalty)")
     if config.critic.fsdp.optimizer_offload:
         error.add("critic.fsdp.optimizer_offload", True, "only the actor offloads its optimizer (during generation)")
-    if config.rollout.tensor_model_parallel_size > 1:
+    if config.rollout.tensor_model_parallel_size > 1 and config.rollout.name == "hf":
         error.add("rollout.tensor_model_parallel_size", config.rollout.tensor_model_parallel_size,
-                  f"rollout.name={config.rollout.name} runs one engine per device: tensor-parallel generation is not "
-                  "supported yet (the resharding plan is; the engine side is not)")
+                  "rollout.name=hf generates with the actor's own (FSDP-sharded) module, one replica per device; "
+                  "tensor-parallel generation needs rollout.name=vllm")
     overlong = config.algorithm.overlong_buffer
     if overlong.enable and not 0 < overlong.len < config.data.max_response_length:
         error.add("algorithm.overlong_buffer.len", overlong.len,

@@ -153,11 +153,30 @@ def _check_model_fits(config: TrainConfig, error: ConfigError) -> None:
                   f"data.max_prompt_length + data.max_response_length = {longest} tokens, but the model at model.path "
                   f"has {positions} positions (max_position_embeddings); shorten one of them")
     vocab_size = model_config.get("vocab_size")
+    _check_tensor_parallel_fits(config.rollout.tensor_model_parallel_size, model_config, error)
     tokenizer_tokens = _tokenizer_size(config.model.tokenizer_path or config.model.path, config.model.trust_remote_code)
     if isinstance(vocab_size, int) and tokenizer_tokens is not None and tokenizer_tokens > vocab_size:
         error.add("model.path", config.model.path,
                   f"the model's vocabulary has {vocab_size} ids but its tokenizer produces {tokenizer_tokens} "
                   "(model.tokenizer_path from another model?); the embedding cannot look them up")
+
+
+def _check_tensor_parallel_fits(tp: int, model_config: dict, error: ConfigError) -> None:
+    """``t_g`` must split the attention heads evenly, and the KV heads evenly or into whole replicas (vLLM repeats
+    each KV head on ``t_g / H_kv`` ranks), and the vocabulary padded to vLLM's multiple of 64."""
+    heads = model_config.get("num_attention_heads")
+    kv_heads = model_config.get("num_key_value_heads") or heads
+    vocab = model_config.get("vocab_size")
+    key = "rollout.tensor_model_parallel_size"
+    if tp <= 1 or not isinstance(heads, int):
+        return
+    if heads % tp:
+        error.add(key, tp, f"must divide the model's {heads} attention heads (num_attention_heads)")
+    elif isinstance(kv_heads, int) and kv_heads % tp and tp % kv_heads:
+        error.add(key, tp, f"must divide the model's {kv_heads} KV heads (num_key_value_heads), or be a multiple of "
+                           "them")
+    elif isinstance(vocab, int) and (-(-vocab // 64) * 64) % tp:
+        error.add(key, tp, f"must divide the model's vocabulary padded to a multiple of 64 ({-(-vocab // 64) * 64})")
 
 
 def _tokenizer_size(path: str, trust_remote_code: bool) -> Optional[int]:

@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
 from hybridrl.hybrid_engine.buckets import bucket_bound, gather_footprint, p2p_footprint, pack_buckets
-from hybridrl.hybrid_engine.plan import GenerationLayout, ParamMeta, ReshardPlan, build_plan
+from hybridrl.hybrid_engine.plan import GenerationLayout, ParamMeta, ReshardPlan, box_slices, build_plan
 from hybridrl.hybrid_engine.tp_rules import RuleFn, rules_for_config
 from hybridrl.hybrid_engine.transfer import TransferStats, stream_gathered, stream_plan
 
@@ -118,3 +118,19 @@ class WeightResharder:
         executor = stream_gathered if self.method == "gather" else stream_plan
         return executor(self.plan, self.buckets, shards, self.rank, group=self.group, device=self.device,
                         stats=self.last_stats)
+
+    def stream_full_shaped(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """:meth:`stream`, each TP slice placed at its region of a full-shaped tensor for loaders that narrow their
+        rank's part out of a full checkpoint tensor themselves (vLLM's ``weight_loader``s, fused q/k/v and
+        gate/up included). Only the region is written; the rest is uninitialised memory that such a loader never
+        reads — ``tp_rules`` mirrors vLLM's narrowing, and the sync's checksums cover exactly the regions sent.
+        What moves between ranks is still only the slices (zero redundancy); the full shape is a local buffer."""
+        regions = {param.meta.name: (param.meta.shape, param.dst_regions[self.rank]) for param in self.plan.params}
+        for name, piece in self.stream():
+            shape, region = regions[name]
+            if tuple(piece.shape) == shape:
+                yield name, piece
+                continue
+            full = torch.empty(shape, dtype=piece.dtype, device=piece.device)
+            full[box_slices(region)] = piece
+            yield name, full

@@ -107,11 +107,12 @@ class VLLMRollout:
         self.eos_token_ids = list(eos_token_ids)
         self.dtype = getattr(torch, dtype)
         self.device = torch.device("cpu") if self.on_cpu else torch.device("cuda", torch.cuda.current_device())
+        self.tp_size = rollout.tensor_model_parallel_size
         with _process_settings_kept():
             self.llm = vllm.LLM(model=str(model_path), tokenizer=str(tokenizer_path or model_path),
                                 worker_extension_cls=WORKER_EXTENSION, logprobs_mode=LOGPROBS_MODE,
                                 **_engine_kwargs(rollout, dtype, max_model_len, default_seed=seed,
-                                                 on_cpu=self.on_cpu))
+                                                 on_cpu=self.on_cpu), **_parallel_kwargs(self.tp_size))
         self._asleep = False
         self._noted = set()
 
@@ -217,8 +218,14 @@ class VLLMRollout:
             self._asleep = False
 
     def close(self) -> None:
-        """Drop the engine (its memory goes once nothing else refers to it)."""
+        """Drop the engine (its memory goes once nothing else refers to it). With ``t_g > 1`` also vLLM's
+        process groups, which must go before the worker's own default group is destroyed."""
         self.llm = None
+        if self.tp_size > 1:
+            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+            destroy_model_parallel()
+            destroy_distributed_environment()
 
     def _note_once(self, key: str, message: str) -> None:
         if key not in self._noted:
@@ -227,9 +234,6 @@ class VLLMRollout:
 
 
 def _check_engine_inputs(rollout: RolloutConfig, dtype: str, max_model_len: int, *, on_cpu: bool) -> None:
-    if on_cpu and rollout.tensor_model_parallel_size != 1:
-        raise ValueError(f"rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size}: vLLM's CPU build "
-                         "runs one in-process worker here; use 1")
     if on_cpu and rollout.kv_cache_memory_mb is None:
         raise ValueError("rollout.kv_cache_memory_mb is required on CPU (vLLM would otherwise size the KV cache "
                          "from host RAM); e.g. rollout.kv_cache_memory_mb=64")
@@ -258,6 +262,34 @@ def _engine_kwargs(rollout: RolloutConfig, dtype: str, max_model_len: int, *, de
         kwargs["gpu_memory_utilization"] = rollout.gpu_memory_utilization
     if not on_cpu and rollout.free_cache_engine:
         kwargs["enable_sleep_mode"] = True
+    return kwargs
+
+
+def _parallel_kwargs(tp_size: int) -> dict:
+    """``t_g > 1``: this process is one of the ``t_g`` ranks of a replica, all started by the trainer (SPMD).
+
+    vLLM's ``external_launcher`` executor joins the ranks' existing ``torch.distributed`` world (``RANK``,
+    ``LOCAL_RANK``, ``MASTER_ADDR``/``PORT`` are the worker's) and forms its TP groups from consecutive ranks —
+    ranks ``d·t_g .. d·t_g + t_g − 1`` are replica ``d``, the rollout mesh's ``[dp, tp]`` layout. Each rank runs its
+    own scheduler over the same requests (the dispatch gives a replica's ranks the same prompts and seed) and they
+    step in lockstep through the TP collectives; ``N / t_g > 1`` replicas are vLLM data-parallel ranks.
+    """
+    if tp_size == 1:
+        return {}
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() % tp_size:
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        raise ValueError(f"rollout.tensor_model_parallel_size={tp_size} needs a process group whose size it divides "
+                         f"(this process's group: {world} rank(s)); the actor worker group provides one")
+    for variable in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        if variable not in os.environ:
+            raise ValueError(f"rollout.tensor_model_parallel_size={tp_size}: {variable} is not set in this process "
+                             "(vLLM's external launcher reads it); start the engine inside a worker group")
+    kwargs: dict = dict(distributed_executor_backend="external_launcher")
+    replicas = dist.get_world_size() // tp_size
+    if replicas > 1:
+        kwargs["data_parallel_size"] = replicas
     return kwargs
 
 

@@ -187,8 +187,12 @@ class WorkerHost:
         return self._label or "WorkerHost"
 
     def stop(self) -> None:
-        """Leave the process group (the process itself is ended by the executor)."""
-        spec, self._worker = self._spec, None
+        """Close the worker (its optional ``close()``: engines holding process groups of their own release them
+        first), then leave the process group (the process itself is ended by the executor)."""
+        spec, worker, self._worker = self._spec, self._worker, None
+        close = getattr(worker, "close", None)
+        if callable(close):
+            close()
         if spec is None:
             return
         if spec.master_addr is not None and dist.is_initialized():

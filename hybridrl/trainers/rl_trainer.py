@@ -289,7 +289,8 @@ class RLTrainer:
         pools.create(runtime)
         share = 1.0 / len(pools.roles_in("global"))  # colocated roles: separate processes on each bundle
         self.actor = WorkerGroup(ActorRolloutRefWorker, pools.pool_for("actor"), name="actor_rollout_ref",
-                                 bundle_share=share, args=(config, self.total_steps, self.with_reference))
+                                 bundle_share=share, args=(config, self.total_steps, self.with_reference),
+                                 tp_size=config.rollout.tensor_model_parallel_size)
         if critic_enabled(config):
             self.critic = WorkerGroup(CriticWorker, pools.pool_for("critic"), name="critic", bundle_share=share,
                                       args=(config, self.total_steps))

@@ -35,7 +35,7 @@ from hybridrl.modeling.model_builder import build_model, load_tokenizer, torch_d
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout import EngineInputs, RolloutEngine, build_rollout_engine, holds_own_weights
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.runtime import Worker, dp_split, one_to_all
+from hybridrl.runtime import Worker, dp_leaders, dp_split, one_to_all
 from hybridrl.utils.collectives import CollectiveTimer
 from hybridrl.utils.distributed import full_tensor
 from hybridrl.utils.seeding import derive_seed
@@ -116,10 +116,8 @@ class ActorRolloutRefWorker(Worker):
         config = self.config
         self.resharder = None
         if holds_own_weights(config.rollout.name):
-            if config.rollout.tensor_model_parallel_size != 1:
-                raise ValueError("rollout.tensor_model_parallel_size > 1 with an in-process vLLM engine is not "
-                                 "supported yet (each rank runs its own engine); use 1")
-            self.resharder = WeightResharder(actor_model, tp_size=1, group=dp.group,
+            self.resharder = WeightResharder(actor_model, tp_size=config.rollout.tensor_model_parallel_size,
+                                             group=dp.group,
                                              bucket_bytes=bucket_bytes_from_mb(config.rollout.weight_sync_bucket_mb),
                                              dtype=torch_dtype(config.model.dtype),
                                              source=MergedLoraWeights(actor_model) if self.lora else None)
@@ -131,11 +129,13 @@ class ActorRolloutRefWorker(Worker):
             max_model_len=config.data.max_prompt_length + config.data.max_response_length,
             dtype=config.model.dtype, seed=config.trainer.seed))
 
-    @dp_split
+    @dp_leaders
     def generate_sequences(self, prompts: Batch, params: SamplingParams) -> Batch:
-        """Responses for this rank's prompts; the seed is combined with the rank so ranks sample differently."""
+        """Responses for this replica's prompts: the ``t_g`` ranks of a tensor-parallel replica get the same prompts
+        and seed (their engines run in lockstep) and the replica's TP rank 0 returns them. The seed is combined with
+        the replica index so replicas sample differently (with ``t_g = 1`` a replica is a rank)."""
         if params.seed is not None:
-            params = params.with_seed(derive_seed(params.seed, "rank", self.rank))
+            params = params.with_seed(derive_seed(params.seed, "rank", self.context.dp_rank))
         self._offload_optimizer()
         free_cache = self.config.rollout.free_cache_engine
         if free_cache:
@@ -149,7 +149,8 @@ class ActorRolloutRefWorker(Worker):
     def sync_rollout_weights(self) -> dict[str, float]:
         """Stream the updated actor weights into a separate engine (vLLM); nothing to do for ``hf``.
 
-        Returns the sync's seconds and bytes received by rank 0 (the collective runs on every rank).
+        Returns the sync's seconds, the bytes rank 0 received from other ranks, and the bytes delivered to its engine
+        (received + its own; with ``t_g > 1`` exactly its tensor-parallel slices). The collective runs on every rank.
         """
         if self.resharder is None:
             return dict(NO_WEIGHT_SYNC)
@@ -157,11 +158,20 @@ class ActorRolloutRefWorker(Worker):
         free_cache = self.config.rollout.free_cache_engine
         if free_cache:  # a sleeping engine (GPU) has dropped its weights' memory: wake it to load new ones
             self.rollout.resume()
-        self.rollout.update_weights(self.resharder.stream())
+        tensor_parallel = self.resharder.plan.layout.tp_size > 1
+        self.rollout.update_weights(self.resharder.stream_full_shaped() if tensor_parallel
+                                    else self.resharder.stream())
         if free_cache:
             self.rollout.release_memory()
-        return {"weight_sync/seconds": time.perf_counter() - started,
-                "weight_sync/bytes": float(self.resharder.last_stats.received_bytes)}
+        stats = self.resharder.last_stats
+        return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/bytes": float(stats.received_bytes),
+                "weight_sync/delivered_bytes": float(stats.received_bytes + stats.local_bytes)}
+
+    def close(self) -> None:
+        """Release the rollout engine (a tensor-parallel vLLM engine's process groups go before the worker's)."""
+        close = getattr(getattr(self, "rollout", None), "close", None)
+        if callable(close):
+            close()
 
     def _offload_optimizer(self) -> None:
         """``actor.fsdp.optimizer_offload``: Adam's moments leave the GPU while the rollout runs (no-op on CPU)."""

@@ -207,9 +207,9 @@ def test_responses_end_at_eos(engine, tokenizer, hf_model):
         assert bool((rollout[Fields.ROLLOUT_LOG_PROBS][row, lengths[row]:] == 0).all())
 
 
-def test_tensor_parallel_refused_on_cpu(model_dir):
+def test_tensor_parallel_refused_outside_a_process_group(model_dir):
     rollout = RolloutConfig(name="vllm", tensor_model_parallel_size=2, kv_cache_memory_mb=64)
-    with pytest.raises(ValueError, match="tensor_model_parallel_size=2"):
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=2 needs a process group"):
         VLLMRollout(str(model_dir), pad_token_id=0, eos_token_ids=[1], rollout=rollout, max_model_len=64,
                     dtype="float32", seed=0)
 

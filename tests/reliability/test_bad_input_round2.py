@@ -57,6 +57,8 @@ VALUE_CASES = {  # overrides -> phrases the one message must hold
     "filter_groups_no_batches": (["algorithm.filter_groups.enable=true",
                                   "algorithm.filter_groups.max_num_gen_batches=0"],
                                  ["algorithm.filter_groups.max_num_gen_batches=0", ">= 1"]),
+    "tensor_parallel_with_hf_rollout": (["rollout.tensor_model_parallel_size=2"],
+                                        ["rollout.tensor_model_parallel_size=2", "needs rollout.name=vllm"]),
     "resume_path_without_path": (["trainer.resume_mode=resume_path"], ["trainer.resume_from_path", "is required"]),
     "reward_model_without_path": (["reward_model.enable=true"], ["reward_model.model_path", "is required"]),
     "negative_reward_model_gpus": (["reward_model.n_gpus=-1"], ["reward_model.n_gpus=-1", ">= 0"]),
@@ -143,6 +145,25 @@ def vocabulary_smaller_than_the_tokenizer(tmp, model):
     return [f"model.path={path}"], ["model.path", "vocabulary has 40 ids but its tokenizer produces 80"]
 
 
+def _with_heads(tmp, model, **heads):
+    path = copy_model(model, tmp / "m")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, **heads}))
+    return path
+
+
+def tensor_parallel_not_dividing_the_heads(tmp, model):
+    path = _with_heads(tmp, model, num_attention_heads=3, num_key_value_heads=1)
+    return [f"model.path={path}", "rollout=vllm_cpu", "rollout.tensor_model_parallel_size=2"], [
+        "rollout.tensor_model_parallel_size=2", "must divide the model's 3 attention heads"]
+
+
+def tensor_parallel_not_fitting_the_kv_heads(tmp, model):
+    path = _with_heads(tmp, model, num_attention_heads=6, num_key_value_heads=3)
+    return [f"model.path={path}", "rollout=vllm_cpu", "rollout.tensor_model_parallel_size=2"], [
+        "rollout.tensor_model_parallel_size=2", "must divide the model's 3 KV heads"]
+
+
 def tokenizer_path_not_a_directory(tmp, model):
     return [f"model.tokenizer_path={tmp / 'nope'}"], ["model.tokenizer_path", "is not a directory"]
 
@@ -189,7 +210,8 @@ def run_dir_under_a_file(tmp, model):
 
 
 FILE_CASES = [plugin_missing, plugin_raises, plugin_module_missing, unknown_model_type, truncated_weights,
-              weights_not_safetensors, vocabulary_smaller_than_the_tokenizer, tokenizer_path_not_a_directory,
+              weights_not_safetensors, vocabulary_smaller_than_the_tokenizer, tensor_parallel_not_dividing_the_heads,
+              tensor_parallel_not_fitting_the_kv_heads, tokenizer_path_not_a_directory,
               critic_model_missing, vllm_on_cpu_without_kv_budget, prompt_with_an_unknown_character,
               prompt_is_a_number, data_file_is_a_directory, run_dir_is_a_file, run_dir_under_a_file]
 

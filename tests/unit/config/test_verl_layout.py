@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[3]
 SCRIPTS = REPO / "tests" / "data" / "verl_scripts"
 
 
-def script_overrides(name: str, *, tensor_parallel: int | None = 1) -> list[str]:
-    """A verl script's overrides with the paths changed (and, until tensor-parallel rollout lands, TP 1)."""
+def script_overrides(name: str, *, tensor_parallel: int | None = None) -> list[str]:
+    """A verl script's overrides with the paths changed (and ``tensor_parallel``, if given, as the rollout's TP)."""
     overrides = []
     for line in (SCRIPTS / f"{name}.txt").read_text().splitlines():
         if not line or line.startswith("#"):
@@ -94,10 +94,12 @@ def test_dapo_script_moves_the_overlong_buffer_and_keeps_the_generation_batch():
 
 
 @pytest.mark.parametrize("name", ["grpo", "ppo_critic", "grpo_lora", "reinforce_plus_plus", "rloo", "dapo"])
-def test_tensor_parallel_rollout_is_refused_until_the_engine_supports_it(name):
-    message = problems_of(script_overrides(name, tensor_parallel=None))
-    assert "rollout.tensor_model_parallel_size" in message and "not supported yet" in message
-    assert message.startswith("invalid config (1 problem)")
+def test_the_scripts_tensor_parallel_rollout_is_accepted_as_written(name):
+    written = [line.partition("=")[2] for line in (SCRIPTS / f"{name}.txt").read_text().splitlines()
+               if line.partition("=")[0].endswith("rollout.tensor_model_parallel_size")]
+    config = load(script_overrides(name))
+    assert written and config.rollout.tensor_model_parallel_size == int(written[0])
+    assert config.rollout.name == "vllm"
 
 
 # ------------------------------------------------------------------------------------------------ the table

@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hybridrl.config.schema import RolloutConfig
 from hybridrl.rollout import ROLLOUT_ENGINES, EngineInputs, build_rollout_engine, holds_own_weights
 from hybridrl.rollout.hf import HFRollout
-from hybridrl.rollout.vllm_engine import VLLMRollout, _buckets, _check_engine_inputs, _engine_kwargs, import_vllm
+from hybridrl.rollout.vllm_engine import (VLLMRollout, _buckets, _check_engine_inputs, _engine_kwargs,
+                                          _parallel_kwargs, import_vllm)
 from hybridrl.utils.registry import UnknownNameError
 from hybridrl.utils.tiny_model import save_tiny_model
 
@@ -62,7 +63,6 @@ def test_engine_kwargs_from_config():
 
 
 @pytest.mark.parametrize("change, dtype, max_model_len, message", [
-    (dict(tensor_model_parallel_size=2), "bfloat16", 64, "tensor_model_parallel_size=2"),
     (dict(kv_cache_memory_mb=None), "bfloat16", 64, "rollout.kv_cache_memory_mb is required on CPU"),
     ({}, "float16", 64, "not supported on CPU"),
     ({}, "bfloat16", 0, "max_model_len=0"),
@@ -71,6 +71,14 @@ def test_cpu_settings_refused_with_the_key(change, dtype, max_model_len, message
     rollout = RolloutConfig(name="vllm", **{**dict(kv_cache_memory_mb=64), **change})
     with pytest.raises(ValueError, match=message):
         _check_engine_inputs(rollout, dtype, max_model_len, on_cpu=True)
+
+
+def test_tensor_parallel_engine_needs_the_worker_groups_process_group():
+    """Outside a worker group (no ``torch.distributed`` world here) ``t_g > 1`` is refused naming the key; with
+    ``t_g = 1`` nothing parallel is asked of vLLM."""
+    with pytest.raises(ValueError, match="rollout.tensor_model_parallel_size=2 needs a process group"):
+        _parallel_kwargs(2)
+    assert _parallel_kwargs(1) == {}
 
 
 def test_gpu_settings_allowed_and_sleep_mode():
