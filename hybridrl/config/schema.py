@@ -286,6 +286,10 @@ class RolloutConfig(FreezableConfig):
     ``dummy`` (random weights, replaced by the actor's before the first generation: a faster start)."""
     weight_sync_bucket_mb: int = 256
     """Size of one bucket of streamed weights when resharding training weights into the engine."""
+    verify_weight_sync: bool = True
+    """Check every weight sync into an engine holding its own copy (vLLM): each piece is fingerprinted before it moves
+    and again as the engine receives it, and a mismatch stops the run naming the parameter. Costs two passes of
+    integer sums over this rank's slices (``benchmarks/weight_sync.py`` prints the share of a sync)."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling parameters used for validation."""
 

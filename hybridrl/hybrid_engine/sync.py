@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
 from hybridrl.hybrid_engine.buckets import bucket_bound, gather_footprint, p2p_footprint, pack_buckets
+from hybridrl.hybrid_engine.checksums import SyncChecksums
 from hybridrl.hybrid_engine.plan import GenerationLayout, ParamMeta, ReshardPlan, box_slices, build_plan
 from hybridrl.hybrid_engine.tp_rules import RuleFn, rules_for_config
 from hybridrl.hybrid_engine.transfer import TransferStats, stream_gathered, stream_plan
@@ -108,25 +109,40 @@ class WeightResharder:
         self.buckets = pack_buckets(self.plan, bucket_bytes, footprint)
         self.buffer_bound_bytes = bucket_bound(self.buckets, bucket_bytes)
         self.last_stats = TransferStats()
+        self.last_checksums: Optional[SyncChecksums] = None
+        self.regions = {param.meta.name: param.dst_regions[self.rank] for param in self.plan.params}
 
-    def stream(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(hf_name, tensor)`` in parameter order: this rank's TP slice (``t_g > 1``) or the full tensor."""
+    def stream(self, checked: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, tensor)`` in parameter order: this rank's TP slice (``t_g > 1``) or the full tensor.
+
+        ``checked``: fingerprint what every rank serves before it moves and what this rank yields after
+        (``checksums.py``); once the stream is drained, :meth:`verify` compares them.
+        """
         self.last_stats = TransferStats()
+        self.last_checksums = SyncChecksums(list(self.regions), self.plan.world_size) if checked else None
         shards = local_shards(self.model, self.plan.world_size)
         if self.source is not None:
             shards = self.source.shards(shards)
         executor = stream_gathered if self.method == "gather" else stream_plan
-        return executor(self.plan, self.buckets, shards, self.rank, group=self.group, device=self.device,
-                        stats=self.last_stats)
+        stream = executor(self.plan, self.buckets, shards, self.rank, group=self.group, device=self.device,
+                          stats=self.last_stats, checksums=self.last_checksums)
+        return self.last_checksums.observe(stream, self.regions) if checked else stream
 
-    def stream_full_shaped(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def verify(self) -> None:
+        """After a drained ``stream(checked=True)``: raise ``WeightSyncMismatch`` naming any parameter whose bytes
+        differ from what was sent (collective: every rank of the group calls it)."""
+        if self.last_checksums is None:
+            raise RuntimeError("verify() needs a preceding stream(checked=True)")
+        self.last_checksums.verify(self.rank, self.group)
+
+    def stream_full_shaped(self, checked: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """:meth:`stream`, each TP slice placed at its region of a full-shaped tensor for loaders that narrow their
         rank's part out of a full checkpoint tensor themselves (vLLM's ``weight_loader``s, fused q/k/v and
         gate/up included). Only the region is written; the rest is uninitialised memory that such a loader never
         reads — ``tp_rules`` mirrors vLLM's narrowing, and the sync's checksums cover exactly the regions sent.
         What moves between ranks is still only the slices (zero redundancy); the full shape is a local buffer."""
         regions = {param.meta.name: (param.meta.shape, param.dst_regions[self.rank]) for param in self.plan.params}
-        for name, piece in self.stream():
+        for name, piece in self.stream(checked):
             shape, region = regions[name]
             if tuple(piece.shape) == shape:
                 yield name, piece

@@ -31,8 +31,9 @@ import torch
 import torch.distributed as dist
 
 from hybridrl.hybrid_engine.buckets import Bucket
+from hybridrl.hybrid_engine.checksums import SyncChecksums
 from hybridrl.hybrid_engine.plan import ParamPlan, ReshardPlan, box_slices
-from hybridrl.hybrid_engine.tp_rules import Box
+from hybridrl.hybrid_engine.tp_rules import Box, full_box
 
 NamedTensors = Iterator[tuple[str, torch.Tensor]]
 
@@ -107,13 +108,14 @@ def check_local_shards(plan: ReshardPlan, rank: int, local_shards: Mapping[str, 
 
 def stream_plan(plan: ReshardPlan, buckets: Sequence[Bucket], local_shards: Mapping[str, torch.Tensor], rank: int,
                 *, group: Optional[dist.ProcessGroup] = None, device: Optional[torch.device] = None,
-                stats: Optional[TransferStats] = None) -> NamedTensors:
+                stats: Optional[TransferStats] = None, checksums: Optional[SyncChecksums] = None) -> NamedTensors:
     """Yield ``(hf_name, this rank's generation slice)`` for every parameter, executing ``plan`` bucket by bucket.
 
     Args:
         local_shards: ``{hf_name: this rank's FSDP row shard [rows_r, ...]}`` (``DTensor.to_local()``), any dtype.
         rank: this process's rank in ``group`` (the plan's rank numbering).
         stats: filled in as the stream advances (bytes, peak buffer bytes, seconds).
+        checksums: if given, every piece this rank serves is fingerprinted for its destination before it moves.
     """
     check_local_shards(plan, rank, local_shards)
     device = device or default_device(group)
@@ -121,7 +123,8 @@ def stream_plan(plan: ReshardPlan, buckets: Sequence[Bucket], local_shards: Mapp
     tracker = BufferTracker()
     for bucket in buckets:
         started = time.perf_counter()
-        outputs, staging, ops = _post_bucket(plan, bucket, local_shards, rank, group, device, tracker, stats)
+        outputs, staging, ops = _post_bucket(plan, bucket, local_shards, rank, group, device, tracker, stats,
+                                             checksums)
         works = dist.batch_isend_irecv(ops) if ops else []
         for work in works:
             work.wait()
@@ -138,7 +141,8 @@ def stream_plan(plan: ReshardPlan, buckets: Sequence[Bucket], local_shards: Mapp
 
 def _post_bucket(plan: ReshardPlan, bucket: Bucket, local_shards: Mapping[str, torch.Tensor], rank: int,
                  group: Optional[dist.ProcessGroup], device: torch.device, tracker: BufferTracker,
-                 stats: TransferStats) -> tuple[list[tuple[str, torch.Tensor]], list[torch.Tensor], list[dist.P2POp]]:
+                 stats: TransferStats, checksums: Optional[SyncChecksums],
+                 ) -> tuple[list[tuple[str, torch.Tensor]], list[torch.Tensor], list[dist.P2POp]]:
     """Allocate the bucket's outputs, do its local copies, and build (not yet start) its send/recv ops."""
     outputs, staging, ops = [], [], []
     first_tag = 0
@@ -146,7 +150,8 @@ def _post_bucket(plan: ReshardPlan, bucket: Bucket, local_shards: Mapping[str, t
         param = plan.params[index]
         out = tracker.new(param.slice_shape(rank), plan.wire_dtype, device)
         outputs.append((param.meta.name, out))
-        ops += _post_param(param, out, local_shards[param.meta.name], rank, first_tag, group, tracker, staging, stats)
+        ops += _post_param(param, out, local_shards[param.meta.name], rank, first_tag, group, tracker, staging, stats,
+                           checksums)
         first_tag += len(param.transfers)
     stats.num_messages += len(ops)
     return outputs, staging, ops
@@ -154,9 +159,10 @@ def _post_bucket(plan: ReshardPlan, bucket: Bucket, local_shards: Mapping[str, t
 
 def _post_param(param: ParamPlan, out: torch.Tensor, local: torch.Tensor, rank: int, first_tag: int,
                 group: Optional[dist.ProcessGroup], tracker: BufferTracker, staging: list[torch.Tensor],
-                stats: TransferStats) -> list[dist.P2POp]:
+                stats: TransferStats, checksums: Optional[SyncChecksums] = None) -> list[dist.P2POp]:
     """Local copies of one parameter into ``out``, then its ops; a region this rank already copied into ``out`` is
-    sent from there (no second cast, no staging buffer). Tags number the parameter's transfers from ``first_tag``."""
+    sent from there (no second cast, no staging buffer). Tags number the parameter's transfers from ``first_tag``.
+    With ``checksums``, each piece this rank serves is fingerprinted for its destination as it is posted."""
     sources: dict[Box, torch.Tensor] = {}  # full-tensor region -> contiguous wire-dtype tensor holding it
     for transfer in param.transfers:
         if transfer.is_local and transfer.src_rank == rank:
@@ -164,6 +170,8 @@ def _post_param(param: ParamPlan, out: torch.Tensor, local: torch.Tensor, rank: 
             view.copy_(local[box_slices(transfer.src_box)])
             sources[transfer.region] = view
             stats.local_bytes += transfer.nbytes
+            if checksums is not None:
+                checksums.sent(rank, param.meta.name, view, transfer.region)
     ops = []
     for tag, transfer in enumerate(param.transfers, start=first_tag):
         if transfer.is_local:
@@ -174,6 +182,8 @@ def _post_param(param: ParamPlan, out: torch.Tensor, local: torch.Tensor, rank: 
                                                         staging)
             ops.append(dist.P2POp(dist.isend, sources[transfer.region], _global_rank(group, transfer.dst_rank),
                                   group, tag))
+            if checksums is not None:
+                checksums.sent(transfer.dst_rank, param.meta.name, sources[transfer.region], transfer.region)
             stats.sent_bytes += transfer.nbytes
         elif transfer.dst_rank == rank:
             view = out[box_slices(transfer.dst_box)]
@@ -197,13 +207,14 @@ def _send_buffer(local: torch.Tensor, box: Box, wire_dtype: torch.dtype, device:
 
 def stream_gathered(plan: ReshardPlan, buckets: Sequence[Bucket], local_shards: Mapping[str, torch.Tensor], rank: int,
                     *, group: Optional[dist.ProcessGroup] = None, device: Optional[torch.device] = None,
-                    stats: Optional[TransferStats] = None) -> NamedTensors:
+                    stats: Optional[TransferStats] = None, checksums: Optional[SyncChecksums] = None) -> NamedTensors:
     """Yield ``(hf_name, full tensor)`` for every parameter (the ``t_g = 1`` layout) via bucketed all-gathers.
 
     Per parameter of ``R`` rows the buffer is ``[N·ceil(R/N), ...]``: this rank casts its shard into its own chunk,
     ``all_gather_into_tensor`` fills the others in place, and ``buffer[:R]`` is yielded — no second copy. The
     all-gathers of one bucket are issued asynchronously and awaited together. Byte counts are the logical
-    ``(N−1)·chunk`` per parameter (padding included), whatever algorithm the backend runs.
+    ``(N−1)·chunk`` per parameter (padding included), whatever algorithm the backend runs. With ``checksums``
+    each rank fingerprints its own chunk, which every rank receives.
     """
     if plan.layout.tp_size != 1:
         raise ValueError(f"stream_gathered delivers full tensors (t_g=1); the plan has t_g={plan.layout.tp_size}")
@@ -218,6 +229,10 @@ def stream_gathered(plan: ReshardPlan, buckets: Sequence[Bucket], local_shards: 
             param = plan.params[index]
             gathered = _gather_param(param, local_shards[param.meta.name], plan.wire_dtype, rank, n, group, device,
                                      tracker, stats, works)
+            if checksums is not None:
+                own_rows = param.src_rows[rank]
+                own = gathered[own_rows[0]:own_rows[1]]  # this rank's chunk, cast, before the all-gather ran
+                checksums.sent_to_every(param.meta.name, own, (own_rows, *full_box(param.meta.shape)[1:]))
             outputs.append((param.meta.name, gathered))
         for work in works:
             work.wait()

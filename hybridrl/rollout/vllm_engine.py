@@ -226,6 +226,8 @@ class VLLMRollout:
 
             destroy_model_parallel()
             destroy_distributed_environment()
+            if self.on_cpu:
+                _remove_cpu_shared_memory()
 
     def _note_once(self, key: str, message: str) -> None:
         if key not in self._noted:
@@ -286,11 +288,51 @@ def _parallel_kwargs(tp_size: int) -> dict:
         if variable not in os.environ:
             raise ValueError(f"rollout.tensor_model_parallel_size={tp_size}: {variable} is not set in this process "
                              "(vLLM's external launcher reads it); start the engine inside a worker group")
+    _name_cpu_shared_memory_by_run()
     kwargs: dict = dict(distributed_executor_backend="external_launcher")
     replicas = dist.get_world_size() // tp_size
     if replicas > 1:
         kwargs["data_parallel_size"] = replicas
     return kwargs
+
+
+def _name_cpu_shared_memory_by_run() -> None:
+    """Give vLLM's CPU tensor-parallel shared-memory segments names unique to this run.
+
+    The CPU worker names them after the port of its ``distributed_init_method``, which the external launcher fixes
+    to ``"env://"`` (no port): every TP replica on a machine would then claim the same ``/dev/shm`` names — a second
+    run beside the first, or one after a killed run, fails with ``create shm in SHMManager failed. errno: 17``. The
+    method is only a name here (the process group exists already, so vLLM does not initialise from it); this makes
+    it ``tcp://MASTER_ADDR:MASTER_PORT``, the actor group's own free port. Patched once, on vLLM's class.
+    """
+    from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
+
+    if getattr(ExecutorWithExternalLauncher, "_hybridrl_run_names", False):
+        return
+    launcher_args = ExecutorWithExternalLauncher._distributed_args
+
+    def named_by_run(self):
+        method, rank, local_rank = launcher_args(self)
+        if method == "env://":
+            method = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        return method, rank, local_rank
+
+    ExecutorWithExternalLauncher._distributed_args = named_by_run
+    ExecutorWithExternalLauncher._hybridrl_run_names = True
+
+
+def _remove_cpu_shared_memory() -> None:
+    """Unlink this run's vLLM CPU shared-memory segments (``/dev/shm/<port>-…-cpushm_<k>``, 4 MiB each), which vLLM
+    leaves behind; a segment still mapped by a peer stays valid until that peer exits."""
+    port = os.environ.get("MASTER_PORT")
+    if not port or not os.path.isdir("/dev/shm"):
+        return
+    for name in os.listdir("/dev/shm"):
+        if name.startswith(f"{port}-") and "-cpushm" in name:
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except FileNotFoundError:  # a peer of the replica removed it first
+                pass
 
 
 @contextmanager

@@ -130,8 +130,16 @@ class RayExecutor:
         """Store ``value`` once in the object store; every rank it is passed to reads the same copy."""
         return ray.put(value)
 
-    def stop(self) -> None:
-        """End every rank's process now (no graceful step: a rank may be stuck in a collective)."""
+    def stop(self, graceful_s: float = 0.0) -> None:
+        """End every rank's process. ``graceful_s > 0``: first let each rank close its worker (engines release their
+        process groups and shared memory), waiting at most that long — a rank still busy or stuck in a collective is
+        then killed all the same; ``0``: kill now."""
+        if graceful_s > 0:
+            closing = [actor.stop.remote() for actor in self.actors]
+            try:
+                ray.wait(closing, num_returns=len(closing), timeout=graceful_s, fetch_local=False)
+            except Exception:  # a rank already gone  # noqa: BLE001
+                pass
         for actor in self.actors:
             try:
                 ray.kill(actor, no_restart=True)
@@ -174,7 +182,7 @@ class SerialExecutor:
     def share(self, value: Any) -> Any:
         return value  # each call copies its own arguments (see submit_execute)
 
-    def stop(self) -> None:
+    def stop(self, graceful_s: float = 0.0) -> None:
         for host in self.hosts:
             host.stop()
 

@@ -42,6 +42,9 @@ C = TypeVar("C")
 D = TypeVar("D")
 
 _INIT = "__init__"
+GRACEFUL_SHUTDOWN_S = 5.0
+"""How long ``shutdown()`` lets the ranks close their workers (engines free process groups and ``/dev/shm``) before it
+kills them; a rank still busy with a call (after Ctrl-C) is killed once this passes."""
 
 
 class WorkerGroup(Generic[W]):
@@ -113,7 +116,7 @@ class WorkerGroup(Generic[W]):
     def shutdown(self) -> None:
         """End the group's processes (idempotent). The pool stays reserved; release it separately."""
         if self._stopped is None:
-            self._stop("it was shut down")
+            self._stop("it was shut down", graceful_s=GRACEFUL_SHUTDOWN_S)
 
     def __enter__(self) -> WorkerGroup[W]:
         return self
@@ -168,9 +171,9 @@ class WorkerGroup(Generic[W]):
     def _location(self, rank: int) -> Optional[RankLocation]:
         return self.locations[rank] if rank < len(self.locations) else None
 
-    def _stop(self, reason: str) -> None:
+    def _stop(self, reason: str, graceful_s: float = 0.0) -> None:
         self._stopped = reason
-        self._executor.stop()
+        self._executor.stop(graceful_s)
 
     def _raise_failure(self, method: str, rank: int, failure: RankFailure, peers: dict[Any, int]) -> NoReturn:
         location = self._location(rank)

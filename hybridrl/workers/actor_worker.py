@@ -41,6 +41,7 @@ from hybridrl.utils.distributed import full_tensor
 from hybridrl.utils.seeding import derive_seed
 from hybridrl.workers.building import (data_parallel_group, log_prob_micro_batching, sharding_options,
                                        training_micro_batching)
+from hybridrl.workers.engine_weights import EngineWeights
 from hybridrl.workers.step_metrics import update_resource_metrics
 
 logger = logging.getLogger(__name__)
@@ -114,13 +115,15 @@ class ActorRolloutRefWorker(Worker):
     def _build_rollout(self, actor_model, dp) -> RolloutEngine:
         """The generation engine: ``hf`` shares ``actor_model``; ``vllm`` holds its own copy, fed by a resharder."""
         config = self.config
-        self.resharder = None
+        resharder = None
         if holds_own_weights(config.rollout.name):
-            self.resharder = WeightResharder(actor_model, tp_size=config.rollout.tensor_model_parallel_size,
-                                             group=dp.group,
-                                             bucket_bytes=bucket_bytes_from_mb(config.rollout.weight_sync_bucket_mb),
-                                             dtype=torch_dtype(config.model.dtype),
-                                             source=MergedLoraWeights(actor_model) if self.lora else None)
+            resharder = WeightResharder(actor_model, tp_size=config.rollout.tensor_model_parallel_size,
+                                        group=dp.group,
+                                        bucket_bytes=bucket_bytes_from_mb(config.rollout.weight_sync_bucket_mb),
+                                        dtype=torch_dtype(config.model.dtype),
+                                        source=MergedLoraWeights(actor_model) if self.lora else None)
+        self.engine_weights = EngineWeights(resharder, verify=config.rollout.verify_weight_sync,
+                                            loaded_current=config.rollout.load_format != "dummy")
         return build_rollout_engine(config.rollout.name, EngineInputs(
             rollout=config.rollout, pad_token_id=self.tokenizer.pad_token_id,
             eos_token_ids=eos_token_ids(self.tokenizer, getattr(actor_model.generation_config, "eos_token_id", None)),
@@ -136,6 +139,7 @@ class ActorRolloutRefWorker(Worker):
         the replica index so replicas sample differently (with ``t_g = 1`` a replica is a rank)."""
         if params.seed is not None:
             params = params.with_seed(derive_seed(params.seed, "rank", self.context.dp_rank))
+        self.engine_weights.require_current()
         self._offload_optimizer()
         free_cache = self.config.rollout.free_cache_engine
         if free_cache:
@@ -152,18 +156,17 @@ class ActorRolloutRefWorker(Worker):
         Returns the sync's seconds, the bytes rank 0 received from other ranks, and the bytes delivered to its engine
         (received + its own; with ``t_g > 1`` exactly its tensor-parallel slices). The collective runs on every rank.
         """
-        if self.resharder is None:
+        resharder = self.engine_weights.resharder
+        if resharder is None:
             return dict(NO_WEIGHT_SYNC)
         started = time.perf_counter()
         free_cache = self.config.rollout.free_cache_engine
         if free_cache:  # a sleeping engine (GPU) has dropped its weights' memory: wake it to load new ones
             self.rollout.resume()
-        tensor_parallel = self.resharder.plan.layout.tp_size > 1
-        self.rollout.update_weights(self.resharder.stream_full_shaped() if tensor_parallel
-                                    else self.resharder.stream())
+        self.engine_weights.sync(self.rollout)
         if free_cache:
             self.rollout.release_memory()
-        stats = self.resharder.last_stats
+        stats = resharder.last_stats
         return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/bytes": float(stats.received_bytes),
                 "weight_sync/delivered_bytes": float(stats.received_bytes + stats.local_bytes)}
 
@@ -236,6 +239,7 @@ class ActorRolloutRefWorker(Worker):
             metrics = self.actor.train_epochs(batch, loss, mini_batch_size=mini_batch_size, epochs=actor.ppo_epochs,
                                               shuffle=actor.shuffle, seed=self.config.trainer.seed * 100_003 + step,
                                               group_prompts=self.forward.groups_prompts, hooks=hooks)
+        self.engine_weights.actor_changed()
         return {**metrics, **update_resource_metrics(self.device, self.actor.dp, comm)}
 
     def _anchor_ewc(self, batch: Batch) -> None:
@@ -255,7 +259,9 @@ class ActorRolloutRefWorker(Worker):
     def update_sft(self, batch: Batch) -> dict[str, float]:
         """One supervised optimizer step on this rank's share of ``batch`` (prompt + target rows, rollout layout)."""
         self.actor.model.train()
-        return self.actor.optimizer_step(batch, SFTLoss(self.forward), hooks=())
+        metrics = self.actor.optimizer_step(batch, SFTLoss(self.forward), hooks=())
+        self.engine_weights.actor_changed()
+        return metrics
 
     @one_to_all(collect="first")
     def batch_plan(self) -> tuple[BatchPlan, str]:
@@ -281,6 +287,7 @@ class ActorRolloutRefWorker(Worker):
         self._reload_optimizer()
         load_sharded(directory, self.actor.model, self.actor.optimizer, self.actor.scheduler,
                      trainable_only=self.lora)
+        self.engine_weights.actor_changed()
         if self.config.actor.ewc.coef > 0 and (Path(directory) / EWC_DIR).is_dir():  # else: anchored at next update
             self._use_ewc(EWCRegularizer.load(Path(directory) / EWC_DIR, self.actor.model,
                                               self.config.actor.ewc.coef, self.actor.dp))

@@ -8,7 +8,7 @@ from distributed_helpers import cpu_pool
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.config import load_config
-from hybridrl.runtime import WorkerGroup, gather
+from hybridrl.runtime import WorkerError, WorkerGroup, gather
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.tiny_model import encode_chat, save_tiny_model
@@ -120,9 +120,8 @@ def test_vllm_engine_in_the_colocated_worker_follows_updates(vllm_group, model_d
 
 
 def test_vllm_engine_started_with_dummy_weights_gets_the_actors_on_sync(ray_runtime, model_dir):
-    """``rollout.load_format=dummy`` (verl's usual setting): the engine starts from random weights — its log-probs
-    are far from the trainer's — and one resharded sync (what the trainer runs before the first generation) makes
-    them agree."""
+    """``rollout.load_format=dummy`` (verl's usual setting): the engine starts from random weights, so generating
+    before the first sync is refused (the trainer syncs first); one resharded sync makes its log-probs agree."""
     config = load_config([f"model.path={model_dir}", "model.dtype=float32", "trainer.n_gpus_per_node=2",
                           "rollout=vllm_cpu", "rollout.load_format=dummy", "data.train_batch_size=4", "rollout.n=2",
                           "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size_per_gpu=2",
@@ -131,14 +130,12 @@ def test_vllm_engine_started_with_dummy_weights_gets_the_actors_on_sync(ray_runt
                         args=(config, 10, False))
     try:
         params = SamplingParams(n=2, max_new_tokens=6, temperature=1.0, seed=7)
-        gaps = []
-        for sync in (False, True):
-            if sync:
-                group.call(ActorRolloutRefWorker.sync_rollout_weights)
-            rollout = group.call(ActorRolloutRefWorker.generate_sequences, prompt_batch(model_dir), params)
-            trainer = group.call(ActorRolloutRefWorker.compute_log_prob, rollout, 1.0)[Fields.OLD_LOG_PROBS]
-            mask = rollout[Fields.RESPONSE_MASK].bool()
-            gaps.append(float((trainer - rollout[Fields.ROLLOUT_LOG_PROBS]).abs()[mask].max()))
-        assert gaps[0] > 0.1 and gaps[1] < 1e-4, gaps
+        with pytest.raises(WorkerError, match=r"random weights \(rollout.load_format=dummy\)"):
+            group.call(ActorRolloutRefWorker.generate_sequences, prompt_batch(model_dir), params)
+        group.call(ActorRolloutRefWorker.sync_rollout_weights)
+        rollout = group.call(ActorRolloutRefWorker.generate_sequences, prompt_batch(model_dir), params)
+        trainer = group.call(ActorRolloutRefWorker.compute_log_prob, rollout, 1.0)[Fields.OLD_LOG_PROBS]
+        mask = rollout[Fields.RESPONSE_MASK].bool()
+        assert float((trainer - rollout[Fields.ROLLOUT_LOG_PROBS]).abs()[mask].max()) < 1e-4
     finally:
         group.shutdown()

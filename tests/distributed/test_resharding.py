@@ -19,9 +19,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from hybridrl.hybrid_engine import (
-    SplitRule, WeightResharder, closed_form_traffic, interval_traffic, plan_traffic,
+    SplitRule, SyncChecksums, WeightResharder, WeightSyncMismatch, closed_form_traffic, interval_traffic, plan_traffic,
+    stream_plan,
 )
-from hybridrl.hybrid_engine.sync import param_metas
+from hybridrl.hybrid_engine.sync import local_shards, param_metas
 from hybridrl.utils.tiny_model import DEFAULT_CHARACTERS, TinyModelSpec, save_tiny_model
 from hybridrl.modeling.fsdp import ShardingOptions, shard_model
 from gloo_spawn import run_on_gloo
@@ -61,7 +62,8 @@ def check_model(rank: int, model_dir: str, kv_heads: int, even: bool) -> list[di
     for tp_size, method in ((1, "gather"), (1, "plan"), (2, "plan"), (4, "plan")):
         resharder = WeightResharder(model, tp_size=tp_size, bucket_bytes=BUCKET_BYTES, dtype=torch.bfloat16,
                                     method=method)
-        received = {name: tensor.clone() for name, tensor in resharder.stream()}
+        received = {name: tensor.clone() for name, tensor in resharder.stream(checked=True)}
+        resharder.verify()  # the fingerprints of what was sent and what arrived agree
         tp_rank = resharder.plan.layout.tp_rank(rank)
         for name, full in reference.items():
             if name in received:
@@ -97,10 +99,8 @@ SYNTHETIC_RULES = {"tiny": SplitRule(), "vocab": SplitRule(dim=0, pad_multiple=1
                    "row": SplitRule(dim=1)}
 
 
-def check_synthetic(rank: int) -> None:
-    """Empty FSDP shards (3 rows on 4 ranks), padded uneven and empty slices (33 rows → 12, 12, 9, 0 at t_g = 4),
-    one parameter per bucket, fp32 on the wire. Buckets where some ranks receive nothing while others do, and where
-    nobody communicates at all (``col`` at t_g = 4: every slice is the rank's own shard), must not deadlock."""
+def _synthetic_module():
+    """The synthetic FSDP2 module over the 4 ranks, its full tensors, and its split rule."""
     generator = torch.Generator().manual_seed(0)
     full = {name: torch.randn(shape, generator=generator) for name, shape in SYNTHETIC_SHAPES.items()}
     module = nn.Module()
@@ -108,7 +108,14 @@ def check_synthetic(rank: int) -> None:
         module.register_parameter(name, nn.Parameter(tensor.clone()))
     fully_shard(module, mesh=init_device_mesh("cpu", (WORLD,)))
     module.config = None
-    rule = lambda name, shape: SYNTHETIC_RULES[name]  # noqa: E731
+    return module, full, lambda name, shape: SYNTHETIC_RULES[name]
+
+
+def check_synthetic(rank: int) -> None:
+    """Empty FSDP shards (3 rows on 4 ranks), padded uneven and empty slices (33 rows → 12, 12, 9, 0 at t_g = 4),
+    one parameter per bucket, fp32 on the wire. Buckets where some ranks receive nothing while others do, and where
+    nobody communicates at all (``col`` at t_g = 4: every slice is the rank's own shard), must not deadlock."""
+    module, full, rule = _synthetic_module()
     partial_buckets = silent_buckets = 0
     for tp_size in (1, 2, 4):
         for order in ("dp_major", "tp_major"):
@@ -126,10 +133,66 @@ def check_synthetic(rank: int) -> None:
     assert partial_buckets > 0 and silent_buckets > 0
 
 
+def mismatch_after(module: nn.Module, resharder: WeightResharder, rank: int, tamper) -> str:
+    """Run the checked sync with ``tamper`` applied to what arrives on this rank, between the transport and the
+    receiver's fingerprints (as a corrupting wire would); the check's message on this rank, or "" if it passed."""
+    checks = SyncChecksums(list(resharder.regions), WORLD)
+    arrived = stream_plan(resharder.plan, resharder.buckets, local_shards(module, WORLD), rank, checksums=checks)
+    for _ in checks.observe(tamper(arrived), resharder.regions):
+        pass
+    try:
+        checks.verify(rank)
+    except WeightSyncMismatch as error:
+        return str(error)
+    return ""
+
+
+def flip_one_bit(name: str, on_rank: int, rank: int):
+    def tamper(stream):
+        for item_name, tensor in stream:
+            if item_name == name and rank == on_rank:
+                tensor = tensor.clone()
+                tensor.view(-1)[0] = torch.nextafter(tensor.view(-1)[0], torch.tensor(float("inf")))
+            yield item_name, tensor
+    return tamper
+
+
+def swap_two_rows(name: str, on_rank: int, rank: int):
+    def tamper(stream):
+        for item_name, tensor in stream:
+            if item_name == name and rank == on_rank:
+                tensor = tensor.clone()
+                tensor[[0, 1]] = tensor[[1, 0]]
+            yield item_name, tensor
+    return tamper
+
+
+def drop(name: str, on_rank: int, rank: int):
+    def tamper(stream):
+        return ((item_name, tensor) for item_name, tensor in stream if not (item_name == name and rank == on_rank))
+    return tamper
+
+
+def check_tampering_is_caught(rank: int) -> None:
+    """One changed ulp, two swapped rows (same bytes, other places), a parameter that never arrived: each is named
+    on the rank it happened to, and only there; an untouched sync passes on every rank."""
+    module, _, rule = _synthetic_module()
+    resharder = WeightResharder(module, tp_size=2, bucket_bytes=64, rule=rule, method="plan")
+    assert mismatch_after(module, resharder, rank, lambda stream: stream) == ""
+    message = mismatch_after(module, resharder, rank, flip_one_bit("row", 1, rank))
+    assert ("arrived different from what was sent: row" in message) == (rank == 1), (rank, message)
+    message = mismatch_after(module, resharder, rank, swap_two_rows("col", 0, rank))
+    assert ("arrived different from what was sent: col" in message) == (rank == 0), (rank, message)
+    message = mismatch_after(module, resharder, rank, drop("vocab", 2, rank))
+    assert ("1 never arrived: vocab" in message) == (rank == 2), (rank, message)
+    assert message == "" or "rollout.verify_weight_sync" in message
+
+
 def worker(rank: int, world_size: int, llama_dir: str, qwen_dir: str, out_dir: str) -> None:
     records = check_model(rank, llama_dir, kv_heads=2, even=True)
     records += check_model(rank, qwen_dir, kv_heads=1, even=False)
     check_synthetic(rank)
+    check_tampering_is_caught(rank)
     with open(f"{out_dir}/rank{rank}.json", "w") as handle:
         json.dump(records, handle)
 

@@ -15,7 +15,7 @@ from hybridrl.config import load_config
 from hybridrl.hybrid_engine.tp_rules import resolve_split, rules_for_config
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.runtime import WorkerGroup
+from hybridrl.runtime import WorkerError, WorkerGroup
 from hybridrl.utils.tiny_model import encode_chat, save_tiny_model
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
 
@@ -111,3 +111,20 @@ def test_tp2_engine_follows_an_update_through_sliced_weights(tp_group, model_dir
     assert log_prob_gap(tp_group, after) < 1e-4
     # the policy did change, so the match after the sync is not vacuous: a stale engine would be off by this much
     assert log_prob_gap(tp_group, rollout) > 1e-3
+
+
+def test_generation_after_an_update_without_a_sync_is_refused(tp_group, tokenizer):
+    """The weights the engine holds are versioned: a skipped sync is an error naming both versions, not samples
+    from the old policy trained on as if they were the new one's."""
+    params = SamplingParams(n=2, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=11)
+    rollout = tp_group.call(ActorRolloutRefWorker.generate_sequences, prompt_batch(tokenizer), params)
+    rollout = rollout.union(tp_group.call(ActorRolloutRefWorker.compute_log_prob, rollout, 1.0).select(
+        Fields.OLD_LOG_PROBS))
+    rollout[Fields.ADVANTAGES] = torch.ones(len(rollout), MAX_NEW_TOKENS)
+    tp_group.call(ActorRolloutRefWorker.update_actor, rollout, step=1, temperature=1.0)
+    with pytest.raises(WorkerError, match="a weight sync was skipped") as caught:
+        tp_group.call(ActorRolloutRefWorker.generate_sequences, prompt_batch(tokenizer), params)
+    assert "holds the weights of version" in str(caught.value)
+    tp_group.call(ActorRolloutRefWorker.sync_rollout_weights)
+    after = tp_group.call(ActorRolloutRefWorker.generate_sequences, prompt_batch(tokenizer), params)
+    assert log_prob_gap(tp_group, after) < 1e-4

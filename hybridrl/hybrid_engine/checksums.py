@@ -1,0 +1,106 @@
+"""Checked weight sync: per-parameter fingerprints computed on both sides of the transfer and compared.
+
+Every element a rank's engine receives is put on the wire (or copied locally) by exactly one sender (``plan.py``).
+Each sender fingerprints the pieces it serves, per destination rank and parameter — *before* the transport — and the
+receiver fingerprints what it hands to its engine, *after* it. One ``all_reduce`` of the senders' ``[world, params]``
+matrix gives every rank the sum of what was sent to it; the fingerprint is additive over pieces, so that sum equals
+the receiver's fingerprint exactly when every piece arrived intact and in its place. A mismatch names the parameter
+and the rank (:class:`WeightSyncMismatch`).
+
+The fingerprint of a region of a tensor (in the wire dtype) is row-positional and integer, so it is exact whatever
+the order of summation: ``Σ_r (r + 1) · rowbits_r`` over the region's global rows ``r`` (dim 0), where ``rowbits_r``
+is the wrapping int32 sum of the row's bytes read as int32 words (int16 words when a row has an odd number of 2-byte
+elements; a 1-D tensor's "rows" are its elements). Arithmetic wraps modulo 2⁶⁴ (int64) on both sides alike. Row
+sums of int32 words run at memory speed — a fraction of the copy the transfer itself makes
+(``benchmarks/weight_sync.py`` prints the share).
+
+What it proves: the bytes each engine rank was handed equal the trainer's, region by region. It does not read the
+engine's parameters back (vLLM repacks them on CPU); the per-step log-prob gate covers the load itself, and the
+worker's weight version (``ActorRolloutRefWorker``) catches a sync that did not run.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hybridrl.hybrid_engine.tp_rules import Box
+
+
+class WeightSyncMismatch(RuntimeError):
+    """A rank's engine was handed weights that differ from what the trainer sent; names the parameters."""
+
+
+def _row_words(piece: torch.Tensor) -> torch.Tensor:
+    """``[rows, words]`` integer view of a contiguous piece: int32 words when each row's bytes allow, else int16."""
+    rows = piece.reshape(piece.shape[0], -1) if piece.dim() > 1 else piece.reshape(-1, 1)
+    row_bytes = rows.shape[1] * rows.element_size()
+    if row_bytes % 4 == 0:
+        return rows.view(torch.uint8).view(torch.int32)
+    if row_bytes % 2 == 0:
+        return rows.view(torch.uint8).view(torch.int16)
+    return rows.view(torch.uint8)
+
+
+def region_fingerprint(piece: torch.Tensor, region: Box) -> int:
+    """The fingerprint of ``piece``, the contents of full-tensor ``region`` (see the module docstring)."""
+    if piece.numel() == 0:
+        return 0
+    words = _row_words(piece.contiguous())
+    row_sums = words.sum(dim=1, dtype=torch.int32 if words.dtype == torch.int32 else torch.int64).to(torch.int64)
+    first_row = region[0][0] if region else 0
+    weights = torch.arange(first_row + 1, first_row + 1 + row_sums.shape[0], dtype=torch.int64,
+                           device=row_sums.device)
+    return int((row_sums * weights).sum())
+
+
+class SyncChecksums:
+    """The fingerprints of one sync on one rank: ``expected[dst, p]`` (this rank's contributions as a sender) and
+    ``observed[p]`` (what this rank's engine was handed), for the plan's ``names`` in order."""
+
+    def __init__(self, names: Sequence[str], world_size: int) -> None:
+        self.names = list(names)
+        self.index = {name: position for position, name in enumerate(self.names)}
+        self.expected = torch.zeros(world_size, len(self.names), dtype=torch.int64)
+        self.observed = torch.zeros(len(self.names), dtype=torch.int64)
+        self.seen = torch.zeros(len(self.names), dtype=torch.bool)
+
+    def sent(self, dst_rank: int, name: str, piece: torch.Tensor, region: Box) -> None:
+        """A sender served ``piece`` (the contents of ``region``) of parameter ``name`` to ``dst_rank``."""
+        self.expected[dst_rank, self.index[name]] += region_fingerprint(piece, region)
+
+    def sent_to_every(self, name: str, piece: torch.Tensor, region: Box) -> None:
+        """A sender's ``piece`` of ``name`` goes to every rank (an all-gather)."""
+        self.expected[:, self.index[name]] += region_fingerprint(piece, region)
+
+    def observe(self, stream: Iterable[tuple[str, torch.Tensor]],
+                regions: dict[str, Box]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Pass ``stream`` through, fingerprinting each ``(name, slice)`` — ``regions[name]`` is where the slice
+        sits in the full tensor."""
+        for name, piece in stream:
+            position = self.index[name]
+            self.observed[position] += region_fingerprint(piece, regions[name])
+            self.seen[position] = True
+            yield name, piece
+
+    def verify(self, rank: int, group: Optional[dist.ProcessGroup] = None) -> None:
+        """Sum the senders' fingerprints (collective: every rank of ``group`` calls it) and compare with what this
+        rank observed; :class:`WeightSyncMismatch` naming the parameters that differ or never arrived."""
+        expected = self.expected.clone()
+        if dist.is_initialized() and dist.get_world_size(group) > 1:
+            dist.all_reduce(expected, group=group)
+        missing = [name for name, seen in zip(self.names, self.seen.tolist()) if not seen]
+        differ = [name for name, want, got in zip(self.names, expected[rank].tolist(), self.observed.tolist())
+                  if want != got and name not in missing]
+        if missing or differ:
+            parts = []
+            if differ:
+                parts.append(f"{len(differ)} parameter(s) arrived different from what was sent: "
+                             f"{', '.join(differ[:5])}{' …' if len(differ) > 5 else ''}")
+            if missing:
+                parts.append(f"{len(missing)} never arrived: {', '.join(missing[:5])}{' …' if len(missing) > 5 else ''}")
+            raise WeightSyncMismatch(f"weight sync check failed on rank {rank}: {'; '.join(parts)}. The engine's "
+                                     "weights are not the trainer's; the run stops rather than train on samples "
+                                     "from them (rollout.verify_weight_sync)")
