@@ -21,7 +21,8 @@ from hybridrl.hybrid_engine.volume import RankTraffic, closed_form_traffic, inte
 
 __all__ = [
     "Bucket", "EngineName", "GenerationLayout", "ParamMeta", "RankTraffic", "ReshardPlan", "SplitRule",
-    "SyncChecksums", "Transfer", "TransferStats", "WeightResharder", "WeightSyncMismatch", "region_fingerprint", "bucket_bound", "bucket_bytes_from_mb", "build_plan", "closed_form_traffic",
-    "decoder_rules", "engine_name_map", "fused_name", "identity_name", "interval_traffic", "pack_buckets",
-    "plan_traffic", "rename", "rules_for_config", "stream_gathered", "stream_plan",
+    "SyncChecksums", "Transfer", "TransferStats", "WeightResharder", "WeightSyncMismatch", "bucket_bound",
+    "bucket_bytes_from_mb", "build_plan", "closed_form_traffic", "decoder_rules", "engine_name_map", "fused_name",
+    "identity_name", "interval_traffic", "pack_buckets", "plan_traffic", "region_fingerprint", "rename",
+    "rules_for_config", "stream_gathered", "stream_plan",
 ]

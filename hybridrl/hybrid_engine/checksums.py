@@ -95,12 +95,13 @@ class SyncChecksums:
         differ = [name for name, want, got in zip(self.names, expected[rank].tolist(), self.observed.tolist())
                   if want != got and name not in missing]
         if missing or differ:
-            parts = []
-            if differ:
-                parts.append(f"{len(differ)} parameter(s) arrived different from what was sent: "
-                             f"{', '.join(differ[:5])}{' …' if len(differ) > 5 else ''}")
-            if missing:
-                parts.append(f"{len(missing)} never arrived: {', '.join(missing[:5])}{' …' if len(missing) > 5 else ''}")
+            parts = [f"{len(differ)} parameter(s) arrived different from what was sent: {_listed(differ)}"] if differ \
+                else []
+            parts += [f"{len(missing)} never arrived: {_listed(missing)}"] if missing else []
             raise WeightSyncMismatch(f"weight sync check failed on rank {rank}: {'; '.join(parts)}. The engine's "
                                      "weights are not the trainer's; the run stops rather than train on samples "
                                      "from them (rollout.verify_weight_sync)")
+
+
+def _listed(names: list[str], shown: int = 5) -> str:
+    return ", ".join(names[:shown]) + (" …" if len(names) > shown else "")

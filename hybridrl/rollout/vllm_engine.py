@@ -31,6 +31,7 @@ from hybridrl.protocol import Batch, Fields
 from hybridrl.protocol.rollout_layout import assemble_rollout, response_mask_from_eos
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.vllm_extension import WORKER_EXTENSION
+from hybridrl.rollout.vllm_requests import Completion, VLLMRequests
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,9 @@ class VLLMRollout:
                                                  on_cpu=self.on_cpu), **_parallel_kwargs(self.tp_size))
         self._asleep = False
         self._noted = set()
+        self.weight_version = 0
+        self.requests = VLLMRequests(self.llm, self._vllm_params, lambda: self.weight_version)
+        """Request-level access (``rollout.vllm_requests``): submit, stream, abort, pause/resume."""
 
     # --- generation --------------------------------------------------------------------------------------------
 
@@ -126,41 +130,49 @@ class VLLMRollout:
             self._note_once("filtered", "top_p < 1 / top_k > 0: rollout log-probs are those of the truncated, "
                                         "renormalised distribution (vLLM exposes no pre-filter log-probs); the "
                                         "trainer's log-probs are of the full temperature-scaled distribution")
-        token_prompts = [{"prompt_token_ids": ids} for ids in _unpadded_rows(prompts)]
-        request_params = [self._request_params(params, index) for index in range(len(token_prompts))]
-        outputs = self.llm.generate(token_prompts, request_params, use_tqdm=False)
-        responses, lengths, log_probs = self._collect(outputs, params)
+        if self.requests.in_flight or self.requests.paused:
+            raise RuntimeError("VLLMRollout.generate needs the engine to itself: finish, abort or resume the "
+                               f"requests in flight first ({len(self.requests.in_flight)} running, paused: "
+                               f"{self.requests.paused})")
+        copies = 1 if params.do_sample else params.n  # vLLM refuses greedy n > 1: one greedy response, repeated
+        row_ids = []
+        for index, prompt in enumerate(_unpadded_rows(prompts)):
+            for sample in range(params.n if params.do_sample else 1):
+                row_seed = None if params.seed is None else params.seed + index * params.n + sample
+                row_params = params if row_seed is None else params.with_seed(row_seed)
+                row_ids += [self.requests.submit(prompt, row_params, request_id=f"generate-{index}-{sample}",
+                                                 streamed=False)] * copies
+        finished = {completion.request_id: completion for completion in self.requests.run()}
+        responses, lengths, log_probs = self._collect([finished[row_id] for row_id in row_ids], params)
         width = params.max_new_tokens
         length_mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
         mask = response_mask_from_eos(responses, self.eos_token_ids) * length_mask
         return assemble_rollout(prompts, params.n, responses, mask, log_probs, self.pad_token_id)
 
-    def _request_params(self, params: SamplingParams, prompt_index: int):
-        """vLLM sampling parameters of one prompt. Seeds: prompt ``i`` gets ``seed + i·n`` and vLLM gives its ``j``-th
-        sample ``seed + i·n + j`` — every row has its own stream, independent of how requests are batched."""
-        common = dict(max_tokens=params.max_new_tokens, logprobs=0, detokenize=False, ignore_eos=True,
-                      stop_token_ids=self.eos_token_ids)
-        if not params.do_sample:  # vLLM refuses greedy n > 1; _collect repeats the single greedy response
-            return self._vllm.SamplingParams(n=1, temperature=0.0, **common)
-        seed = None if params.seed is None else params.seed + prompt_index * params.n
-        return self._vllm.SamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
-                                         top_k=max(params.top_k, 0), seed=seed, **common)
+    def _vllm_params(self, params: SamplingParams, streamed: bool = True):
+        """vLLM's sampling parameters of one response (``n = 1``), streamed as deltas or reported once finished,
+        log-probs of the sampled tokens only, token ids only (no detokenisation), ended only by ``eos_token_ids``
+        or the length."""
+        kinds = self._vllm.sampling_params.RequestOutputKind
+        common = dict(n=1, max_tokens=params.max_new_tokens, logprobs=0, detokenize=False, ignore_eos=True,
+                      stop_token_ids=self.eos_token_ids, output_kind=kinds.DELTA if streamed else kinds.FINAL_ONLY)
+        if not params.do_sample:
+            return self._vllm.SamplingParams(temperature=0.0, **common)
+        return self._vllm.SamplingParams(temperature=params.temperature, top_p=params.top_p,
+                                         top_k=max(params.top_k, 0), seed=params.seed, **common)
 
-    def _collect(self, outputs, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _collect(self, rows: list[Completion],
+                 params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``responses [B·n, R]`` (pad-filled), ``lengths [B·n]``, ``log_probs [B·n, R]`` (fp32, 0 past the end)."""
-        copies = 1 if params.do_sample else params.n
-        rows = [completion for output in outputs for completion in sorted(output.outputs, key=lambda c: c.index)
-                for _ in range(copies)]
         width = params.max_new_tokens
         responses = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         log_probs = torch.zeros((len(rows), width), dtype=torch.float32)
         lengths = torch.zeros(len(rows), dtype=torch.long)
         for row, completion in enumerate(rows):
-            token_ids = list(completion.token_ids)[:width]
+            token_ids = completion.token_ids[:width]
             lengths[row] = len(token_ids)
             responses[row, :len(token_ids)] = torch.tensor(token_ids, dtype=torch.long)
-            log_probs[row, :len(token_ids)] = torch.tensor(
-                [step[token].logprob for step, token in zip(completion.logprobs, token_ids)], dtype=torch.float32)
+            log_probs[row, :len(token_ids)] = torch.tensor(completion.log_probs[:width], dtype=torch.float32)
         return responses, lengths, log_probs
 
     # --- weights -----------------------------------------------------------------------------------------------
@@ -174,6 +186,9 @@ class VLLMRollout:
         """
         if self._asleep:
             raise RuntimeError("VLLMRollout.update_weights called while the engine sleeps; call resume() first")
+        if self.requests.in_flight:
+            raise RuntimeError(f"VLLMRollout.update_weights with {len(self.requests.in_flight)} request(s) in flight: "
+                               "pause the requests first (requests.pause('abort' | 'wait' | 'keep'))")
         start = time.perf_counter()
         counter = _ByteCounter()
         stream = counter.wrap(self._prepared(named_tensors))
@@ -186,6 +201,7 @@ class VLLMRollout:
         if loaded != counter.num_tensors:
             raise RuntimeError(f"weight sync sent {counter.num_tensors} tensors but the engine loaded {loaded}")
         self.llm.reset_prefix_cache()
+        self.weight_version += 1
         stats = WeightSyncStats(num_tensors=counter.num_tensors, num_bytes=counter.num_bytes,
                                 seconds=time.perf_counter() - start)
         logger.info("vLLM weight sync: %d tensors, %.1f MiB (%s) in %.3f s", stats.num_tensors,

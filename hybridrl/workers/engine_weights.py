@@ -6,8 +6,8 @@ against the new one), and a sync whose bytes were damaged or misplaced on the wa
 against both:
 
 - **versions**: every change of the actor's weights (an update, an SFT step, a checkpoint load) bumps
-  ``actor_version``; a sync sets ``engine_version`` to it. :meth:`require_current` — called before every generation —
-  refuses to generate from weights the actor no longer has, naming both versions.
+  ``actor_version``; a sync sets ``engine_version`` to it. :meth:`require_current`, called before every
+  generation, refuses to generate from weights the actor no longer has, naming both versions.
 - **checksums** (``rollout.verify_weight_sync``): the resharder fingerprints every piece before it moves and every
   slice as it reaches the engine, and :meth:`sync` compares them (``hybrid_engine/checksums.py``); a mismatch stops
   the run naming the parameter.
