@@ -5,7 +5,9 @@ every rank drains ``WeightResharder.stream()`` (cast to bf16 on the way) for:
 
 - ``t_g=1 gather`` — full tensors via in-place all-gathers, one per parameter (``method="gather"``);
 - ``t_g=1 plan``   — full tensors via the point-to-point plan (same bytes; the default, ``method="auto"``);
-- ``t_g=2 plan``   — each rank receives its TP slices only (the 3D-HybridEngine case).
+- ``t_g=2 plan``   — each rank receives its TP slices only (the 3D-HybridEngine case);
+- ``… checked``     — the same with ``rollout.verify_weight_sync``: fingerprints on both sides and the comparison
+  (``WeightResharder.stream(checked=True)`` + ``verify()``), so ``checked ÷ unchecked`` is the check's share.
 
 The sync time of one repeat is the slowest rank's time (ranks start together after a barrier); the median and best
 of ``--repeats`` (after one warm-up) are reported. The floor is ``copy M``: ``dst.copy_(src)`` of the model's bf16
@@ -45,7 +47,8 @@ SIZES = {
     "medium": TinyModelSpec(hidden_size=512, num_layers=8, num_heads=16, num_kv_heads=4, intermediate_size=1408),
     "large": TinyModelSpec(hidden_size=1024, num_layers=8, num_heads=32, num_kv_heads=8, intermediate_size=2816),
 }
-CONFIGS = (("t_g=1 gather", 1, "gather"), ("t_g=1 plan", 1, "plan"), ("t_g=2 plan", 2, "plan"))
+CONFIGS = (("t_g=1 gather", 1, "gather", False), ("t_g=1 plan", 1, "plan", False),
+           ("t_g=1 checked", 1, "plan", True), ("t_g=2 plan", 2, "plan", False), ("t_g=2 checked", 2, "plan", True))
 
 
 def time_copy(nbytes: int, repeats: int) -> dict[str, float]:
@@ -62,14 +65,17 @@ def time_copy(nbytes: int, repeats: int) -> dict[str, float]:
     return {"median": statistics.median(times), "best": min(times)}
 
 
-def time_sync(resharder: WeightResharder, repeats: int) -> dict[str, float]:
-    """Median/best over repeats of the slowest rank's time to drain one stream (after one warm-up)."""
+def time_sync(resharder: WeightResharder, repeats: int, checked: bool = False) -> dict[str, float]:
+    """Median/best over repeats of the slowest rank's time to drain one stream (after one warm-up); ``checked``:
+    with the fingerprints and their comparison."""
     times = []
     for repeat in range(repeats + 1):
         dist.barrier()
         start = time.perf_counter()
-        for _name, _tensor in resharder.stream():
+        for _name, _tensor in resharder.stream(checked):
             pass
+        if checked:
+            resharder.verify()
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         if repeat:
@@ -90,10 +96,10 @@ def rank_main(rank: int, port: int, model_dir: str, bucket_mbs: list[float], rep
         model = shard_model(AutoModelForCausalLM.from_pretrained(model_dir), init_device_mesh("cpu", (WORLD,)),
                             ShardingOptions())
         rows = []
-        for (label, tp_size, method), bucket_mb in itertools.product(CONFIGS, bucket_mbs):
+        for (label, tp_size, method, checked), bucket_mb in itertools.product(CONFIGS, bucket_mbs):
             resharder = WeightResharder(model, tp_size=tp_size, bucket_bytes=bucket_bytes_from_mb(bucket_mb),
                                         dtype=torch.bfloat16, method=method)
-            timing = time_sync(resharder, repeats)
+            timing = time_sync(resharder, repeats, checked)
             stats = resharder.last_stats
             rows.append(dict(config=label, tp_size=tp_size, method=method, bucket_mb=bucket_mb, seconds=timing,
                              received_bytes=stats.received_bytes, sent_bytes=stats.sent_bytes,

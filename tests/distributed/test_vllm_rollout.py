@@ -11,11 +11,11 @@ import os
 
 import pytest
 import torch
+from vllm_helpers import cpu_engine
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.config.schema import RolloutConfig
 from hybridrl.protocol import Batch, Fields
-from hybridrl.rollout import EngineInputs, build_rollout_engine
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.vllm_engine import VLLMRollout
 from hybridrl.utils.tiny_model import encode_chat, save_tiny_model
@@ -49,10 +49,7 @@ def hf_model(model_dir):
 
 @pytest.fixture(scope="module")
 def engine(model_dir, tokenizer):
-    rollout = RolloutConfig(name="vllm", kv_cache_memory_mb=64, max_num_seqs=32, max_num_batched_tokens=1024)
-    engine = build_rollout_engine("vllm", EngineInputs(
-        rollout=rollout, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id],
-        model_path=str(model_dir), max_model_len=200, dtype="float32"))
+    engine = cpu_engine(model_dir, tokenizer)
     yield engine
     engine.close()
 
