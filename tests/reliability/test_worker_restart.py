@@ -31,3 +31,20 @@ def test_worker_killed_mid_step_restarts_and_resumes_bit_exact(model_dir, straig
     assert len(result.history) == 3
     assert_same_run(straight_run, run_dir)
     print(f"\ndead worker reported {detection_s:.2f} s after the kill; restart + resume took {restart.restart_s:.1f} s")
+
+
+def test_tensor_parallel_vllm_replica_killed_restarts_and_stays_in_sync(model_dir, tmp_path):
+    """A rank of a t_g = 2 vLLM replica (vLLM's CPU build, colocated) killed mid-step: reported with its rank, the
+    groups restart, the new replica is synced from the last checkpoint and the run ends with the rollout's log-probs
+    still matching the trainer's (the per-step gate) — no stale engine after the restart."""
+    run_dir = tmp_path / "run"
+    trainer = RLTrainer(load_config(overrides(
+        model_dir, run_dir, "rollout=vllm_cpu", "rollout.tensor_model_parallel_size=2", "trainer.max_restarts=1",
+        "trainer.fault_injection.kill_worker_at_step=2", "trainer.fault_injection.kill_worker_rank=1")))
+    result = trainer.fit()
+    assert result.global_step == 3
+    [restart] = result.restarts
+    assert (restart.role, restart.rank) == ("actor_rollout_ref", 1) and restart.resumed_step == 1
+    assert len(result.history) == 3
+    for metrics in result.history:
+        assert metrics["rollout/log_prob_diff_max"] < 1e-4, metrics["rollout/log_prob_diff_max"]
