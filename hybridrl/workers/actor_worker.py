@@ -47,7 +47,8 @@ from hybridrl.workers.step_metrics import update_resource_metrics
 logger = logging.getLogger(__name__)
 
 
-NO_WEIGHT_SYNC = {"weight_sync/seconds": 0.0, "weight_sync/bytes": 0.0}  # what a rollout on the actor's module syncs
+NO_WEIGHT_SYNC = {"weight_sync/seconds": 0.0, "weight_sync/bytes": 0.0,  # what a rollout on the actor's module syncs
+                  "weight_sync/delivered_bytes": 0.0}
 
 
 class ActorRolloutRefWorker(Worker):
