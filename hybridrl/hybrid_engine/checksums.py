@@ -44,36 +44,39 @@ def _row_words(piece: torch.Tensor) -> torch.Tensor:
     return rows.view(torch.uint8)
 
 
-def region_fingerprint(piece: torch.Tensor, region: Box) -> int:
-    """The fingerprint of ``piece``, the contents of full-tensor ``region`` (see the module docstring)."""
+def region_fingerprint(piece: torch.Tensor, region: Box) -> torch.Tensor:
+    """The fingerprint of ``piece``, the contents of full-tensor ``region`` (see the module docstring): a 0-d int64
+    tensor on ``piece``'s device, so a sync's fingerprints add up there without a host round trip per piece."""
     if piece.numel() == 0:
-        return 0
+        return torch.zeros((), dtype=torch.int64, device=piece.device)
     words = _row_words(piece.contiguous())
     row_sums = words.sum(dim=1, dtype=torch.int32 if words.dtype == torch.int32 else torch.int64).to(torch.int64)
     first_row = region[0][0] if region else 0
     weights = torch.arange(first_row + 1, first_row + 1 + row_sums.shape[0], dtype=torch.int64,
                            device=row_sums.device)
-    return int((row_sums * weights).sum())
+    return (row_sums * weights).sum()
 
 
 class SyncChecksums:
     """The fingerprints of one sync on one rank: ``expected[dst, p]`` (this rank's contributions as a sender) and
-    ``observed[p]`` (what this rank's engine was handed), for the plan's ``names`` in order."""
+    ``observed[p]`` (what this rank's engine was handed), for the plan's ``names`` in order. Both live on ``device``
+    (where the transfer's buffers are: the GPU under NCCL), read back once, in :meth:`verify`."""
 
-    def __init__(self, names: Sequence[str], world_size: int) -> None:
+    def __init__(self, names: Sequence[str], world_size: int, device: Optional[torch.device] = None) -> None:
         self.names = list(names)
         self.index = {name: position for position, name in enumerate(self.names)}
-        self.expected = torch.zeros(world_size, len(self.names), dtype=torch.int64)
-        self.observed = torch.zeros(len(self.names), dtype=torch.int64)
+        device = device or torch.device("cpu")
+        self.expected = torch.zeros(world_size, len(self.names), dtype=torch.int64, device=device)
+        self.observed = torch.zeros(len(self.names), dtype=torch.int64, device=device)
         self.seen = torch.zeros(len(self.names), dtype=torch.bool)
 
     def sent(self, dst_rank: int, name: str, piece: torch.Tensor, region: Box) -> None:
         """A sender served ``piece`` (the contents of ``region``) of parameter ``name`` to ``dst_rank``."""
-        self.expected[dst_rank, self.index[name]] += region_fingerprint(piece, region)
+        self.expected[dst_rank, self.index[name]] += region_fingerprint(piece, region).to(self.expected.device)
 
     def sent_to_every(self, name: str, piece: torch.Tensor, region: Box) -> None:
         """A sender's ``piece`` of ``name`` goes to every rank (an all-gather)."""
-        self.expected[:, self.index[name]] += region_fingerprint(piece, region)
+        self.expected[:, self.index[name]] += region_fingerprint(piece, region).to(self.expected.device)
 
     def observe(self, stream: Iterable[tuple[str, torch.Tensor]],
                 regions: dict[str, Box]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -81,7 +84,7 @@ class SyncChecksums:
         sits in the full tensor."""
         for name, piece in stream:
             position = self.index[name]
-            self.observed[position] += region_fingerprint(piece, regions[name])
+            self.observed[position] += region_fingerprint(piece, regions[name]).to(self.observed.device)
             self.seen[position] = True
             yield name, piece
 

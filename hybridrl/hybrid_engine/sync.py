@@ -25,7 +25,7 @@ from hybridrl.hybrid_engine.buckets import bucket_bound, gather_footprint, p2p_f
 from hybridrl.hybrid_engine.checksums import SyncChecksums
 from hybridrl.hybrid_engine.plan import GenerationLayout, ParamMeta, ReshardPlan, box_slices, build_plan
 from hybridrl.hybrid_engine.tp_rules import RuleFn, rules_for_config
-from hybridrl.hybrid_engine.transfer import TransferStats, stream_gathered, stream_plan
+from hybridrl.hybrid_engine.transfer import TransferStats, default_device, stream_gathered, stream_plan
 
 METHODS = ("auto", "plan", "gather")
 
@@ -119,7 +119,8 @@ class WeightResharder:
         (``checksums.py``); once the stream is drained, :meth:`verify` compares them.
         """
         self.last_stats = TransferStats()
-        self.last_checksums = SyncChecksums(list(self.regions), self.plan.world_size) if checked else None
+        self.last_checksums = (SyncChecksums(list(self.regions), self.plan.world_size,
+                                             self.device or default_device(self.group)) if checked else None)
         shards = local_shards(self.model, self.plan.world_size)
         if self.source is not None:
             shards = self.source.shards(shards)
@@ -141,12 +142,11 @@ class WeightResharder:
         gate/up included). Only the region is written; the rest is uninitialised memory that such a loader never
         reads — ``tp_rules`` mirrors vLLM's narrowing, and the sync's checksums cover exactly the regions sent.
         What moves between ranks is still only the slices (zero redundancy); the full shape is a local buffer."""
-        regions = {param.meta.name: (param.meta.shape, param.dst_regions[self.rank]) for param in self.plan.params}
+        shapes = {param.meta.name: param.meta.shape for param in self.plan.params}
         for name, piece in self.stream(checked):
-            shape, region = regions[name]
-            if tuple(piece.shape) == shape:
+            if tuple(piece.shape) == shapes[name]:
                 yield name, piece
                 continue
-            full = torch.empty(shape, dtype=piece.dtype, device=piece.device)
-            full[box_slices(region)] = piece
+            full = torch.empty(shapes[name], dtype=piece.dtype, device=piece.device)
+            full[box_slices(self.regions[name])] = piece
             yield name, full
