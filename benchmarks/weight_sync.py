@@ -48,7 +48,9 @@ SIZES = {
     "large": TinyModelSpec(hidden_size=1024, num_layers=8, num_heads=32, num_kv_heads=8, intermediate_size=2816),
 }
 CONFIGS = (("t_g=1 gather", 1, "gather", False), ("t_g=1 plan", 1, "plan", False),
-           ("t_g=1 checked", 1, "plan", True), ("t_g=2 plan", 2, "plan", False), ("t_g=2 checked", 2, "plan", True))
+           ("t_g=1 checked", 1, "plan", True), ("t_g=2 plan", 2, "plan", False), ("t_g=2 checked", 2, "plan", True),
+           ("t_g=1 shared", 1, "shared", False), ("t_g=1 sh+check", 1, "shared", True),
+           ("t_g=2 shared", 2, "shared", False), ("t_g=2 sh+check", 2, "shared", True))
 
 
 def time_copy(nbytes: int, repeats: int) -> dict[str, float]:
@@ -106,6 +108,7 @@ def rank_main(rank: int, port: int, model_dir: str, bucket_mbs: list[float], rep
                              peak_buffer_bytes=stats.peak_buffer_bytes, bound_bytes=resharder.buffer_bound_bytes,
                              buckets=stats.num_buckets, messages=stats.num_messages,
                              model_bytes=resharder.plan.total_bytes()))
+            resharder.close()
         if rank == 0:
             Path(out_path).write_text(json.dumps(rows))
     finally:

@@ -286,6 +286,12 @@ class RolloutConfig(FreezableConfig):
     ``dummy`` (random weights, replaced by the actor's before the first generation: a faster start)."""
     weight_sync_bucket_mb: int = 256
     """Size of one bucket of streamed weights when resharding training weights into the engine."""
+    weight_sync_method: str = "auto"
+    """How weights reach an engine holding its own copy (vLLM): ``shared`` (CPU, all ranks on one host: each rank
+    casts its FSDP shard into one host-shared copy of the model — one per host, in ``/dev/shm`` — and each engine
+    reads its slices in place), ``plan`` (point-to-point messages of exactly each rank's slices: gloo on CPU, NCCL
+    on GPU), ``gather`` (all-gathers, ``tensor_model_parallel_size=1`` only) or ``auto`` (``shared`` on CPU when the
+    ranks can map one buffer, else ``plan``)."""
     verify_weight_sync: bool = True
     """Check every weight sync into an engine holding its own copy (vLLM): each piece is fingerprinted before it moves
     and again as the engine receives it, and a mismatch stops the run naming the parameter. Costs two passes of

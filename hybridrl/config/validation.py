@@ -33,6 +33,7 @@ REDUCE_DTYPES = ("float32", "bfloat16")
 FUSION_WEIGHTINGS = ("fixed", "inverse_std")
 GRAD_SYNC_MODES = ("step", "micro_batch")
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
+WEIGHT_SYNC_METHODS = ("auto", "shared", "plan", "gather")  # hybrid_engine.sync.METHODS
 # Estimators whose baseline comes from the other responses to the same prompt.
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
 
@@ -280,8 +281,21 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
     if devices % tp:
         error.add("rollout.tensor_model_parallel_size", tp,
                   f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node)")
+    _check_weight_sync_method(config, error)
     if config.trainer.device == "cpu":
         _check_cpu_limits(config, error)
+
+
+def _check_weight_sync_method(config: TrainConfig, error: ConfigError) -> None:
+    """``rollout.weight_sync_method``: a known transport, and one this placement can use."""
+    method, key = config.rollout.weight_sync_method, "rollout.weight_sync_method"
+    _choice(error, key, method, WEIGHT_SYNC_METHODS)
+    if method == "shared" and config.trainer.device != "cpu":
+        error.add(key, method, "moves host tensors through /dev/shm: on a GPU use plan (NCCL point-to-point)")
+    elif method == "shared" and config.trainer.nnodes > 1:
+        error.add(key, method, f"needs every rank on one host; trainer.nnodes={config.trainer.nnodes}: use plan")
+    if method == "gather" and config.rollout.tensor_model_parallel_size > 1:
+        error.add(key, method, "delivers full tensors: it needs rollout.tensor_model_parallel_size=1 (use plan)")
 
 
 def _check_micro_batch_sizing(config: TrainConfig, error: ConfigError) -> None:

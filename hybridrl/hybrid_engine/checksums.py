@@ -26,6 +26,7 @@ from typing import Iterable, Iterator, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from hybridrl.hybrid_engine.plan import box_slices
 from hybridrl.hybrid_engine.tp_rules import Box
 
 
@@ -34,14 +35,35 @@ class WeightSyncMismatch(RuntimeError):
 
 
 def _row_words(piece: torch.Tensor) -> torch.Tensor:
-    """``[rows, words]`` integer view of a contiguous piece: int32 words when each row's bytes allow, else int16."""
-    rows = piece.reshape(piece.shape[0], -1) if piece.dim() > 1 else piece.reshape(-1, 1)
-    row_bytes = rows.shape[1] * rows.element_size()
-    if row_bytes % 4 == 0:
-        return rows.view(torch.uint8).view(torch.int32)
-    if row_bytes % 2 == 0:
-        return rows.view(torch.uint8).view(torch.int16)
-    return rows.view(torch.uint8)
+    """``[rows, words]`` integer view of a piece: int32 words when each row's bytes allow, else int16 (else bytes).
+    A piece whose rows are each contiguous (a column slice of a matrix) is viewed in place, without a copy."""
+    if piece.dim() > 1:
+        rows, row_bytes = piece.shape[0], piece[0].numel() * piece.element_size()
+    else:  # a 1-D tensor's rows are its elements
+        rows, row_bytes = piece.numel(), piece.element_size()
+    word = 4 if row_bytes % 4 == 0 else 2 if row_bytes % 2 == 0 else 1
+    dtype = {4: torch.int32, 2: torch.int16, 1: torch.uint8}[word]
+    if not piece.is_contiguous():
+        strided = _strided_words(piece, rows, row_bytes, word, dtype)
+        if strided is not None:
+            return strided
+        piece = piece.contiguous()
+    flat = piece.reshape(rows, -1) if piece.dim() > 1 else piece.reshape(-1, 1)
+    return flat.view(torch.uint8).view(dtype)
+
+
+def _strided_words(piece: torch.Tensor, rows: int, row_bytes: int, word: int,
+                   dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """The words of a piece whose every row is one contiguous run (rows ``stride(0)`` apart), as a strided view of
+    its storage; ``None`` when its rows are not contiguous runs or not aligned to ``word`` bytes."""
+    if piece.dim() < 2 or not piece[0].is_contiguous():
+        return None
+    size = piece.element_size()
+    offset, stride = piece.storage_offset() * size, piece.stride(0) * size
+    if offset % word or stride % word:
+        return None
+    return torch.empty(0, dtype=dtype, device=piece.device).set_(
+        piece.untyped_storage(), offset // word, (rows, row_bytes // word), (stride // word, 1))
 
 
 def region_fingerprint(piece: torch.Tensor, region: Box) -> torch.Tensor:
@@ -49,7 +71,7 @@ def region_fingerprint(piece: torch.Tensor, region: Box) -> torch.Tensor:
     tensor on ``piece``'s device, so a sync's fingerprints add up there without a host round trip per piece."""
     if piece.numel() == 0:
         return torch.zeros((), dtype=torch.int64, device=piece.device)
-    words = _row_words(piece.contiguous())
+    words = _row_words(piece)
     row_sums = words.sum(dim=1, dtype=torch.int32 if words.dtype == torch.int32 else torch.int64).to(torch.int64)
     first_row = region[0][0] if region else 0
     weights = torch.arange(first_row + 1, first_row + 1 + row_sums.shape[0], dtype=torch.int64,
@@ -72,19 +94,26 @@ class SyncChecksums:
 
     def sent(self, dst_rank: int, name: str, piece: torch.Tensor, region: Box) -> None:
         """A sender served ``piece`` (the contents of ``region``) of parameter ``name`` to ``dst_rank``."""
-        self.expected[dst_rank, self.index[name]] += region_fingerprint(piece, region).to(self.expected.device)
+        self.sent_to([dst_rank], name, piece, region)
+
+    def sent_to(self, dst_ranks: Sequence[int], name: str, piece: torch.Tensor, region: Box) -> None:
+        """A sender served the same ``piece`` of ``name`` to each of ``dst_ranks`` (fingerprinted once)."""
+        fingerprint = region_fingerprint(piece, region).to(self.expected.device)
+        self.expected[list(dst_ranks), self.index[name]] += fingerprint
 
     def sent_to_every(self, name: str, piece: torch.Tensor, region: Box) -> None:
         """A sender's ``piece`` of ``name`` goes to every rank (an all-gather)."""
-        self.expected[:, self.index[name]] += region_fingerprint(piece, region).to(self.expected.device)
+        self.sent_to(range(self.expected.shape[0]), name, piece, region)
 
-    def observe(self, stream: Iterable[tuple[str, torch.Tensor]],
-                regions: dict[str, Box]) -> Iterator[tuple[str, torch.Tensor]]:
+    def observe(self, stream: Iterable[tuple[str, torch.Tensor]], regions: dict[str, Box],
+                full_shaped: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Pass ``stream`` through, fingerprinting each ``(name, slice)`` — ``regions[name]`` is where the slice
-        sits in the full tensor."""
+        sits in the full tensor. ``full_shaped``: the stream yields full tensors and only ``regions[name]`` of each
+        is this rank's (the shared-memory transport)."""
         for name, piece in stream:
             position = self.index[name]
-            self.observed[position] += region_fingerprint(piece, regions[name]).to(self.observed.device)
+            mine = piece[box_slices(regions[name])] if full_shaped else piece
+            self.observed[position] += region_fingerprint(mine, regions[name]).to(self.observed.device)
             self.seen[position] = True
             yield name, piece
 

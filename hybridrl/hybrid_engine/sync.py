@@ -14,6 +14,7 @@ Every rank of the FSDP group must drain its stream (the buckets' communication i
 
 from __future__ import annotations
 
+import logging
 from typing import Iterator, Optional, Protocol
 
 import torch
@@ -24,10 +25,13 @@ from torch.distributed.tensor import DTensor, Shard
 from hybridrl.hybrid_engine.buckets import bucket_bound, gather_footprint, p2p_footprint, pack_buckets
 from hybridrl.hybrid_engine.checksums import SyncChecksums
 from hybridrl.hybrid_engine.plan import GenerationLayout, ParamMeta, ReshardPlan, box_slices, build_plan
+from hybridrl.hybrid_engine.shared_memory import SharedArena, SharedMemoryUnavailable, arena_offsets, stream_shared
 from hybridrl.hybrid_engine.tp_rules import RuleFn, rules_for_config
 from hybridrl.hybrid_engine.transfer import TransferStats, default_device, stream_gathered, stream_plan
 
-METHODS = ("auto", "plan", "gather")
+logger = logging.getLogger(__name__)
+
+METHODS = ("auto", "plan", "gather", "shared")
 
 
 def param_metas(model: nn.Module) -> list[ParamMeta]:
@@ -82,10 +86,13 @@ class WeightResharder:
         order: ``"dp_major"`` (the ``[dp, tp]`` rollout mesh of ``build_device_meshes``) or ``"tp_major"``
             (HybridFlow's grouping, less traffic); must match how the engine's TP groups were formed.
         rule: TP split rule (default ``rules_for_config(model.config)``).
-        method: ``"plan"`` (point-to-point, any ``t_g``), ``"gather"`` (all-gather, ``t_g = 1`` only) or
-            ``"auto"`` = ``"plan"``: both move the same bytes at ``t_g = 1``, and on gloo the plan path measured
-            2× faster (``benchmarks/weight_sync.py``); ``"gather"`` stays for backends whose all-gather is the
-            fastest primitive (NCCL) — measure before switching.
+        method: ``"plan"`` (point-to-point, any ``t_g``), ``"gather"`` (all-gather, ``t_g = 1`` only),
+            ``"shared"`` (host shared memory, one-host CPU groups: ``shared_memory.py``) or ``"auto"``: ``"shared"``
+            when the buffers are on CPU, the group has several ranks and they can map one host buffer, else
+            ``"plan"`` (on gloo the plan path measured 2× faster than ``"gather"``, and ``"shared"`` 4–8× faster
+            than ``"plan"``: ``benchmarks/weight_sync.py``); ``"gather"`` stays for backends whose all-gather is
+            the fastest primitive (NCCL) — measure before switching. Constructing with ``"shared"``/``"auto"`` is
+            collective (every rank of ``group`` maps the buffer).
         source: a ``WeightSource`` deriving the engine's weights from the model's shards (default: the parameters
             as they are); ``hybridrl.hybrid_engine.lora_weights.MergedLoraWeights`` sends LoRA-merged weights.
     """
@@ -100,34 +107,75 @@ class WeightResharder:
             raise ValueError(f"method='gather' delivers full tensors and needs tp_size=1, got tp_size={tp_size}")
         self.model, self.group, self.device, self.source = model, group, device, source
         self.rank, world_size = _group_rank_and_size(group)
-        self.method = "plan" if method == "auto" else method
         rule = rule or rules_for_config(model.config)
         metas = source.metas() if source is not None else param_metas(model)
         self.plan: ReshardPlan = build_plan(metas, GenerationLayout(world_size, tp_size, order),
                                             rule, dtype)
-        footprint = gather_footprint(self.plan) if self.method == "gather" else p2p_footprint(self.plan)
+        self.arena: Optional[SharedArena] = None
+        self.method = self._resolve_method(method)
+        footprint = p2p_footprint(self.plan) if self.method == "plan" else gather_footprint(self.plan)
         self.buckets = pack_buckets(self.plan, bucket_bytes, footprint)
-        self.buffer_bound_bytes = bucket_bound(self.buckets, bucket_bytes)
+        self.buffer_bound_bytes = (self.arena.nbytes if self.arena is not None
+                                   else bucket_bound(self.buckets, bucket_bytes))
         self.last_stats = TransferStats()
         self.last_checksums: Optional[SyncChecksums] = None
         self.regions = {param.meta.name: param.dst_regions[self.rank] for param in self.plan.params}
+
+    def _resolve_method(self, method: str) -> str:
+        """``auto`` → ``shared`` where it can work (else ``plan``); ``shared`` makes the arena (collective)."""
+        on_cpu = (self.device or default_device(self.group)).type == "cpu"
+        if method == "auto":
+            if not on_cpu or self.plan.world_size == 1:
+                return "plan"
+            try:
+                self._make_arena()
+            except SharedMemoryUnavailable as error:
+                logger.info("weight sync over point-to-point messages: %s", error)
+                return "plan"
+            return "shared"
+        if method == "shared":
+            if not on_cpu:
+                raise ValueError("method='shared' moves host tensors; on a GPU use method='plan' (NCCL)")
+            self._make_arena()
+        return method
+
+    def _make_arena(self) -> None:
+        self.offsets, nbytes = arena_offsets(self.plan)
+        self.arena = SharedArena.create(nbytes, self.rank, self.group)
+
+    def close(self) -> None:
+        """Unmap the shared-memory arena (if any); the resharder cannot stream after this."""
+        self.arena = None
 
     def stream(self, checked: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """``(hf_name, tensor)`` in parameter order: this rank's TP slice (``t_g > 1``) or the full tensor.
 
         ``checked``: fingerprint what every rank serves before it moves and what this rank yields after
-        (``checksums.py``); once the stream is drained, :meth:`verify` compares them.
+        (``checksums.py``); once the stream is drained, :meth:`verify` compares them. With ``method="shared"``
+        a slice is a view into the shared arena, valid until the next sync starts.
         """
+        if self.method == "shared":
+            return ((name, full[box_slices(self.regions[name])]) for name, full in self._stream_shared(checked))
+        executor = stream_gathered if self.method == "gather" else stream_plan
+        stream = executor(self.plan, self.buckets, self._begin(checked), self.rank, group=self.group,
+                          device=self.device, stats=self.last_stats, checksums=self.last_checksums)
+        return self.last_checksums.observe(stream, self.regions) if checked else stream
+
+    def _begin(self, checked: bool) -> dict[str, torch.Tensor]:
+        """Fresh stats and checksums for a sync; this rank's shards of what the engine receives."""
         self.last_stats = TransferStats()
         self.last_checksums = (SyncChecksums(list(self.regions), self.plan.world_size,
                                              self.device or default_device(self.group)) if checked else None)
         shards = local_shards(self.model, self.plan.world_size)
-        if self.source is not None:
-            shards = self.source.shards(shards)
-        executor = stream_gathered if self.method == "gather" else stream_plan
-        stream = executor(self.plan, self.buckets, shards, self.rank, group=self.group, device=self.device,
-                          stats=self.last_stats, checksums=self.last_checksums)
-        return self.last_checksums.observe(stream, self.regions) if checked else stream
+        return self.source.shards(shards) if self.source is not None else shards
+
+    def _stream_shared(self, checked: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full-tensor views into the arena (this rank's engine reads its region of each)."""
+        if self.arena is None:
+            raise RuntimeError("this WeightResharder was closed")
+        stream = stream_shared(self.plan, self.buckets, self._begin(checked), self.rank, self.arena, self.offsets,
+                               group=self.group, stats=self.last_stats, checksums=self.last_checksums)
+        return self.last_checksums.observe(stream, self.regions, full_shaped=True) if checked else stream
 
     def verify(self) -> None:
         """After a drained ``stream(checked=True)``: raise ``WeightSyncMismatch`` naming any parameter whose bytes
@@ -142,6 +190,9 @@ class WeightResharder:
         gate/up included). Only the region is written; the rest is uninitialised memory that such a loader never
         reads — ``tp_rules`` mirrors vLLM's narrowing, and the sync's checksums cover exactly the regions sent.
         What moves between ranks is still only the slices (zero redundancy); the full shape is a local buffer."""
+        if self.method == "shared":  # the arena holds full tensors already: nothing to place
+            yield from self._stream_shared(checked)
+            return
         shapes = {param.meta.name: param.meta.shape for param in self.plan.params}
         for name, piece in self.stream(checked):
             if tuple(piece.shape) == shapes[name]:

@@ -93,6 +93,11 @@ def _global_rank(group: Optional[dist.ProcessGroup], group_rank: int) -> int:
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
+def group_src_rank(group: Optional[dist.ProcessGroup]) -> int:
+    """The global rank of ``group``'s rank 0 (what ``src=`` of a broadcast over ``group`` takes)."""
+    return _global_rank(group, 0)
+
+
 def check_local_shards(plan: ReshardPlan, rank: int, local_shards: Mapping[str, torch.Tensor]) -> None:
     """``ValueError`` if a local shard is missing or its rows differ from the plan's FSDP ``Shard(0)`` chunk."""
     for param in plan.params:

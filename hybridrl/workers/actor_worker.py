@@ -122,6 +122,7 @@ class ActorRolloutRefWorker(Worker):
                                         group=dp.group,
                                         bucket_bytes=bucket_bytes_from_mb(config.rollout.weight_sync_bucket_mb),
                                         dtype=torch_dtype(config.model.dtype),
+                                        method=config.rollout.weight_sync_method,
                                         source=MergedLoraWeights(actor_model) if self.lora else None)
         self.engine_weights = EngineWeights(resharder, verify=config.rollout.verify_weight_sync,
                                             loaded_current=config.rollout.load_format != "dummy")
@@ -176,6 +177,9 @@ class ActorRolloutRefWorker(Worker):
         close = getattr(getattr(self, "rollout", None), "close", None)
         if callable(close):
             close()
+        resharder = getattr(getattr(self, "engine_weights", None), "resharder", None)
+        if resharder is not None:
+            resharder.close()
 
     def _offload_optimizer(self) -> None:
         """``actor.fsdp.optimizer_offload``: Adam's moments leave the GPU while the rollout runs (no-op on CPU)."""

@@ -4,13 +4,16 @@ A tiny Llama (vocab 128: every split even, so the closed-form formula applies) a
 head, vocab 80: padded vocab slices are uneven and empty at t_g = 4) are sharded with FSDP2 over 4 ranks and streamed
 for t_g ∈ {1, 2, 4} (and the all-gather path at t_g = 1). On every rank: each received slice equals the reference
 slice of the full model loaded with ``from_pretrained`` (cast to bf16); bytes sent/received equal the plan and the
-formula; the executor's largest live buffer stays under the bucket bound. A synthetic module with 3-row and 5-row
-tensors checks empty FSDP shards and buckets in which some ranks have nothing to send or receive.
+formula (the shared-memory method's reads included); the executor's largest live buffer stays under the bucket
+bound. A synthetic module with 3-row and 5-row tensors checks empty FSDP shards and buckets in which some ranks
+have nothing to send or receive.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 import torch
@@ -22,6 +25,8 @@ from hybridrl.hybrid_engine import (
     SplitRule, SyncChecksums, WeightResharder, WeightSyncMismatch, closed_form_traffic, interval_traffic, plan_traffic,
     stream_plan,
 )
+from hybridrl.hybrid_engine.plan import box_slices
+from hybridrl.hybrid_engine.shared_memory import SHM_DIR, stream_shared
 from hybridrl.hybrid_engine.sync import local_shards, param_metas
 from hybridrl.utils.tiny_model import DEFAULT_CHARACTERS, TinyModelSpec, save_tiny_model
 from hybridrl.modeling.fsdp import ShardingOptions, shard_model
@@ -59,7 +64,8 @@ def check_model(rank: int, model_dir: str, kv_heads: int, even: bool) -> list[di
                         ShardingOptions())
     head_dim = model.config.hidden_size // model.config.num_attention_heads
     records = []
-    for tp_size, method in ((1, "gather"), (1, "plan"), (2, "plan"), (4, "plan")):
+    for tp_size, method in ((1, "gather"), (1, "plan"), (2, "plan"), (4, "plan"), (1, "shared"), (2, "shared"),
+                            (4, "shared")):
         resharder = WeightResharder(model, tp_size=tp_size, bucket_bytes=BUCKET_BYTES, dtype=torch.bfloat16,
                                     method=method)
         received = {name: tensor.clone() for name, tensor in resharder.stream(checked=True)}
@@ -72,7 +78,7 @@ def check_model(rank: int, model_dir: str, kv_heads: int, even: bool) -> list[di
         assert list(received) == [name for name, _ in model.named_parameters()]
         stats, plan = resharder.last_stats, resharder.plan
         metas, layout, rule = param_metas(model), plan.layout, _rule(model)
-        if method == "plan":
+        if method in ("plan", "shared"):  # shared: what a rank reads of other ranks' writes is what it would receive
             planned = plan_traffic(plan)[rank]
             assert (stats.sent_bytes, stats.received_bytes, stats.local_bytes) == (
                 planned.sent, planned.received, planned.local)
@@ -86,6 +92,7 @@ def check_model(rank: int, model_dir: str, kv_heads: int, even: bool) -> list[di
                             sent=stats.sent_bytes, received=stats.received_bytes, local=stats.local_bytes,
                             model_bytes=plan.total_bytes(), peak_buffer=stats.peak_buffer_bytes,
                             bound=resharder.buffer_bound_bytes, buckets=stats.num_buckets))
+        resharder.close()
     return records
 
 
@@ -137,7 +144,12 @@ def mismatch_after(module: nn.Module, resharder: WeightResharder, rank: int, tam
     """Run the checked sync with ``tamper`` applied to what arrives on this rank, between the transport and the
     receiver's fingerprints (as a corrupting wire would); the check's message on this rank, or "" if it passed."""
     checks = SyncChecksums(list(resharder.regions), WORLD)
-    arrived = stream_plan(resharder.plan, resharder.buckets, local_shards(module, WORLD), rank, checksums=checks)
+    shards = local_shards(module, WORLD)
+    if resharder.method == "shared":  # this rank's region of each full tensor in the arena
+        arrived = ((name, full[box_slices(resharder.regions[name])]) for name, full in stream_shared(
+            resharder.plan, resharder.buckets, shards, rank, resharder.arena, resharder.offsets, checksums=checks))
+    else:
+        arrived = stream_plan(resharder.plan, resharder.buckets, shards, rank, checksums=checks)
     for _ in checks.observe(tamper(arrived), resharder.regions):
         pass
     try:
@@ -173,11 +185,11 @@ def drop(name: str, on_rank: int, rank: int):
     return tamper
 
 
-def check_tampering_is_caught(rank: int) -> None:
+def check_tampering_is_caught(rank: int, method: str) -> None:
     """One changed ulp, two swapped rows (same bytes, other places), a parameter that never arrived: each is named
     on the rank it happened to, and only there; an untouched sync passes on every rank."""
     module, _, rule = _synthetic_module()
-    resharder = WeightResharder(module, tp_size=2, bucket_bytes=64, rule=rule, method="plan")
+    resharder = WeightResharder(module, tp_size=2, bucket_bytes=64, rule=rule, method=method)
     assert mismatch_after(module, resharder, rank, lambda stream: stream) == ""
     message = mismatch_after(module, resharder, rank, flip_one_bit("row", 1, rank))
     assert ("arrived different from what was sent: row" in message) == (rank == 1), (rank, message)
@@ -188,11 +200,35 @@ def check_tampering_is_caught(rank: int) -> None:
     assert message == "" or "rollout.verify_weight_sync" in message
 
 
+def check_shared_views_outlive_their_bucket(rank: int) -> None:
+    """vLLM's CPU reload keeps a layer's pieces until the layer is complete, so a shared-memory view must stay
+    intact until the sync ends, whatever the buckets: hold every view of a one-parameter-per-bucket stream (each
+    rank at its own pace) and compare them all at the end; the arena's file is gone from the directory at once."""
+    module, full, rule = _synthetic_module()
+    resharder = WeightResharder(module, tp_size=2, bucket_bytes=1, rule=rule, method="shared")
+    assert resharder.arena.path.startswith(SHM_DIR) and not os.path.exists(resharder.arena.path)
+    for version in range(2):  # new weights: the second sync must not write them under the first one's views
+        if version:
+            with torch.no_grad():
+                for param in module.parameters():
+                    param.to_local().add_(1.0)
+        held = list(resharder.stream())
+        assert len(resharder.buckets) == len(held)
+        if rank == 0:
+            time.sleep(0.2)  # the others race ahead to the next sync
+        for name, tensor in held:
+            region = resharder.plan.params[list(full).index(name)].dst_regions[rank]
+            assert torch.equal(tensor, (full[name] + version)[box_slices(region)]), (name, version)
+    resharder.close()
+
+
 def worker(rank: int, world_size: int, llama_dir: str, qwen_dir: str, out_dir: str) -> None:
     records = check_model(rank, llama_dir, kv_heads=2, even=True)
     records += check_model(rank, qwen_dir, kv_heads=1, even=False)
     check_synthetic(rank)
-    check_tampering_is_caught(rank)
+    for method in ("plan", "shared"):
+        check_tampering_is_caught(rank, method)
+    check_shared_views_outlive_their_bucket(rank)
     with open(f"{out_dir}/rank{rank}.json", "w") as handle:
         json.dump(records, handle)
 
