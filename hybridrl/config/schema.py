@@ -265,6 +265,11 @@ class RolloutConfig(FreezableConfig):
     """Base sampling seed, combined with the step and the rank so every step samples afresh; ``null`` = ``trainer.seed``."""
     tensor_model_parallel_size: int = 1
     """Tensor-parallel size t_g of the generation layout; must divide the number of devices."""
+    n_gpus: int = 0
+    """Devices of a standalone rollout pool (split placement): ``0`` (default) generates on the actor's devices (the
+    hybrid engine, weights resharded in place); ``M > 0`` runs ``M / tensor_model_parallel_size`` vLLM replicas on
+    ``M`` devices of their own beside the trainer's ``trainer.n_gpus_per_node`` (on the trainer's host: weights go
+    through host shared memory, checked). What asynchronous training overlaps; on its own it only adds devices."""
     gpu_memory_utilization: float = 0.5
     """vLLM: fraction of device memory for weights + KV cache (GPU)."""
     kv_cache_memory_mb: Optional[int] = None

@@ -278,10 +278,11 @@ def _check_prompt_source(config: TrainConfig, error: ConfigError) -> None:
 
 def _check_layout(config: TrainConfig, error: ConfigError) -> None:
     tp, devices = config.rollout.tensor_model_parallel_size, world_size(config)
-    if devices % tp:
+    if devices % tp and config.rollout.n_gpus == 0:  # a standalone pool's replicas divide its own devices
         error.add("rollout.tensor_model_parallel_size", tp,
                   f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node)")
     _check_weight_sync_method(config, error)
+    _check_rollout_pool(config, error)
     if config.trainer.device == "cpu":
         _check_cpu_limits(config, error)
 
@@ -296,6 +297,22 @@ def _check_weight_sync_method(config: TrainConfig, error: ConfigError) -> None:
         error.add(key, method, f"needs every rank on one host; trainer.nnodes={config.trainer.nnodes}: use plan")
     if method == "gather" and config.rollout.tensor_model_parallel_size > 1:
         error.add(key, method, "delivers full tensors: it needs rollout.tensor_model_parallel_size=1 (use plan)")
+
+
+def _check_rollout_pool(config: TrainConfig, error: ConfigError) -> None:
+    """``rollout.n_gpus``: a standalone pool of vLLM replicas on the trainer's host."""
+    pool, tp, key = config.rollout.n_gpus, config.rollout.tensor_model_parallel_size, "rollout.n_gpus"
+    _require(error, key, pool, pool >= 0, "must be >= 0 (0: generate on the actor's devices; M: a pool of M)")
+    if pool <= 0:
+        return
+    if config.rollout.name == "hf":
+        error.add(key, pool, "rollout.name=hf generates with the actor's own module; a standalone pool needs "
+                             "rollout.name=vllm")
+    if pool % tp:
+        error.add(key, pool, f"must be a multiple of rollout.tensor_model_parallel_size={tp} (whole replicas)")
+    if config.trainer.nnodes > 1:
+        error.add(key, pool, f"the pool takes its weights through the trainer's host memory, so it needs one node; "
+                             f"trainer.nnodes={config.trainer.nnodes} (a cross-node transport is not built yet)")
 
 
 def _check_micro_batch_sizing(config: TrainConfig, error: ConfigError) -> None:

@@ -63,6 +63,10 @@ def _check_this_machine(config: TrainConfig, error: ConfigError) -> None:
         elif config.trainer.nnodes * wanted > visible:
             error.add("trainer.n_gpus_per_node", wanted, f"asks for {config.trainer.nnodes * wanted} GPUs but this "
                                                          f"machine has {visible} (a private Ray instance uses only them)")
+        elif config.trainer.nnodes * wanted + config.rollout.n_gpus > visible:
+            error.add("rollout.n_gpus", config.rollout.n_gpus,
+                      f"a rollout pool of {config.rollout.n_gpus} beside the trainer's {wanted} needs "
+                      f"{wanted + config.rollout.n_gpus} GPUs but this machine has {visible}")
     if config.trainer.device == "auto" and device == "cpu":
         _check_cpu_limits(config, error)
     _check_object_store(config, error)

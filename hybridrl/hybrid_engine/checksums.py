@@ -123,8 +123,13 @@ class SyncChecksums:
         expected = self.expected.clone()
         if dist.is_initialized() and dist.get_world_size(group) > 1:
             dist.all_reduce(expected, group=group)
+        self.compare(expected[rank], rank)
+
+    def compare(self, expected: torch.Tensor, rank: int) -> None:
+        """Compare what this rank observed with ``expected[p]`` (the senders' fingerprints for it, summed);
+        :class:`WeightSyncMismatch` naming the parameters that differ or never arrived."""
         missing = [name for name, seen in zip(self.names, self.seen.tolist()) if not seen]
-        differ = [name for name, want, got in zip(self.names, expected[rank].tolist(), self.observed.tolist())
+        differ = [name for name, want, got in zip(self.names, expected.tolist(), self.observed.tolist())
                   if want != got and name not in missing]
         if missing or differ:
             parts = [f"{len(differ)} parameter(s) arrived different from what was sent: {_listed(differ)}"] if differ \

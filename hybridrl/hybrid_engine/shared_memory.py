@@ -22,6 +22,7 @@ the region it wrote for that reader — before the barrier — and the reader fi
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -39,19 +40,19 @@ from hybridrl.hybrid_engine.transfer import TransferStats, check_local_shards, g
 
 ALIGNMENT = 64
 SHM_DIR = "/dev/shm"
+FILE_PREFIX = "hybridrl-weights-"
 
 
 class SharedMemoryUnavailable(RuntimeError):
     """The ranks of a group cannot share one host buffer (other hosts, no room in ``/dev/shm``); says why."""
 
 
-def arena_offsets(plan: ReshardPlan) -> tuple[list[int], int]:
-    """Byte offset of every parameter's full tensor (wire dtype, 64-byte aligned) and the arena's total bytes."""
+def arena_offsets(shapes: Sequence[Sequence[int]], dtype: torch.dtype) -> tuple[list[int], int]:
+    """Byte offset of every full tensor of ``shapes`` (``dtype``, 64-byte aligned) and the arena's total bytes."""
     offsets, cursor = [], 0
-    for param in plan.params:
+    for shape in shapes:
         offsets.append(cursor)
-        nbytes = param.meta.numel * plan.wire_dtype.itemsize
-        cursor += -(-nbytes // ALIGNMENT) * ALIGNMENT
+        cursor += -(-math.prod(shape) * dtype.itemsize // ALIGNMENT) * ALIGNMENT
     return offsets, max(cursor, ALIGNMENT)
 
 
@@ -68,9 +69,10 @@ class SharedArena:
 
     @classmethod
     def create(cls, nbytes: int, rank: int, group: Optional[dist.ProcessGroup] = None,
-               directory: Optional[str] = None) -> "SharedArena":
+               directory: Optional[str] = None, keep_file: bool = False) -> "SharedArena":
         """Group rank 0 makes and sizes the file, every rank maps it, then it is unlinked (before any rank
-        returns). Raises
+        returns) — unless ``keep_file``: another group will :meth:`attach` it, and rank 0 must :meth:`remove` it
+        (a file whose creator died is swept by the next ``create`` in its directory). Raises
         :class:`SharedMemoryUnavailable` on every rank (with rank 0's or the failing rank's reason) when any rank
         cannot map it — so all ranks take the same fallback."""
         directory = directory or (SHM_DIR if os.path.isdir(SHM_DIR) else tempfile.gettempdir())
@@ -85,12 +87,26 @@ class SharedArena:
             except (OSError, RuntimeError) as error:
                 reason = f"rank {rank} cannot map {path}: {error} (are all ranks on one host?)"
         reasons = _gather_reasons(reason, group)
-        if rank == 0 and path:
+        if rank == 0 and path and (any(reasons) or not keep_file):
             os.unlink(path)  # every rank has mapped it (or given up): the memory lives until the last mapping goes
         _barrier(group)
         if any(reasons):
             raise SharedMemoryUnavailable(next(r for r in reasons if r))
         return cls(storage, path)
+
+    @classmethod
+    def attach(cls, path: str, nbytes: int) -> "SharedArena":
+        """Map an arena another group created with ``keep_file=True`` (:class:`SharedMemoryUnavailable` if absent:
+        this process is on another host, or the creator is gone)."""
+        if not os.path.exists(path):
+            raise SharedMemoryUnavailable(f"the weights arena {path} is not visible here: the rollout pool must be "
+                                          "on the trainer's host (rollout.n_gpus on one node)")
+        return cls(torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8), path)
+
+    def remove(self) -> None:
+        """Delete a kept file (its memory lives on while anyone maps it)."""
+        if self.path and os.path.exists(self.path):
+            os.unlink(self.path)
 
     def view(self, offset: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """The tensor of ``shape`` / ``dtype`` stored at byte ``offset``."""
@@ -102,7 +118,8 @@ class SharedArena:
 
 def _make_file(directory: str, nbytes: int) -> tuple[str, str]:
     """Create and allocate the arena's file; ``(path, "")`` or ``("", why not)``."""
-    path = os.path.join(directory, f"hybridrl-weights-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    _sweep_orphans(directory)
+    path = os.path.join(directory, f"{FILE_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
     try:
         descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     except OSError as error:
@@ -116,6 +133,29 @@ def _make_file(directory: str, nbytes: int) -> tuple[str, str]:
     finally:
         os.close(descriptor)
     return path, ""
+
+
+def _sweep_orphans(directory: str) -> None:
+    """Remove kept arena files whose creating process no longer exists (a run that was killed)."""
+    for name in os.listdir(directory):
+        if not name.startswith(FILE_PREFIX):
+            continue
+        pid = name[len(FILE_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _broadcast(value: tuple[str, str], group: Optional[dist.ProcessGroup]) -> tuple[str, str]:

@@ -140,7 +140,7 @@ class WeightResharder:
         return method
 
     def _make_arena(self) -> None:
-        self.offsets, nbytes = arena_offsets(self.plan)
+        self.offsets, nbytes = arena_offsets([param.meta.shape for param in self.plan.params], self.plan.wire_dtype)
         self.arena = SharedArena.create(nbytes, self.rank, self.group)
 
     def close(self) -> None:

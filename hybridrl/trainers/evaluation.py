@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -68,19 +68,18 @@ class Scoring:
         return scores_to_token_level(scores, batch[Fields.RESPONSE_MASK]), metrics
 
 
-def validate(actor_group, loader: Optional[PromptLoader], scoring: Scoring, params: SamplingParams,
-             num_samples_to_log: int = 3) -> dict[str, float]:
-    """Generate for every validation prompt and report ``val/<data_source>/{score,accuracy}``, overall
-    ``val/score``, ``val/accuracy`` and ``val/response_length``; logs a few sample generations."""
-    from hybridrl.workers.actor_worker import ActorRolloutRefWorker
-
+def validate(generate: Callable[[Batch, SamplingParams], Batch], loader: Optional[PromptLoader], scoring: Scoring,
+             params: SamplingParams, num_samples_to_log: int = 3) -> dict[str, float]:
+    """Generate (``generate(prompts, params)``) for every validation prompt and report
+    ``val/<data_source>/{score,accuracy}``, overall ``val/score``, ``val/accuracy`` and ``val/response_length``;
+    logs a few sample generations."""
     if loader is None:
         return {}
     per_source: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (score, correct) per response
     lengths: list[float] = []
     samples: list[tuple[str, str, float]] = []
     for prompts in loader:
-        batch = actor_group.call(ActorRolloutRefWorker.generate_sequences, prompts, params)
+        batch = generate(prompts, params)
         scores, correct, texts = scoring.judge(batch)
         lengths += batch[Fields.RESPONSE_MASK].sum(-1).float().tolist()
         for source, value, right in zip(batch[DataFields.DATA_SOURCE], scores.tolist(), correct):

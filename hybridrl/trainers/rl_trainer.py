@@ -31,6 +31,7 @@ from hybridrl.trainers.scaffold import open_tracker, resume_point
 from hybridrl.trainers.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
 from hybridrl.trainers.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
 from hybridrl.trainers.evaluation import Scoring, validate
+from hybridrl.trainers.generation import Generation
 from hybridrl.trainers.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups, num_groups,
                                           prompt_rows, shape_rewards)
 from hybridrl.data.loader import build_prompt_loaders
@@ -38,14 +39,14 @@ from hybridrl.protocol import Batch, Fields
 from hybridrl.rewards.custom import RewardFunctionSource
 from hybridrl.rewards.registry import check_data_sources
 from hybridrl.rewards.scorer import build_reward_scorer
-from hybridrl.rollout import holds_own_weights
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.seeding import derive_seed
 from hybridrl.utils.timing import PhaseTimer
 from hybridrl.utils.tracking import Tracker, read_metrics
-from hybridrl.workers.actor_worker import NO_WEIGHT_SYNC, ActorRolloutRefWorker
+from hybridrl.workers.actor_worker import ActorRolloutRefWorker
 from hybridrl.workers.critic_worker import CriticWorker
 from hybridrl.workers.reward_model_worker import RewardModelWorker
+from hybridrl.workers.rollout_worker import RolloutWorker
 from hybridrl.modeling.model_builder import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class RLTrainer:
         self.health = HealthMonitor(config.trainer.health)
         self.pools: Optional[ResourcePoolManager] = None
         self.actor: Optional[WorkerGroup[ActorRolloutRefWorker]] = None
+        self.rollout_pool: Optional[WorkerGroup[RolloutWorker]] = None
+        self.generation: Optional[Generation] = None
         self.critic: Optional[WorkerGroup[CriticWorker]] = None
         self.reward_model: Optional[WorkerGroup[RewardModelWorker]] = None
 
@@ -192,8 +195,7 @@ class RLTrainer:
                                                              step=self.global_step, temperature=temperature,
                                                              ptx=ptx)[0]))
             with timer.phase("weight_sync"):
-                metrics.update(actor.call(ActorRolloutRefWorker.sync_rollout_weights)
-                               if holds_own_weights(config.rollout.name) else NO_WEIGHT_SYNC)
+                metrics.update(self._generation().sync_weights())
         metrics.update(reward_metrics)
         metrics.update(replay_metrics)
         metrics.update(batch_metrics(batch))
@@ -207,12 +209,12 @@ class RLTrainer:
         """Greedy (``rollout.val_kwargs``) generation on the validation set, scored per data source."""
         params = SamplingParams.for_validation(self.config.rollout, self.config.data.max_response_length,
                                                seed=self.config.trainer.seed)
-        return validate(self._actor(), self.loaders.val, self.scoring, params)
+        return validate(self._generation().generate, self.loaders.val, self.scoring, params)
 
     # ------------------------------------------------------------------ steps between worker calls
     def _generate_and_score(self, prompts: Batch, params: SamplingParams, timer: PhaseTimer) -> tuple[Batch, dict]:
         with timer.phase("generate"):
-            batch = self._actor().call(ActorRolloutRefWorker.generate_sequences, prompts, params)
+            batch = self._generation().generate(prompts, params)
         with timer.phase("reward"):
             scores, metrics = self.scoring.token_level_scores(batch)
             batch[Fields.TOKEN_LEVEL_SCORES] = scores
@@ -249,7 +251,7 @@ class RLTrainer:
         """ReMax: the score of each prompt's greedy response, for every row of that prompt ``[B]``."""
         prompts, group_of_row = prompt_rows(batch)
         params = SamplingParams(n=1, max_new_tokens=self.config.data.max_response_length, do_sample=False)
-        greedy = self._actor().call(ActorRolloutRefWorker.generate_sequences, prompts, params)
+        greedy = self._generation().generate(prompts, params)
         greedy[Fields.TOKEN_LEVEL_SCORES], _ = self.scoring.token_level_scores(greedy)
         shape_rewards(greedy, self.config)  # the baseline must be on the same scale as the rewards it is compared to
         return greedy[Fields.TOKEN_LEVEL_SCORES].sum(-1)[torch.as_tensor(group_of_row)]
@@ -290,7 +292,12 @@ class RLTrainer:
         share = 1.0 / len(pools.roles_in("global"))  # colocated roles: separate processes on each bundle
         self.actor = WorkerGroup(ActorRolloutRefWorker, pools.pool_for("actor"), name="actor_rollout_ref",
                                  bundle_share=share, args=(config, self.total_steps, self.with_reference),
-                                 tp_size=config.rollout.tensor_model_parallel_size)
+                                 tp_size=1 if config.rollout.n_gpus else config.rollout.tensor_model_parallel_size)
+        pool = None
+        if config.rollout.n_gpus > 0:  # split placement: the engines on their own devices
+            pool = self.rollout_pool = WorkerGroup(RolloutWorker, pools.pool_for("rollout"), name="rollout",
+                                                   args=(config,), tp_size=config.rollout.tensor_model_parallel_size)
+        self.generation = Generation(self.actor, config.rollout.name, pool)
         if critic_enabled(config):
             self.critic = WorkerGroup(CriticWorker, pools.pool_for("critic"), name="critic", bundle_share=share,
                                       args=(config, self.total_steps))
@@ -318,9 +325,10 @@ class RLTrainer:
         return None if same_vocabulary(tokenizer, self.tokenizer) else tokenizer
 
     def _stop_workers(self) -> None:
-        for group in (self.actor, self.critic, self.reward_model):
+        for group in (self.rollout_pool, self.actor, self.critic, self.reward_model):
             if group is not None:
                 group.shutdown()
+        self.rollout_pool = self.generation = None
         if self.pools is not None:
             self.pools.release()
 
@@ -368,7 +376,7 @@ class RLTrainer:
             self._actor().call(ActorRolloutRefWorker.load_checkpoint, str(checkpoint / "actor"))
         if checkpoint is not None or self.config.rollout.load_format == "dummy":
             # a separate engine still holds model.path (or, load_format=dummy, random weights)
-            self._actor().call(ActorRolloutRefWorker.sync_rollout_weights)
+            self._generation().sync_weights()
         if checkpoint is not None:
             if self.critic is not None:
                 self.critic.call(CriticWorker.load_checkpoint, str(checkpoint / "critic"))
@@ -387,6 +395,11 @@ class RLTrainer:
         return {f"timing_worker/{method}": seconds for group in (self.actor, self.critic) if group is not None
                 for method, seconds in group.pop_worker_seconds().items()}
 
+    def _generation(self) -> Generation:
+        if self.generation is None:
+            raise RuntimeError("workers are not started; call fit()")
+        return self.generation
+
     def _actor(self) -> WorkerGroup[ActorRolloutRefWorker]:
         if self.actor is None:
             raise RuntimeError("workers are not started; call fit()")
@@ -403,11 +416,15 @@ class RLTrainer:
 
 def role_pools(config: TrainConfig) -> ResourcePoolManager:
     """The run's pools and which role runs where: actor (+ rollout, reference), critic and a colocated reward model on
-    the ``global`` pool; a reward model with ``reward_model.n_gpus > 0`` on a pool of its own."""
+    the ``global`` pool; a reward model with ``reward_model.n_gpus > 0`` and a rollout with ``rollout.n_gpus > 0`` on
+    pools of their own."""
     device = resolved_device(config)
     specs = [PoolSpec("global", nnodes=config.trainer.nnodes, devices_per_node=config.trainer.n_gpus_per_node,
                       device=device)]
     roles = {"actor": "global", **({"critic": "global"} if critic_enabled(config) else {})}
+    if config.rollout.n_gpus > 0:
+        specs.append(PoolSpec("rollout", devices_per_node=config.rollout.n_gpus, device=device))
+        roles["rollout"] = "rollout"
     if config.reward_model.enable:
         if config.reward_model.n_gpus > 0:
             specs.append(PoolSpec("reward_model", devices_per_node=config.reward_model.n_gpus, device=device))

@@ -29,6 +29,7 @@ from hybridrl.engines.optim import build_optimizer, build_scheduler
 from hybridrl.engines.passes import log_probs
 from hybridrl.hybrid_engine import WeightResharder, bucket_bytes_from_mb
 from hybridrl.hybrid_engine.lora_weights import MergedLoraWeights
+from hybridrl.hybrid_engine.publish import PublishedLayout, WeightPublisher
 from hybridrl.modeling.fsdp import shard_model
 from hybridrl.modeling.lora import adapted_layers, adapters_disabled, lora_enabled, merged_state_dict
 from hybridrl.modeling.model_builder import build_model, load_tokenizer, torch_dtype
@@ -113,9 +114,18 @@ class ActorRolloutRefWorker(Worker):
         control.attach(self.actor)
         return control
 
-    def _build_rollout(self, actor_model, dp) -> RolloutEngine:
-        """The generation engine: ``hf`` shares ``actor_model``; ``vllm`` holds its own copy, fed by a resharder."""
+    def _build_rollout(self, actor_model, dp) -> Optional[RolloutEngine]:
+        """The generation engine: ``hf`` shares ``actor_model``; ``vllm`` holds its own copy, fed by a resharder.
+        With a standalone rollout pool (``rollout.n_gpus > 0``) there is none here: the weights are published for
+        the pool instead (``publish_weights``)."""
         config = self.config
+        self.publisher: Optional[WeightPublisher] = None
+        if config.rollout.n_gpus > 0:
+            self.publisher = WeightPublisher(actor_model, tp_size=config.rollout.tensor_model_parallel_size,
+                                             dtype=torch_dtype(config.model.dtype), group=dp.group,
+                                             source=MergedLoraWeights(actor_model) if self.lora else None)
+            self.engine_weights = EngineWeights(None, verify=False, loaded_current=True)
+            return None
         resharder = None
         if holds_own_weights(config.rollout.name):
             resharder = WeightResharder(actor_model, tp_size=config.rollout.tensor_model_parallel_size,
@@ -172,14 +182,32 @@ class ActorRolloutRefWorker(Worker):
         return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/bytes": float(stats.received_bytes),
                 "weight_sync/delivered_bytes": float(stats.received_bytes + stats.local_bytes)}
 
+    @one_to_all(collect="first")
+    def published_layout(self) -> PublishedLayout:
+        """Where the standalone rollout pool finds the published weights (``rollout.n_gpus > 0``)."""
+        return self._publisher().layout
+
+    @one_to_all
+    def publish_weights(self) -> tuple[int, Optional[torch.Tensor]]:
+        """Write this rank's rows of the current weights for the rollout pool; returns the actor's weight version and
+        (``rollout.verify_weight_sync``) this rank's fingerprints ``[t_g, params]``, which the controller sums."""
+        expected = self._publisher().publish(checked=self.config.rollout.verify_weight_sync)
+        return self.engine_weights.actor_version, expected
+
+    def _publisher(self) -> WeightPublisher:
+        if self.publisher is None:
+            raise RuntimeError("publish_weights needs a standalone rollout pool (rollout.n_gpus > 0)")
+        return self.publisher
+
     def close(self) -> None:
         """Release the rollout engine (a tensor-parallel vLLM engine's process groups go before the worker's)."""
         close = getattr(getattr(self, "rollout", None), "close", None)
         if callable(close):
             close()
-        resharder = getattr(getattr(self, "engine_weights", None), "resharder", None)
-        if resharder is not None:
-            resharder.close()
+        for held in (getattr(getattr(self, "engine_weights", None), "resharder", None),
+                     getattr(self, "publisher", None)):
+            if held is not None:
+                held.close()
 
     def _offload_optimizer(self) -> None:
         """``actor.fsdp.optimizer_offload``: Adam's moments leave the GPU while the rollout runs (no-op on CPU)."""

@@ -36,12 +36,7 @@ def test_fingerprint_adds_over_pieces_and_sees_row_order():
 
 
 def test_arena_holds_aligned_tensors_and_leaves_no_file(tmp_path):
-    from hybridrl.hybrid_engine.plan import GenerationLayout, ParamMeta, build_plan
-    from hybridrl.hybrid_engine.tp_rules import SplitRule
-
-    metas = [ParamMeta("a", (3, 5), torch.float32), ParamMeta("b", (7,), torch.float32)]
-    plan = build_plan(metas, GenerationLayout(1, 1), lambda name, shape: SplitRule(), torch.bfloat16)
-    offsets, nbytes = arena_offsets(plan)
+    offsets, nbytes = arena_offsets([(3, 5), (7,)], torch.bfloat16)
     assert offsets == [0, 64] and nbytes == 128  # 30 bytes, then 14 bytes, each from a 64-byte boundary
     arena = SharedArena.create(nbytes, rank=0, directory=str(tmp_path))
     assert not os.path.exists(arena.path) and not list(tmp_path.iterdir())

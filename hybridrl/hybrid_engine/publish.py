@@ -1,0 +1,151 @@
+"""Weights published by one worker group for another: the trainer's FSDP ranks write, a standalone rollout pool reads.
+
+Split placement (``rollout.n_gpus > 0``) runs the rollout engines in their own worker group, with their own process
+group, so the colocated resharding plan (one group, point-to-point) does not apply. On one host the hand-over is the
+shared-memory method of ``shared_memory.py`` across groups:
+
+1. the trainer's ranks make one arena (the model's full tensors in the engine dtype; the file is kept so the other
+   group can map it) — :class:`WeightPublisher`;
+2. after each update, every trainer rank casts its FSDP rows into it (:meth:`WeightPublisher.publish`), and with
+   the check on, fingerprints, for each TP rank ``j`` of the rollout layout, the part of its rows that ``j`` reads;
+3. the controller sums those fingerprints over the trainer's ranks and hands them with the load call to the rollout
+   ranks, which stream full-tensor views into their engines (vLLM narrows each rank's slices) and compare their own
+   regions' fingerprints (:class:`PublishedWeights`).
+
+The controller's call order is the synchronisation: a publish starts only after the previous load returned on every
+rollout rank, and a load only after the publish returned on every trainer rank. Nothing crosses a wire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hybridrl.hybrid_engine.checksums import SyncChecksums
+from hybridrl.hybrid_engine.plan import box_slices, fsdp_row_ranges
+from hybridrl.hybrid_engine.shared_memory import SharedArena, arena_offsets
+from hybridrl.hybrid_engine.sync import WeightSource, local_shards, param_metas
+from hybridrl.hybrid_engine.tp_rules import Box, RuleFn, resolve_split, rules_for_config
+
+
+@dataclass(frozen=True)
+class PublishedLayout:
+    """Where the published weights are (picklable; the controller passes it to the readers). ``regions[j][p]``: TP
+    rank ``j``'s region of parameter ``p``."""
+
+    path: str
+    nbytes: int
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+    dtype: torch.dtype
+    tp_size: int
+    regions: tuple[tuple[Box, ...], ...]
+
+    @property
+    def model_bytes(self) -> int:
+        return sum(_numel(shape) for shape in self.shapes) * self.dtype.itemsize
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _intersect_rows(region: Box, rows: tuple[int, int]) -> Optional[Box]:
+    start, stop = max(region[0][0], rows[0]), min(region[0][1], rows[1])
+    if start >= stop or any(b <= a for a, b in region[1:]):
+        return None
+    return ((start, stop), *region[1:])
+
+
+class WeightPublisher:
+    """The trainer's side, on every rank of its FSDP group (constructing it is collective).
+
+    Args:
+        model: the FSDP2 model (``Shard(0)`` over ``group``).
+        tp_size: the rollout pool's tensor-parallel size (which regions each engine rank reads).
+        dtype: the engine's dtype (the cast happens on the way in).
+        rule / source: as for ``WeightResharder``.
+    """
+
+    def __init__(self, model: nn.Module, *, tp_size: int, dtype: torch.dtype,
+                 group: Optional[dist.ProcessGroup] = None, rule: Optional[RuleFn] = None,
+                 source: Optional[WeightSource] = None) -> None:
+        self.model, self.group, self.source = model, group, source
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        rule = rule or rules_for_config(model.config)
+        metas = source.metas() if source is not None else param_metas(model)
+        shapes = tuple(meta.shape for meta in metas)
+        offsets, nbytes = arena_offsets(shapes, dtype)
+        splits = [resolve_split(meta.name, meta.shape, rule(meta.name, meta.shape), tp_size) for meta in metas]
+        self.arena = SharedArena.create(nbytes, self.rank, group, keep_file=True)
+        self.layout = PublishedLayout(
+            path=self.arena.path, nbytes=nbytes, names=tuple(meta.name for meta in metas), shapes=shapes,
+            offsets=tuple(offsets), dtype=dtype, tp_size=tp_size,
+            regions=tuple(tuple(split.boxes[j] for split in splits) for j in range(tp_size)))
+        self.rows = [fsdp_row_ranges(shape[0], self.world_size)[self.rank] for shape in shapes]
+
+    def publish(self, checked: bool) -> Optional[torch.Tensor]:
+        """Write this rank's rows of every parameter into the arena; with ``checked``, return this rank's
+        fingerprints ``[tp_size, params]`` (int64) of what each TP rank will read of them (sum over ranks)."""
+        shards = local_shards(self.model, self.world_size)
+        if self.source is not None:
+            shards = self.source.shards(shards)
+        layout = self.layout
+        checks = SyncChecksums(layout.names, layout.tp_size) if checked else None
+        for index, name in enumerate(layout.names):
+            full = self.arena.view(layout.offsets[index], layout.shapes[index], layout.dtype)
+            start, stop = self.rows[index]
+            if stop > start:
+                full[start:stop].copy_(shards[name])
+            if checks is not None:
+                for tp_rank in range(layout.tp_size):
+                    piece = _intersect_rows(layout.regions[tp_rank][index], (start, stop))
+                    if piece is not None:
+                        checks.sent(tp_rank, name, full[box_slices(piece)], piece)
+        return checks.expected if checks is not None else None
+
+    def close(self) -> None:
+        """Rank 0 deletes the arena's file (the readers' mappings stay valid until they let go)."""
+        if self.rank == 0:
+            self.arena.remove()
+
+
+class PublishedWeights:
+    """A rollout rank's side: the arena mapped, streamed into its engine, checked against the trainer's sums."""
+
+    def __init__(self, layout: PublishedLayout, tp_rank: int, rank: int = 0) -> None:
+        self.layout, self.tp_rank, self.rank = layout, tp_rank, rank
+        self.arena = SharedArena.attach(layout.path, layout.nbytes)
+        self.regions = {name: layout.regions[tp_rank][index] for index, name in enumerate(layout.names)}
+        self.checks: Optional[SyncChecksums] = None
+
+    @property
+    def delivered_bytes(self) -> int:
+        """Bytes of this rank's regions (what its engine reads)."""
+        size = self.layout.dtype.itemsize
+        return sum(_numel(tuple(b - a for a, b in region)) for region in self.regions.values()) * size
+
+    def stream(self, checked: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, full tensor view)`` of every parameter (the engine reads its region of each); ``checked``:
+        fingerprint this rank's regions for :meth:`verify`."""
+        layout = self.layout
+        self.checks = SyncChecksums(layout.names, layout.tp_size) if checked else None
+        views = ((name, self.arena.view(layout.offsets[i], layout.shapes[i], layout.dtype))
+                 for i, name in enumerate(layout.names))
+        return self.checks.observe(views, self.regions, full_shaped=True) if checked else views
+
+    def verify(self, expected: torch.Tensor) -> None:
+        """``expected``: the trainer ranks' :meth:`WeightPublisher.publish` results, summed ``[tp_size, params]``;
+        ``WeightSyncMismatch`` naming what differs on this rank."""
+        if self.checks is None:
+            raise RuntimeError("verify() needs a preceding stream(checked=True)")
+        self.checks.compare(expected[self.tp_rank], self.rank)

@@ -1,0 +1,98 @@
+"""A rank of the standalone rollout pool (split placement, ``rollout.n_gpus > 0``): an engine and nothing else.
+
+The pool's ``M`` devices form ``M / t_g`` replicas of a ``t_g``-way tensor-parallel vLLM engine (the same SPMD form as
+the colocated engine: every rank of a replica runs vLLM's ``external_launcher`` executor in-process, over the pool's
+own process group). There is no training model here: new weights arrive through the trainer's published arena
+(``hybrid_engine/publish.py``), checked against the trainer's fingerprints, and each load records the actor's
+weight version, so a generation asked for at another version is refused (a skipped sync cannot pass silently).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+from hybridrl.config.plugins import load_plugins
+from hybridrl.config.schema import TrainConfig
+from hybridrl.hybrid_engine.publish import PublishedLayout, PublishedWeights
+from hybridrl.modeling.model_builder import load_tokenizer
+from hybridrl.protocol import Batch
+from hybridrl.rollout import EngineInputs, build_rollout_engine
+from hybridrl.rollout.base import SamplingParams
+from hybridrl.runtime import Worker, dp_leaders, one_to_all
+from hybridrl.utils.seeding import derive_seed
+from hybridrl.workers.actor_worker import eos_token_ids
+from hybridrl.workers.engine_weights import StaleEngineWeightsError
+
+
+def generation_eos_ids(model_path: str) -> object:
+    """``generation_config.eos_token_id`` of the model directory (``None`` when it has no generation config)."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:
+        return None
+
+
+class RolloutWorker(Worker):
+    """One rank of the standalone rollout pool.
+
+    Args:
+        config: the validated trainer config (``rollout.n_gpus > 0``, ``rollout.name=vllm``).
+    """
+
+    def __init__(self, config: TrainConfig) -> None:
+        load_plugins(config.trainer.plugins)
+        torch.manual_seed(config.trainer.seed)
+        self.config = config
+        tokenizer = load_tokenizer(config.model)
+        self.engine = build_rollout_engine(config.rollout.name, EngineInputs(
+            rollout=config.rollout, pad_token_id=tokenizer.pad_token_id,
+            eos_token_ids=eos_token_ids(tokenizer, generation_eos_ids(config.model.path)),
+            model_path=config.model.path, tokenizer_path=config.model.tokenizer_path,
+            max_model_len=config.data.max_prompt_length + config.data.max_response_length,
+            dtype=config.model.dtype, seed=config.trainer.seed))
+        self.published: Optional[PublishedWeights] = None
+        self.weight_version: Optional[int] = 0 if config.rollout.load_format != "dummy" else None
+
+    @dp_leaders
+    def generate_sequences(self, prompts: Batch, params: SamplingParams,
+                           weight_version: Optional[int] = None) -> Batch:
+        """Responses for this replica's prompts (seeded per replica, as in the colocated engine). ``weight_version``:
+        the actor version the caller expects the engine to hold; :class:`StaleEngineWeightsError` otherwise."""
+        if weight_version is not None and weight_version != self.weight_version:
+            held = "random weights (rollout.load_format=dummy)" if self.weight_version is None else \
+                f"the weights of version {self.weight_version}"
+            raise StaleEngineWeightsError(f"rollout rank {self.rank} holds {held} but generation asked for version "
+                                          f"{weight_version}: a weight sync was skipped")
+        if params.seed is not None:
+            params = params.with_seed(derive_seed(params.seed, "rank", self.context.dp_rank))
+        return self.engine.generate(prompts, params)
+
+    @one_to_all(collect="first")
+    def load_published_weights(self, layout: PublishedLayout, expected: Optional[torch.Tensor],
+                               version: int) -> dict[str, float]:
+        """Load the trainer's published weights into the engine; ``expected`` (the trainer ranks' fingerprints,
+        summed; ``None``: unchecked) is compared with what this rank read. Returns rank 0's sync metrics."""
+        started = time.perf_counter()
+        if self.published is None or self.published.layout.path != layout.path:
+            self.published = PublishedWeights(layout, self.context.tp_rank, rank=self.rank)
+        self.engine.update_weights(self.published.stream(checked=expected is not None))
+        if expected is not None:
+            self.published.verify(expected)
+        self.weight_version = version
+        return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/bytes": 0.0,
+                "weight_sync/delivered_bytes": float(self.published.delivered_bytes)}
+
+    @one_to_all(collect="first")
+    def held_weight_version(self) -> Optional[int]:
+        return self.weight_version
+
+    def close(self) -> None:
+        """Release the engine (a tensor-parallel engine's process groups go before the worker's)."""
+        close = getattr(getattr(self, "engine", None), "close", None)
+        if callable(close):
+            close()
