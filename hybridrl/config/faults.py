@@ -22,7 +22,8 @@ class FaultInjectionConfig(FreezableConfig):
     """(Testing) During this step (1-based), just before the actor update, the controller sends ``SIGKILL`` to the
     worker process ``kill_worker_role`` / ``kill_worker_rank``. Fires once per controller process."""
     kill_worker_role: str = "actor_rollout_ref"
-    """(Testing) Worker group whose process ``kill_worker_at_step`` kills: ``actor_rollout_ref`` | ``critic``."""
+    """(Testing) Worker group whose process ``kill_worker_at_step`` kills: ``actor_rollout_ref`` | ``critic`` |
+    ``rollout<k>`` (replica ``k`` of a standalone rollout pool)."""
     kill_worker_rank: int = 0
     """(Testing) Rank of the worker process ``kill_worker_at_step`` kills."""
     kill_controller_at_step: Optional[int] = None
@@ -45,9 +46,10 @@ class FaultInjectionConfig(FreezableConfig):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"trainer.fault_injection.{name}={value!r}: must be null or a step >= 1")
-        if self.kill_worker_role not in ("actor_rollout_ref", "critic"):
-            raise ValueError(f"trainer.fault_injection.kill_worker_role={self.kill_worker_role!r}: must be "
-                             "actor_rollout_ref or critic")
+        role = self.kill_worker_role
+        if role not in ("actor_rollout_ref", "critic") and not (role.startswith("rollout") and role[7:].isdigit()):
+            raise ValueError(f"trainer.fault_injection.kill_worker_role={role!r}: must be actor_rollout_ref, "
+                             "critic or rollout<k> (replica k of a standalone rollout pool)")
         if self.kill_worker_rank < 0:
             raise ValueError(f"trainer.fault_injection.kill_worker_rank={self.kill_worker_rank!r}: must be >= 0")
         if self.kill_controller_phase not in KILL_PHASES:

@@ -103,7 +103,7 @@ class RLTrainer:
         self.health = HealthMonitor(config.trainer.health)
         self.pools: Optional[ResourcePoolManager] = None
         self.actor: Optional[WorkerGroup[ActorRolloutRefWorker]] = None
-        self.rollout_pool: Optional[WorkerGroup[RolloutWorker]] = None
+        self.rollout_replicas: list[WorkerGroup[RolloutWorker]] = []
         self.generation: Optional[Generation] = None
         self.critic: Optional[WorkerGroup[CriticWorker]] = None
         self.reward_model: Optional[WorkerGroup[RewardModelWorker]] = None
@@ -187,7 +187,8 @@ class RLTrainer:
             with timer.phase("update_critic"):
                 metrics.update(_prefixed("critic", self.critic.call(CriticWorker.update_critic, batch,
                                                                     step=self.global_step)[0]))
-        self.faults.before_actor_update(self.global_step + 1, {"actor_rollout_ref": actor, "critic": self.critic})
+        self.faults.before_actor_update(self.global_step + 1, {"actor_rollout_ref": actor, "critic": self.critic,
+                                                               **{g.name: g for g in self.rollout_replicas}})
         if self.global_step >= config.trainer.critic_warmup:
             with timer.phase("update_actor"):
                 ptx = self.ptx.batch(self.global_step) if self.ptx is not None else None
@@ -293,11 +294,10 @@ class RLTrainer:
         self.actor = WorkerGroup(ActorRolloutRefWorker, pools.pool_for("actor"), name="actor_rollout_ref",
                                  bundle_share=share, args=(config, self.total_steps, self.with_reference),
                                  tp_size=1 if config.rollout.n_gpus else config.rollout.tensor_model_parallel_size)
-        pool = None
-        if config.rollout.n_gpus > 0:  # split placement: the engines on their own devices
-            pool = self.rollout_pool = WorkerGroup(RolloutWorker, pools.pool_for("rollout"), name="rollout",
-                                                   args=(config,), tp_size=config.rollout.tensor_model_parallel_size)
-        self.generation = Generation(self.actor, config.rollout.name, pool)
+        self.rollout_replicas = [  # split placement: the engines on their own devices, a group per replica
+            WorkerGroup(RolloutWorker, pools.pool_for(role), name=role, args=(config,),
+                        tp_size=config.rollout.tensor_model_parallel_size) for role in rollout_replica_roles(config)]
+        self.generation = Generation(self.actor, config.rollout.name, self.rollout_replicas)
         if critic_enabled(config):
             self.critic = WorkerGroup(CriticWorker, pools.pool_for("critic"), name="critic", bundle_share=share,
                                       args=(config, self.total_steps))
@@ -325,10 +325,10 @@ class RLTrainer:
         return None if same_vocabulary(tokenizer, self.tokenizer) else tokenizer
 
     def _stop_workers(self) -> None:
-        for group in (self.rollout_pool, self.actor, self.critic, self.reward_model):
+        for group in (*self.rollout_replicas, self.actor, self.critic, self.reward_model):
             if group is not None:
                 group.shutdown()
-        self.rollout_pool = self.generation = None
+        self.rollout_replicas, self.generation = [], None
         if self.pools is not None:
             self.pools.release()
 
@@ -422,14 +422,19 @@ def role_pools(config: TrainConfig) -> ResourcePoolManager:
     specs = [PoolSpec("global", nnodes=config.trainer.nnodes, devices_per_node=config.trainer.n_gpus_per_node,
                       device=device)]
     roles = {"actor": "global", **({"critic": "global"} if critic_enabled(config) else {})}
-    if config.rollout.n_gpus > 0:
-        specs.append(PoolSpec("rollout", devices_per_node=config.rollout.n_gpus, device=device))
-        roles["rollout"] = "rollout"
+    for role in rollout_replica_roles(config):
+        specs.append(PoolSpec(role, devices_per_node=config.rollout.tensor_model_parallel_size, device=device))
+        roles[role] = role
     if config.reward_model.enable:
         if config.reward_model.n_gpus > 0:
             specs.append(PoolSpec("reward_model", devices_per_node=config.reward_model.n_gpus, device=device))
         roles["reward_model"] = "reward_model" if config.reward_model.n_gpus > 0 else "global"
     return ResourcePoolManager(specs, roles)
+
+
+def rollout_replica_roles(config: TrainConfig) -> list[str]:
+    """``rollout0 .. rollout{R-1}``: the standalone pool's replicas (``rollout.n_gpus / t_g``; none when colocated)."""
+    return [f"rollout{index}" for index in range(config.rollout.n_gpus // config.rollout.tensor_model_parallel_size)]
 
 
 def _kl_controller(config: TrainConfig, total_steps: int):

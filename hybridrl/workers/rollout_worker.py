@@ -1,8 +1,9 @@
-"""A rank of the standalone rollout pool (split placement, ``rollout.n_gpus > 0``): an engine and nothing else.
+"""A rank of a standalone rollout replica (split placement, ``rollout.n_gpus > 0``): an engine and nothing else.
 
-The pool's ``M`` devices form ``M / t_g`` replicas of a ``t_g``-way tensor-parallel vLLM engine (the same SPMD form as
-the colocated engine: every rank of a replica runs vLLM's ``external_launcher`` executor in-process, over the pool's
-own process group). There is no training model here: new weights arrive through the trainer's published arena
+The pool's ``M`` devices form ``M / t_g`` replicas, each its own worker group of ``t_g`` ranks (its own process group:
+a replica that dies takes no other down, and its prompts go to a live one — ``trainers/generation.py``). A replica
+is one ``t_g``-way tensor-parallel vLLM engine in the same SPMD form as the colocated engine: every rank runs vLLM's
+``external_launcher`` executor in-process over the replica's group. There is no training model here: new weights arrive through the trainer's published arena
 (``hybrid_engine/publish.py``), checked against the trainer's fingerprints, and each load records the actor's
 weight version, so a generation asked for at another version is refused (a skipped sync cannot pass silently).
 """
@@ -22,7 +23,6 @@ from hybridrl.protocol import Batch
 from hybridrl.rollout import EngineInputs, build_rollout_engine
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.runtime import Worker, dp_leaders, one_to_all
-from hybridrl.utils.seeding import derive_seed
 from hybridrl.workers.actor_worker import eos_token_ids
 from hybridrl.workers.engine_weights import StaleEngineWeightsError
 
@@ -61,15 +61,14 @@ class RolloutWorker(Worker):
     @dp_leaders
     def generate_sequences(self, prompts: Batch, params: SamplingParams,
                            weight_version: Optional[int] = None) -> Batch:
-        """Responses for this replica's prompts (seeded per replica, as in the colocated engine). ``weight_version``:
-        the actor version the caller expects the engine to hold; :class:`StaleEngineWeightsError` otherwise."""
+        """Responses for ``prompts`` with ``params`` as given (the caller seeds each chunk of a batch, so a chunk
+        resubmitted to another replica samples the same). ``weight_version``: the actor version the caller expects
+        the engine to hold; :class:`StaleEngineWeightsError` otherwise."""
         if weight_version is not None and weight_version != self.weight_version:
             held = "random weights (rollout.load_format=dummy)" if self.weight_version is None else \
                 f"the weights of version {self.weight_version}"
             raise StaleEngineWeightsError(f"rollout rank {self.rank} holds {held} but generation asked for version "
                                           f"{weight_version}: a weight sync was skipped")
-        if params.seed is not None:
-            params = params.with_seed(derive_seed(params.seed, "rank", self.context.dp_rank))
         return self.engine.generate(prompts, params)
 
     @one_to_all(collect="first")

@@ -4,6 +4,10 @@ rollout log-probs match the trainer's after an update, a skipped sync is refused
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+
 import pytest
 import torch
 from distributed_helpers import cpu_pool
@@ -33,22 +37,33 @@ def tokenizer(model_dir):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
+def split_config(model_dir, pool_size: int, tp_size: int):
+    return load_config([f"model.path={model_dir}", "model.dtype=float32", "trainer.n_gpus_per_node=1",
+                        "rollout=vllm_cpu", f"rollout.n_gpus={pool_size}", f"rollout.tensor_model_parallel_size={tp_size}",
+                        "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4",
+                        "actor.ppo_micro_batch_size_per_gpu=4", "actor.optim.lr=1e-2",
+                        f"data.max_response_length={MAX_NEW_TOKENS}"])
+
+
+def start_split(runtime, config, name: str):
+    """The trainer's group (1 rank) and the pool's replica groups, as ``RLTrainer`` starts them."""
+    actor = WorkerGroup(ActorRolloutRefWorker, cpu_pool(runtime, f"{name}_actor", 1), name=f"{name}_actor",
+                        args=(config, 10, False))
+    tp_size = config.rollout.tensor_model_parallel_size
+    replicas = [WorkerGroup(RolloutWorker, cpu_pool(runtime, f"{name}_rollout{index}", tp_size),
+                            name=f"{name}_rollout{index}", args=(config,), tp_size=tp_size)
+                for index in range(config.rollout.n_gpus // tp_size)]
+    return actor, replicas
+
+
 @pytest.fixture(scope="module", params=[1, 2], ids=["pool1", "pool2_tp2"])
 def split(request, ray_runtime, model_dir):
-    """1 trainer rank + a pool of ``M`` ranks forming one replica of ``t_g = M``."""
+    """1 trainer rank + one replica of ``t_g = M`` on a pool of ``M``."""
     pool_size = request.param
-    config = load_config([f"model.path={model_dir}", "model.dtype=float32", "trainer.n_gpus_per_node=1",
-                          "rollout=vllm_cpu", f"rollout.n_gpus={pool_size}",
-                          f"rollout.tensor_model_parallel_size={pool_size}", "data.train_batch_size=4",
-                          "rollout.n=2", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size_per_gpu=4",
-                          "actor.optim.lr=1e-2", f"data.max_response_length={MAX_NEW_TOKENS}"])
-    actor = WorkerGroup(ActorRolloutRefWorker, cpu_pool(ray_runtime, f"split_actor{pool_size}", 1),
-                        name=f"split_actor{pool_size}", args=(config, 10, False))
-    pool = WorkerGroup(RolloutWorker, cpu_pool(ray_runtime, f"split_rollout{pool_size}", pool_size),
-                       name=f"split_rollout{pool_size}", args=(config,), tp_size=pool_size)
-    yield Generation(actor, "vllm", pool), actor, pool_size
-    pool.shutdown()
-    actor.shutdown()
+    actor, replicas = start_split(ray_runtime, split_config(model_dir, pool_size, pool_size), f"split{pool_size}")
+    yield Generation(actor, "vllm", replicas), actor, pool_size
+    for group in (*replicas, actor):
+        group.shutdown()
 
 
 def update(actor, rollout, step: int) -> None:
@@ -91,7 +106,7 @@ def test_pool_refuses_to_generate_from_weights_it_was_not_given(split, tokenizer
     update(actor, rollout, step=1)
     published = actor.call(ActorRolloutRefWorker.publish_weights)  # published, but never loaded
     with pytest.raises(WorkerError, match="a weight sync was skipped"):
-        generation.pool.call(RolloutWorker.generate_sequences, prompt_batch(tokenizer), params, published[0][0])
+        generation.replicas[0].call(RolloutWorker.generate_sequences, prompt_batch(tokenizer), params, published[0][0])
     generation.sync_weights()
     assert log_prob_gap(actor, generation.generate(prompt_batch(tokenizer), params)) < 1e-4
 
@@ -104,4 +119,29 @@ def test_a_damaged_publication_is_named(split, tokenizer):
     expected = torch.stack([fingerprints for _, fingerprints in published]).sum(0)
     expected[:, 3] += 1
     with pytest.raises(WorkerError, match="arrived different from what was sent: " + generation.layout.names[3]):
-        generation.pool.call(RolloutWorker.load_published_weights, generation.layout, expected, published[0][0])
+        generation.replicas[0].call(RolloutWorker.load_published_weights, generation.layout, expected, published[0][0])
+
+
+def test_a_dead_replica_is_reported_and_its_prompts_resubmitted(ray_runtime, model_dir, tokenizer, caplog):
+    """Two replicas of t_g = 1; one is killed (SIGKILL). The next batch still gets every response: the dead
+    replica's chunk goes to the live one with the chunk's own seed, so the samples are the ones it would have
+    drawn; the loss is logged and counted, and weights still sync into the survivor."""
+    actor, replicas = start_split(ray_runtime, split_config(model_dir, 2, 1), "resubmit")
+    try:
+        generation = Generation(actor, "vllm", replicas)
+        params = SamplingParams(n=2, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=5)
+        both = generation.generate(prompt_batch(tokenizer), params)
+        os.kill(replicas[1].locations[0].pid, signal.SIGKILL)
+        with caplog.at_level(logging.WARNING, logger="hybridrl.trainers.generation"):
+            survivor_only = generation.generate(prompt_batch(tokenizer), params)
+        assert torch.equal(survivor_only[Fields.RESPONSES], both[Fields.RESPONSES])
+        assert torch.equal(survivor_only[Fields.ROLLOUT_LOG_PROBS], both[Fields.ROLLOUT_LOG_PROBS])
+        assert "resubmit_rollout1" in caplog.text and "resubmitted to 'resubmit_rollout0'" in caplog.text
+        assert "rank 0" in caplog.text
+        update(actor, both, step=0)
+        stats = generation.sync_weights()
+        assert (stats["rollout/replicas_live"], stats["rollout/replicas_lost"]) == (1.0, 1.0)
+        assert log_prob_gap(actor, generation.generate(prompt_batch(tokenizer), params)) < 1e-4
+    finally:
+        for group in (*replicas, actor):
+            group.shutdown()
