@@ -26,10 +26,13 @@ class GlooRankError(RuntimeError):
     """One or more ranks raised; the message holds every failed rank's traceback, the likely cause first."""
 
 
-def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, error_dir: str) -> None:
+def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, error_dir: str,
+           backend: str = "gloo") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
         fn(rank, world_size, *args)
     except BaseException:
@@ -39,8 +42,9 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: 
         dist.destroy_process_group()
 
 
-def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any) -> None:
+def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any, backend: str = "gloo") -> None:
     """Call ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; raises if any rank fails.
+    ``backend="nccl"``: one CUDA device per rank (``cuda:rank``), for the GPU tests.
 
     A failing rank's exception reaches the caller even when a peer, left waiting in a collective, fails too and is
     noticed first: :class:`GlooRankError` lists every failed rank's traceback, those that are not the fallout of a
@@ -49,18 +53,18 @@ def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any) -> None:
     a failed assertion included — is never retried.
     """
     try:
-        _spawn(world_size, fn, args)
+        _spawn(world_size, fn, args, backend)
     except mp.ProcessExitedException as error:
         if error.signal_name is None:
             raise
         warnings.warn(f"gloo rank {error.error_index} died by {error.signal_name}; retrying the spawn once")
-        _spawn(world_size, fn, args)
+        _spawn(world_size, fn, args, backend)
 
 
-def _spawn(world_size: int, fn: Callable[..., Any], args: tuple) -> None:
+def _spawn(world_size: int, fn: Callable[..., Any], args: tuple, backend: str = "gloo") -> None:
     with tempfile.TemporaryDirectory(prefix="gloo_errors_") as error_dir:
         try:
-            mp.start_processes(_entry, args=(world_size, free_port(), fn, args, error_dir), nprocs=world_size,
+            mp.start_processes(_entry, args=(world_size, free_port(), fn, args, error_dir, backend), nprocs=world_size,
                                join=True, start_method="spawn")
         except ProcessRaisedException as error:  # a rank killed by a signal propagates as is (retried above)
             failures = {int(path.stem[len("rank"):]): path.read_text() for path in Path(error_dir).glob("rank*.txt")}

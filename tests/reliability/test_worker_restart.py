@@ -48,3 +48,18 @@ def test_tensor_parallel_vllm_replica_killed_restarts_and_stays_in_sync(model_di
     assert len(result.history) == 3
     for metrics in result.history:
         assert metrics["rollout/log_prob_diff_max"] < 1e-4, metrics["rollout/log_prob_diff_max"]
+
+
+def test_standalone_replica_killed_the_run_goes_on_with_the_survivor(model_dir, tmp_path):
+    """Split placement, 1 trainer rank + 2 vLLM replicas of t_g = 1: replica 1 killed mid-step 2. No restart is
+    needed: the next sync skips it, its prompts go to replica 0, every step still trains on samples whose
+    log-probs match the trainer's, and the loss is in the metrics."""
+    run_dir = tmp_path / "run"
+    trainer = RLTrainer(load_config(overrides(
+        model_dir, run_dir, "rollout=vllm_cpu", "trainer.n_gpus_per_node=1", "rollout.n_gpus=2",
+        "trainer.fault_injection.kill_worker_at_step=2", "trainer.fault_injection.kill_worker_role=rollout1")))
+    result = trainer.fit()
+    assert result.global_step == 3 and not result.restarts and len(result.history) == 3
+    assert [metrics["rollout/replicas_lost"] for metrics in result.history] == [0.0, 1.0, 1.0]
+    for metrics in result.history:
+        assert metrics["rollout/log_prob_diff_max"] < 1e-4, metrics["rollout/log_prob_diff_max"]
