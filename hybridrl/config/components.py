@@ -21,6 +21,7 @@ COMPONENT_REGISTRIES: dict[str, str] = {
     "algorithm.kl_ctrl.type": "hybridrl.algorithms:KL_CONTROLLER_KINDS",
     "rollout.name": "hybridrl.rollout:ROLLOUT_ENGINES",
     "algorithm.filter_groups.metric": "hybridrl.trainers.variants:GROUP_FILTERS",
+    "rollout.multi_turn.environment": "hybridrl.agents.environment:ENVIRONMENTS",
 }
 """``config key -> "module:attribute"`` of the registry (or tuple of names) its value must be in."""
 

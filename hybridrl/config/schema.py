@@ -250,6 +250,28 @@ class SamplingConfig(FreezableConfig):
 
 
 @dataclass
+class MultiTurnConfig(FreezableConfig):
+    enable: bool = False
+    """Generate multi-turn episodes (tool calls, environments) instead of one response per prompt: each turn's ids
+    are trained exactly as sampled; tool / environment tokens take no loss (``hybridrl/agents``). Needs
+    ``rollout.name=vllm`` (the request API)."""
+    environment: str = "tool"
+    """Registered environment for rows without an ``agent_name`` column: ``tool`` (the built-in tool caller) or a
+    name registered with ``hybridrl.agents.environment.ENVIRONMENTS`` in a ``trainer.plugins`` file."""
+    tools: list[str] = field(default_factory=lambda: ["calculator"])
+    """Tools the ``tool`` environment offers: ``calculator`` (safe arithmetic), ``python`` (sandboxed subprocess)."""
+    max_assistant_turns: int = 4
+    """Model turns per episode (verl's name); the episode ends after this many even without a final answer."""
+    max_tool_calls_per_turn: int = 4
+    """Tool calls answered in one model turn; further calls get an error message (counted)."""
+    env_step_timeout_s: float = 30.0
+    """Longest an environment may take to answer one turn; past it the episode ends as a counted failure."""
+    strict: bool = False
+    """Stop the run when the chat template does not reproduce the ids generated so far (else: counted in
+    ``agent/prefix_mismatches``, the ids kept as generated)."""
+
+
+@dataclass
 class RolloutConfig(FreezableConfig):
     name: str = "hf"
     """Generation engine: ``hf`` (transformers ``generate`` on the actor's module) | ``vllm`` (in-process vLLM)."""
@@ -303,6 +325,8 @@ class RolloutConfig(FreezableConfig):
     integer sums over this rank's slices (``benchmarks/weight_sync.py`` prints the share of a sync)."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling parameters used for validation."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Multi-turn agent episodes (``rollout.multi_turn.enable``)."""
 
 
 @dataclass

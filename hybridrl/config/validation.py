@@ -34,6 +34,7 @@ FUSION_WEIGHTINGS = ("fixed", "inverse_std")
 GRAD_SYNC_MODES = ("step", "micro_batch")
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
 WEIGHT_SYNC_METHODS = ("auto", "shared", "plan", "gather")  # hybrid_engine.sync.METHODS
+BUILTIN_TOOL_NAMES = ("calculator", "python")  # agents.tools.BUILTIN_TOOLS
 # Estimators whose baseline comes from the other responses to the same prompt.
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
 
@@ -283,6 +284,7 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
                   f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node)")
     _check_weight_sync_method(config, error)
     _check_rollout_pool(config, error)
+    _check_multi_turn(config, error)
     if config.trainer.device == "cpu":
         _check_cpu_limits(config, error)
 
@@ -313,6 +315,24 @@ def _check_rollout_pool(config: TrainConfig, error: ConfigError) -> None:
     if config.trainer.nnodes > 1:
         error.add(key, pool, f"the pool takes its weights through the trainer's host memory, so it needs one node; "
                              f"trainer.nnodes={config.trainer.nnodes} (a cross-node transport is not built yet)")
+
+
+def _check_multi_turn(config: TrainConfig, error: ConfigError) -> None:
+    """``rollout.multi_turn``: the engine it needs, turns, tools and timeouts."""
+    multi_turn = config.rollout.multi_turn
+    if not multi_turn.enable:
+        return
+    if config.rollout.name != "vllm":
+        error.add("rollout.multi_turn.enable", True, f"multi-turn episodes run on vLLM's request API: set "
+                                                     f"rollout.name=vllm (got {config.rollout.name!r})")
+    _require(error, "rollout.multi_turn.max_assistant_turns", multi_turn.max_assistant_turns,
+             multi_turn.max_assistant_turns >= 1, "must be >= 1 (model turns per episode)")
+    _require(error, "rollout.multi_turn.max_tool_calls_per_turn", multi_turn.max_tool_calls_per_turn,
+             multi_turn.max_tool_calls_per_turn >= 1, "must be >= 1")
+    _require(error, "rollout.multi_turn.env_step_timeout_s", multi_turn.env_step_timeout_s,
+             multi_turn.env_step_timeout_s > 0, "must be > 0 (seconds)")
+    for name in multi_turn.tools:
+        _choice(error, "rollout.multi_turn.tools", name, BUILTIN_TOOL_NAMES)
 
 
 def _check_micro_batch_sizing(config: TrainConfig, error: ConfigError) -> None:

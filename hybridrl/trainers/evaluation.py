@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from hybridrl.agents.batch import EPISODE_REWARDS, FINAL_RESPONSE
 from hybridrl.data.loader import DataFields, PromptLoader
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rewards.scorer import RewardScorer
@@ -30,7 +31,9 @@ class Scoring:
         self.tokenizer = tokenizer
 
     def decode(self, batch: Batch) -> list[str]:
-        """The response texts (special tokens and padding removed)."""
+        """The response texts (special tokens and padding removed); for multi-turn episodes the final model turn."""
+        if FINAL_RESPONSE in batch:
+            return [str(text) for text in batch[FINAL_RESPONSE]]
         responses = batch[Fields.RESPONSES].masked_fill(~batch[Fields.RESPONSE_MASK].bool(),
                                                         self.tokenizer.pad_token_id)
         return self.tokenizer.batch_decode(responses, skip_special_tokens=True)
@@ -65,6 +68,8 @@ class Scoring:
     def token_level_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         """Scores on each response's last valid token ``[B, R]``, plus scoring metrics."""
         scores, metrics, _ = self.score(batch)
+        if EPISODE_REWARDS in batch:  # an environment's own rewards add to the final answer's score
+            scores = scores + batch[EPISODE_REWARDS].to(scores.dtype)
         return scores_to_token_level(scores, batch[Fields.RESPONSE_MASK]), metrics
 
 

@@ -32,6 +32,7 @@ from hybridrl.trainers.reward_fusion import FusedScoring, fusion_enabled, same_v
 from hybridrl.trainers.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
 from hybridrl.trainers.evaluation import Scoring, validate
 from hybridrl.trainers.generation import Generation
+from hybridrl.agents.batch import agent_metrics
 from hybridrl.trainers.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups, num_groups,
                                           prompt_rows, shape_rewards)
 from hybridrl.data.loader import build_prompt_loaders
@@ -200,6 +201,7 @@ class RLTrainer:
         metrics.update(reward_metrics)
         metrics.update(replay_metrics)
         metrics.update(batch_metrics(batch))
+        metrics.update(agent_metrics(batch))
         metrics.update(timer.metrics())
         metrics.update(self._pop_worker_seconds())
         metrics["perf/throughput_tokens_per_s"] = float(batch[Fields.ATTENTION_MASK].sum()) / max(

@@ -16,6 +16,22 @@ from typing import Sequence
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<|user|>", "<|assistant|>")
 # Characters of the synthetic tasks and short English prompts; every character is one token.
 DEFAULT_CHARACTERS = "0123456789+-*/=()., ?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ:'\n"
+TOOL_TOKEN = "<|tool|>"
+TOOL_CHARACTERS = '<>{}"_[]'
+"""Extra characters of a tool-calling tiny tokenizer: the Hermes format's ``<tool_call>{"name": ...}</tool_call>``."""
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}tools: {% for tool in tools %}{{ tool['function']['name'] }}"
+    "{% if not loop.last %}, {% endif %}{% endfor %}{{ '\\n' }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'user' %}<|user|>{{ message['content'] }}"
+    "{% elif message['role'] == 'system' %}{{ message['content'] }}"
+    "{% elif message['role'] == 'tool' %}<|tool|>{{ message['content'] }}"
+    "{% else %}<|assistant|>{{ message['content'] }}<eos>{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+"""A ChatML-like template with tools (their names listed first: a tiny model's context is short) and a ``tool``
+role; the model calls tools in the Hermes format (``hybridrl.agents.tools``)."""
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'user' %}<|user|>{{ message['content'] }}"
@@ -40,8 +56,11 @@ class TinyModelSpec:
     tie_word_embeddings: bool = False
 
 
-def build_char_tokenizer(characters: str = DEFAULT_CHARACTERS):
+def build_char_tokenizer(characters: str = DEFAULT_CHARACTERS, tool_chat: bool = False):
     """A character-level ``PreTrainedTokenizerFast`` with pad/eos tokens and a two-role chat template.
+
+    ``tool_chat``: add the ``<|tool|>`` token (after every character, so the others keep their ids), the characters
+    of tool calls and :data:`TOOL_CHAT_TEMPLATE`.
 
     Returns:
         tokenizer whose vocabulary is ``SPECIAL_TOKENS`` followed by each distinct character of ``characters``.
@@ -49,20 +68,21 @@ def build_char_tokenizer(characters: str = DEFAULT_CHARACTERS):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    ordered_characters = list(dict.fromkeys(characters))
-    vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *ordered_characters])}
+    ordered_characters = list(dict.fromkeys(characters + (TOOL_CHARACTERS if tool_chat else "")))
+    specials = [*SPECIAL_TOKENS, *([TOOL_TOKEN] if tool_chat else [])]
+    vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *ordered_characters, *specials[4:]])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token=None))
-    special_pattern = "|".join(token.replace("|", r"\|") for token in SPECIAL_TOKENS)
+    special_pattern = "|".join(token.replace("|", r"\|") for token in specials)
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(f"{special_pattern}|.|\n"), behavior="isolated")
     backend.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token="<pad>",
         eos_token="<eos>",
-        additional_special_tokens=["<|user|>", "<|assistant|>"],
+        additional_special_tokens=["<|user|>", "<|assistant|>", *specials[4:]],
         padding_side="left",
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE if tool_chat else CHAT_TEMPLATE
     return tokenizer
 
 
@@ -93,10 +113,11 @@ def build_tiny_model(spec: TinyModelSpec, vocab_size: int, *, pad_token_id: int,
 
 
 def save_tiny_model(directory: str | Path, spec: TinyModelSpec = TinyModelSpec(), *, seed: int = 0,
-                    characters: str = DEFAULT_CHARACTERS) -> Path:
-    """Build a tiny model + tokenizer and ``save_pretrained`` both into ``directory`` (safetensors). Returns the path."""
+                    characters: str = DEFAULT_CHARACTERS, tool_chat: bool = False) -> Path:
+    """Build a tiny model + tokenizer and ``save_pretrained`` both into ``directory`` (safetensors). Returns the path.
+    ``tool_chat``: the tool-calling tokenizer and template (``build_char_tokenizer``)."""
     directory = Path(directory)
-    tokenizer = build_char_tokenizer(characters)
+    tokenizer = build_char_tokenizer(characters, tool_chat=tool_chat)
     model = build_tiny_model(spec, len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                              eos_token_id=tokenizer.eos_token_id, seed=seed)
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -40,6 +40,7 @@ from hybridrl.runtime import Worker, dp_leaders, dp_split, one_to_all
 from hybridrl.utils.collectives import CollectiveTimer
 from hybridrl.utils.distributed import full_tensor
 from hybridrl.utils.seeding import derive_seed
+from hybridrl.workers.agent_rollout import episode_runner
 from hybridrl.workers.building import (data_parallel_group, log_prob_micro_batching, sharding_options,
                                        training_micro_batching)
 from hybridrl.workers.engine_weights import EngineWeights
@@ -90,6 +91,7 @@ class ActorRolloutRefWorker(Worker):
                 keep_gathered=keep_gathered))
             self.reference = TrainingEngine(reference_model, dp=dp)
         self.rollout = self._build_rollout(actor_model, dp)
+        self.episodes = episode_runner(config, self.tokenizer) if self.rollout is not None else None
         # Sized last, so that on a GPU the budget sees what the reference and the rollout engine already hold.
         self.plan, self.micro_batch_sizing = resolve_plan(config, "actor", actor_model, self.plan, dp=dp,
                                                           device=self.device, optimizer=optimizer)
@@ -156,7 +158,8 @@ class ActorRolloutRefWorker(Worker):
         free_cache = self.config.rollout.free_cache_engine
         if free_cache:
             self.rollout.resume()
-        output = self.rollout.generate(prompts, params)
+        output = self.episodes.run(self.rollout, prompts, params) if self.episodes is not None else \
+            self.rollout.generate(prompts, params)
         if free_cache:
             self.rollout.release_memory()
         return output

@@ -24,6 +24,7 @@ from hybridrl.rollout import EngineInputs, build_rollout_engine
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.runtime import Worker, dp_leaders, one_to_all
 from hybridrl.workers.actor_worker import eos_token_ids
+from hybridrl.workers.agent_rollout import episode_runner
 from hybridrl.workers.engine_weights import StaleEngineWeightsError
 
 
@@ -55,6 +56,7 @@ class RolloutWorker(Worker):
             model_path=config.model.path, tokenizer_path=config.model.tokenizer_path,
             max_model_len=config.data.max_prompt_length + config.data.max_response_length,
             dtype=config.model.dtype, seed=config.trainer.seed))
+        self.episodes = episode_runner(config, tokenizer)
         self.published: Optional[PublishedWeights] = None
         self.weight_version: Optional[int] = 0 if config.rollout.load_format != "dummy" else None
 
@@ -69,6 +71,8 @@ class RolloutWorker(Worker):
                 f"the weights of version {self.weight_version}"
             raise StaleEngineWeightsError(f"rollout rank {self.rank} holds {held} but generation asked for version "
                                           f"{weight_version}: a weight sync was skipped")
+        if self.episodes is not None:
+            return self.episodes.run(self.engine, prompts, params)
         return self.engine.generate(prompts, params)
 
     @one_to_all(collect="first")

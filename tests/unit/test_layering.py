@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("data", "rewards"),
     ("modeling",),  # model building, sharding, precision, attention, LoRA, forwards over sequences
     ("hybrid_engine", "rollout"),
+    ("agents",),  # environments, tools and the token-exact multi-turn loop over a request engine
     ("engines",),  # per-rank training engines and their losses and hooks
     ("autotune",),  # memory sizing and probe, gradient-noise scale, adaptive accumulation
     ("workers",),  # Ray roles: actor/rollout/reference, critic, reward model

@@ -1,0 +1,77 @@
+"""Trajectories → the rollout ``Batch`` every training stage reads, with observation tokens kept out of the loss.
+
+Layout (as ``protocol.rollout_layout``): ``prompts`` ``[B, P]`` left-padded, ``responses`` ``[B, R]`` right-padded,
+``input_ids`` / ``attention_mask`` ``[B, P + R]``. Two differences from a single-turn rollout: the attention mask is 1
+on *every* response id (observations are context the model attends to), while ``response_mask`` is 1 only on the
+model's own ids — the loss, the token-mean normaliser, the KL and the log-prob gate all read ``response_mask``.
+``rollout_log_probs`` are the engine's for model ids and 0 on observations.
+
+Per row also: ``final_response`` (non-tensor: the text of the last model turn — what the reward function scores),
+``episode_rewards`` ``[B]`` (the environment's own rewards, summed over steps) and ``agent_stats`` ``[B, K]`` (columns
+:data:`AGENT_STATS`), from which the controller logs per-batch means.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from hybridrl.agents.trajectory import Trajectory
+from hybridrl.protocol import Batch, Fields
+
+FINAL_RESPONSE = "final_response"
+EPISODE_REWARDS = "episode_rewards"
+AGENT_STATS_FIELD = "agent_stats"
+AGENT_STATS = ("turns", "tool_calls", "tool_errors", "tool_timeouts", "observation_tokens", "cut_by_budget",
+               "env_failures", "prefix_mismatches")
+
+
+def _stats_row(trajectory: Trajectory) -> list[float]:
+    counters = trajectory.counters
+    return [float(trajectory.turns), counters.get("tool_calls", 0.0), counters.get("tool_errors", 0.0),
+            counters.get("tool_timeouts", 0.0), counters.get("observation_tokens", 0.0),
+            float(trajectory.end == "budget"), counters.get("env_failures", 0.0), float(trajectory.prefix_mismatches)]
+
+
+def trajectories_to_batch(trajectories: Sequence[Trajectory], rows: Batch, response_length: int,
+                          pad_token_id: int) -> Batch:
+    """One row per trajectory; ``rows`` holds each trajectory's prompt row (already repeated ``n`` times), whose
+    non-tensor fields (``uid``, ``data_source``, ground truth …) are carried over."""
+    if len(rows) != len(trajectories):
+        raise ValueError(f"{len(trajectories)} trajectories for {len(rows)} prompt rows")
+    width = max(max((len(t.prompt_ids) for t in trajectories), default=1), 1)
+    count = len(trajectories)
+    prompts = torch.full((count, width), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((count, width), dtype=torch.long)
+    responses = torch.full((count, response_length), pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros((count, response_length), dtype=torch.long)
+    context_mask = torch.zeros((count, response_length), dtype=torch.long)
+    log_probs = torch.zeros((count, response_length), dtype=torch.float32)
+    for row, trajectory in enumerate(trajectories):
+        if trajectory.prompt_ids:
+            prompts[row, width - len(trajectory.prompt_ids):] = torch.tensor(trajectory.prompt_ids)
+            prompt_mask[row, width - len(trajectory.prompt_ids):] = 1
+        length = min(len(trajectory.response_ids), response_length)
+        responses[row, :length] = torch.tensor(trajectory.response_ids[:length], dtype=torch.long)
+        response_mask[row, :length] = torch.tensor(trajectory.response_mask[:length], dtype=torch.long)
+        context_mask[row, :length] = 1
+        log_probs[row, :length] = torch.tensor(trajectory.log_probs[:length], dtype=torch.float32)
+    tensors = {
+        Fields.PROMPTS: prompts, Fields.RESPONSES: responses, Fields.RESPONSE_MASK: response_mask,
+        Fields.INPUT_IDS: torch.cat([prompts, responses], dim=-1),
+        Fields.ATTENTION_MASK: torch.cat([prompt_mask, context_mask], dim=-1),
+        Fields.ROLLOUT_LOG_PROBS: log_probs * response_mask,
+        EPISODE_REWARDS: torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+        AGENT_STATS_FIELD: torch.tensor([_stats_row(t) for t in trajectories], dtype=torch.float32),
+    }
+    non_tensors = {**dict(rows.non_tensors), FINAL_RESPONSE: [t.final_text for t in trajectories]}
+    return Batch(tensors=tensors, non_tensors=non_tensors, meta=rows.meta)
+
+
+def agent_metrics(batch: Batch) -> dict[str, float]:
+    """``agent/<stat>`` batch means of :data:`AGENT_STATS` (empty for a single-turn batch)."""
+    if AGENT_STATS_FIELD not in batch:
+        return {}
+    means = batch[AGENT_STATS_FIELD].float().mean(dim=0).tolist()
+    return {f"agent/{name}": value for name, value in zip(AGENT_STATS, means)}

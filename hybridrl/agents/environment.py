@@ -1,0 +1,146 @@
+"""The environment interface of multi-turn episodes, the tool environment, and the registry that names them.
+
+An environment sees text and answers with text; the agent loop (``loop.py``) owns the tokens. Per episode::
+
+    messages = env.reset(row)            # the opening chat messages (from the data row)
+    result = env.step(model_text)        # the model's turn, decoded → observations, reward, done, info
+    ...                                  # until result.done, rollout.multi_turn.max_assistant_turns or the budget
+    env.close()
+
+``StepResult.observations`` are chat messages the loop renders with the chat template (each ``{"role": "tool",
+"content": ...}`` by default); the episode's reward is the sum of the step rewards (on the last model token by
+default). Whatever an environment does wrong — raises, hangs past ``env_step_timeout_s``, returns an observation that
+is not text or a reward that is not a number — ends that episode as a counted, logged failure, never the run.
+
+``ToolEnvironment`` is the built-in one: the model calls tools in the Hermes format (``<tool_call>{"name": ...,
+"arguments": {...}}</tool_call>``, ``tools.py``); each call's output (or the model's mistake: invalid JSON, an unknown
+tool, a bad argument — told to the model, counted) comes back as a tool message; a turn without a tool call is the
+final answer, scored by the row's reward function. Custom environments register by name
+(``@ENVIRONMENTS.register("mine")`` on a class built with ``cls(config, tokenizer_name)``) and a data row chooses its
+own with an ``agent_name`` column (verl's name), else ``rollout.multi_turn.environment`` applies.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from hybridrl.agents.tools import BUILTIN_TOOLS, Tool, ToolCall, parse_tool_calls
+from hybridrl.utils.registry import Registry
+
+Message = dict[str, Any]
+RewardFn = Callable[[str, Mapping[str, Any]], float]
+"""``reward(final_text, row) -> float``: the score of an episode's final answer."""
+
+
+@dataclass
+class StepResult:
+    """What an environment returns for one model turn."""
+
+    observations: list[Message] = field(default_factory=list)
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, float] = field(default_factory=dict)
+
+
+class EnvironmentFailure(RuntimeError):
+    """An environment broke its contract (raised, hung, returned the wrong types); ends one episode, counted."""
+
+
+def checked(result: object) -> StepResult:
+    """``result`` if it honours the contract, else :class:`EnvironmentFailure` saying what is wrong."""
+    if not isinstance(result, StepResult):
+        raise EnvironmentFailure(f"step() returned {type(result).__name__}, not a StepResult")
+    if isinstance(result.reward, bool) or not isinstance(result.reward, (int, float)) or not math.isfinite(
+            float(result.reward)):
+        raise EnvironmentFailure(f"step() returned the reward {result.reward!r}: it must be a finite number")
+    for message in result.observations:
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            raise EnvironmentFailure(f"step() returned the observation {message!r}: each must be a chat message "
+                                     "with text content ({'role': 'tool', 'content': '...'})")
+    return result
+
+
+class Environment:
+    """Base class of environments (see the module docstring). ``tools``: schemas shown to the model."""
+
+    tools: Sequence[Tool] = ()
+
+    def reset(self, row: Mapping[str, Any]) -> list[Message]:
+        """The opening messages of an episode on data ``row`` (its ``prompt`` column by default)."""
+        prompt = row.get("prompt")
+        if isinstance(prompt, str):
+            return [{"role": "user", "content": prompt}]
+        return [dict(message) for message in prompt]
+
+    def step(self, model_text: str) -> StepResult:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the episode held (default: nothing)."""
+
+
+class ToolEnvironment(Environment):
+    """Tool calls answered by plain Python functions; the turn without a call is the answer, scored by ``reward``.
+
+    Args:
+        tools: what the model may call.
+        reward: ``reward(final_text, row)`` for the final answer.
+        max_tool_calls: calls answered per turn (more are refused, counted as errors).
+    """
+
+    def __init__(self, tools: Sequence[Tool], reward: RewardFn, max_tool_calls: int = 4) -> None:
+        self.tools, self.reward, self.max_tool_calls = list(tools), reward, max_tool_calls
+        self.by_name = {tool.name: tool for tool in self.tools}
+        self.row: Mapping[str, Any] = {}
+
+    def reset(self, row: Mapping[str, Any]) -> list[Message]:
+        self.row = row
+        return super().reset(row)
+
+    def step(self, model_text: str) -> StepResult:
+        parsed = parse_tool_calls(model_text)
+        if not parsed.found:
+            return StepResult(reward=float(self.reward(model_text, self.row)), done=True)
+        info = {"tool_calls": 0.0, "tool_errors": float(len(parsed.errors)), "tool_timeouts": 0.0,
+                "tool_seconds": 0.0}
+        observations = [{"role": "tool", "content": f"error: {error}"} for error in parsed.errors]
+        for index, call in enumerate(parsed.calls):
+            observations.append({"role": "tool", "content": self._answer(call, index, info)})
+        return StepResult(observations=observations, info=info)
+
+    def _answer(self, call: ToolCall, index: int, info: dict[str, float]) -> str:
+        if index >= self.max_tool_calls:
+            info["tool_errors"] += 1
+            return f"error: at most {self.max_tool_calls} tool calls per turn"
+        tool = self.by_name.get(call.name)
+        if tool is None:
+            info["tool_errors"] += 1
+            return f"error: unknown tool {call.name!r}; the tools are {', '.join(sorted(self.by_name))}"
+        started = time.perf_counter()
+        outcome = tool.call(call.arguments)
+        info["tool_seconds"] += time.perf_counter() - started
+        info["tool_calls"] += 1
+        info["tool_errors"] += outcome.error is not None
+        info["tool_timeouts"] += outcome.timed_out
+        return outcome.content
+
+
+ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment")
+"""Environment factories by name: ``factory(tools, reward) -> Environment``."""
+
+
+@ENVIRONMENTS.register("tool")
+def tool_environment(tools: Sequence[Tool], reward: RewardFn, max_tool_calls: int = 4) -> Environment:
+    return ToolEnvironment(tools, reward, max_tool_calls)
+
+
+def resolve_tools(names: Sequence[str], extra: Optional[Mapping[str, Tool]] = None) -> list[Tool]:
+    """The tools called ``names`` (built-in, or in ``extra``); ``KeyError`` naming an unknown one and the choices."""
+    known = {**BUILTIN_TOOLS, **(extra or {})}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise KeyError(f"unknown tool(s) {unknown}; known: {sorted(known)}")
+    return [known[name] for name in names]

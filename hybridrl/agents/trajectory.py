@@ -1,0 +1,152 @@
+"""A multi-turn episode as token ids: what the model sampled, exactly, and what the environment said, rendered.
+
+A trajectory is ``prompt_ids`` followed by ``response_ids`` = turn₁ model ids, observation ids, turn₂ model ids, …
+with ``response_mask`` 1 on the model's ids and 0 on observation ids (no loss, not in the token normaliser), and the
+rollout's log-prob and weight version of each model id. The model's ids are appended as the engine produced them;
+its text is decoded only for the environment to read and is never encoded again.
+
+Observation ids come from the chat template (:class:`ChatRenderer`): render the conversation with the model's turn,
+render it again with the observations and the next generation prompt, and keep the difference. Two checks make that
+exact: the template must be prefix-preserving (the second rendering starts with the first), and the ids so far must
+equal the first rendering's ids — the model's ids are what the template would produce for its text. Where the second
+does not hold (the model produced an unusual tokenisation of its text) the ids so far are kept as generated, the
+template's tokens after the model's stop token (e.g. a newline after ``<|im_end|>``) are carried over so no separator
+is lost, and the mismatch is counted and logged; ``strict`` mode raises :class:`TemplateMismatch` instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+logger = logging.getLogger(__name__)
+
+Message = dict[str, Any]
+
+
+class TemplateMismatch(RuntimeError):
+    """The chat template does not reproduce the ids generated so far (``rollout.multi_turn.strict``)."""
+
+
+def supports_tools(tokenizer, tools: Sequence[dict]) -> bool:
+    """Whether the tokenizer's chat template renders a ``tools`` list (the rendering changes when tools are given)."""
+    probe = [{"role": "user", "content": "x"}]
+    plain = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+    with_tools = tokenizer.apply_chat_template(probe, tools=list(tools), tokenize=False, add_generation_prompt=True)
+    return plain != with_tools
+
+
+class ChatRenderer:
+    """The chat template as ids, with the prefix checks of the module docstring.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template.
+        tools: tool schemas (``Tool.schema()``) rendered into the prompt; empty for none.
+        strict: raise :class:`TemplateMismatch` instead of counting a mismatch.
+    """
+
+    def __init__(self, tokenizer, tools: Sequence[dict] = (), strict: bool = False) -> None:
+        self.tokenizer, self.tools, self.strict = tokenizer, list(tools), strict
+
+    def ids(self, messages: Sequence[Message], generation_prompt: bool) -> list[int]:
+        """``messages`` rendered and tokenised (``tools`` included when there are some)."""
+        extra = {"tools": self.tools} if self.tools else {}
+        encoded = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=generation_prompt,
+                                                     tokenize=True, return_dict=True, **extra)
+        return list(encoded["input_ids"])
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        return self.ids(messages, generation_prompt=True)
+
+    def decode(self, model_ids: Sequence[int], stop_ids: Sequence[int]) -> str:
+        """The text of one model turn for the environment (its final stop token left out)."""
+        ids = list(model_ids[:-1]) if model_ids and model_ids[-1] in stop_ids else list(model_ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def observation_ids(self, history: Sequence[Message], observations: Sequence[Message],
+                        ids_so_far: Sequence[int]) -> tuple[list[int], bool]:
+        """Ids to append after ``ids_so_far`` (prompt + every turn so far, the model's last turn included, as
+        generated): the observations and the next generation prompt. ``history`` ends with the model's last turn as
+        text. Returns ``(ids, matched)``; ``matched`` is False when a check of the module docstring failed."""
+        before = self.ids(history, generation_prompt=False)
+        after = self.ids([*history, *observations], generation_prompt=True)
+        preserving = after[:len(before)] == before
+        matched = preserving and list(before[:len(ids_so_far)]) == list(ids_so_far) and len(before) >= len(
+            ids_so_far)
+        if matched:
+            return after[len(ids_so_far):], True
+        reason = ("the chat template is not prefix-preserving (rendering the observations changed the earlier "
+                  "turns)" if not preserving else "the template's ids for the conversation differ from the ids "
+                  "generated so far")
+        if self.strict:
+            raise TemplateMismatch(f"multi-turn prefix check failed: {reason} (rollout.multi_turn.strict)")
+        logger.debug("multi-turn prefix check failed: %s", reason)
+        return _trailer(before, ids_so_far) + after[_common_prefix(before, after):], False
+
+
+def _common_prefix(first: Sequence[int], second: Sequence[int]) -> int:
+    length = 0
+    for a, b in zip(first, second):
+        if a != b:
+            break
+        length += 1
+    return length
+
+
+def _trailer(rendered: Sequence[int], ids_so_far: Sequence[int]) -> list[int]:
+    """The template's ids after the model's final stop token in ``rendered`` (what the model did not generate)."""
+    if not ids_so_far:
+        return []
+    last = ids_so_far[-1]
+    positions = [index for index, token in enumerate(rendered) if token == last]
+    return list(rendered[positions[-1] + 1:]) if positions else []
+
+
+@dataclass
+class Trajectory:
+    """One episode, token-exact (see the module docstring). Lists of one entry per response id."""
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)
+    turns: int = 0
+    reward: float = 0.0
+    end: str = ""
+    """``done`` (the environment ended it), ``max_turns``, ``budget`` (the response length) or ``failed``."""
+    failure: Optional[str] = None
+    prefix_mismatches: int = 0
+    counters: dict[str, float] = field(default_factory=dict)
+    final_text: str = ""
+    """The last model turn, decoded (what the reward function scores)."""
+
+    def add_model_turn(self, ids: Sequence[int], log_probs: Sequence[float], versions: Sequence[int]) -> None:
+        self.response_ids += list(ids)
+        self.response_mask += [1] * len(ids)
+        self.log_probs += list(log_probs)
+        self.weight_versions += list(versions)
+        self.turns += 1
+
+    def add_observation(self, ids: Sequence[int]) -> None:
+        self.response_ids += list(ids)
+        self.response_mask += [0] * len(ids)
+        self.log_probs += [0.0] * len(ids)
+        self.weight_versions += [-1] * len(ids)
+        self.counters["observation_tokens"] = self.counters.get("observation_tokens", 0.0) + len(ids)
+
+    def count(self, info: dict[str, float]) -> None:
+        for key, value in info.items():
+            self.counters[key] = self.counters.get(key, 0.0) + float(value)
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def truncate(self, max_response_tokens: int) -> None:
+        """Keep at most ``max_response_tokens`` response ids (the episode then ends on the budget)."""
+        if len(self.response_ids) > max_response_tokens:
+            for name in ("response_ids", "response_mask", "log_probs", "weight_versions"):
+                setattr(self, name, getattr(self, name)[:max_response_tokens])
+            self.end = "budget"

@@ -1,0 +1,89 @@
+"""Multi-turn episodes on a rank's vLLM engine (``rollout.multi_turn.enable``): the worker's side of ``hybridrl.agents``.
+
+One episode per response row (``rollout.n`` per prompt), all in flight together on the engine's request queue. A
+row's environment is its ``extra_info["agent_name"]`` (verl's per-row choice) or ``rollout.multi_turn.environment``;
+its opening messages are the row's prompt as given (``messages``), rendered with the tools' schemas by the chat
+template. Each episode is seeded from the call's seed and its row, so a fixed seed gives the same episodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from hybridrl.agents.batch import trajectories_to_batch
+from hybridrl.agents.environment import ENVIRONMENTS, resolve_tools
+from hybridrl.agents.loop import AgentLoop, LoopLimits
+from hybridrl.agents.trajectory import ChatRenderer, supports_tools
+from hybridrl.config.schema import MultiTurnConfig
+from hybridrl.data.loader import DataFields
+from hybridrl.protocol import Batch, Fields
+from hybridrl.rollout.base import SamplingParams
+from hybridrl.utils.seeding import derive_seed
+
+
+class ToolTemplateError(ValueError):
+    """The chat template cannot show the model its tools."""
+
+
+def no_reward(final_text: str, row: Any) -> float:
+    """The tool environment's own reward: none — the row's reward function scores the final answer."""
+    return 0.0
+
+
+def episode_runner(config, tokenizer) -> "EpisodeRunner | None":
+    """The runner when ``rollout.multi_turn.enable``, else ``None`` (single-turn generation)."""
+    if not config.rollout.multi_turn.enable:
+        return None
+    return EpisodeRunner(config.rollout.multi_turn, tokenizer, config.data.max_response_length)
+
+
+class EpisodeRunner:
+    """Builds what every call shares (tools, renderer, limits) once per worker.
+
+    Args:
+        multi_turn: ``rollout.multi_turn``.
+        tokenizer: the policy's tokenizer (its chat template renders tools and observations).
+        max_response_tokens: ``data.max_response_length`` — model and observation ids of one episode together.
+    """
+
+    def __init__(self, multi_turn: MultiTurnConfig, tokenizer, max_response_tokens: int) -> None:
+        self.config, self.tokenizer = multi_turn, tokenizer
+        self.tools = resolve_tools(multi_turn.tools)
+        schemas = [tool.schema() for tool in self.tools]
+        if schemas and not supports_tools(tokenizer, schemas):
+            raise ToolTemplateError(
+                "rollout.multi_turn.tools: the model's chat template ignores the `tools` it is given, so the model "
+                "would never see them; use a model whose template renders tools (e.g. Qwen2.5's) or set "
+                "model.tokenizer_path to a tokenizer whose chat template does")
+        self.renderer = ChatRenderer(tokenizer, schemas, strict=multi_turn.strict)
+        self.limits = LoopLimits(max_assistant_turns=multi_turn.max_assistant_turns,
+                                 max_response_tokens=max_response_tokens,
+                                 env_step_timeout_s=multi_turn.env_step_timeout_s)
+
+    def run(self, engine, prompts: Batch, params: SamplingParams) -> Batch:
+        """``B`` prompts → ``B·n`` episode rows (``agents/batch.py`` layout) on ``engine`` (a ``VLLMRollout``)."""
+        copies = params.n
+        rows = prompts.repeat_interleave(copies)
+        row_dicts = [{"prompt": rows[DataFields.MESSAGES][index], "ground_truth": rows[DataFields.GROUND_TRUTH][index],
+                      "extra_info": rows[DataFields.EXTRA_INFO][index]} for index in range(len(rows))]
+        environments = [ENVIRONMENTS[self._environment_name(row)](self.tools, no_reward,
+                                                                  self.config.max_tool_calls_per_turn)
+                        for row in row_dicts]
+        episode_params = [replace(params, n=1, seed=None if params.seed is None else
+                                  derive_seed(params.seed, "episode", index)) for index in range(len(rows))]
+        loop = AgentLoop(engine.requests, self.renderer, replace(self.limits,
+                                                                  max_response_tokens=params.max_new_tokens),
+                         stop_ids=engine.eos_token_ids)
+        trajectories = loop.run(environments, row_dicts, episode_params)
+        for index, trajectory in enumerate(trajectories):
+            if not trajectory.prompt_ids:  # reset() failed: keep the row's own prompt, so the row stays well-formed
+                mask = rows[Fields.ATTENTION_MASK][index].bool()
+                trajectory.prompt_ids = rows[Fields.INPUT_IDS][index][mask].tolist()
+        return trajectories_to_batch(trajectories, rows,
+                                     params.max_new_tokens, engine.pad_token_id)
+
+    def _environment_name(self, row: dict) -> str:
+        extra = row.get("extra_info")
+        name = extra.get("agent_name") if isinstance(extra, dict) else None
+        return str(name) if name else self.config.environment
