@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # keep both cores busy on the 2-core box (with one shared Ray per process: 10.3 vs 19.8 min). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo test test-fast docs clean
+.PHONY: setup demo demo-agent test test-fast docs clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,9 @@ $(STAMP):
 
 demo: setup
 	$(BIN)/hybridrl demo
+
+demo-agent: setup
+	$(BIN)/hybridrl demo-agent
 
 test: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)

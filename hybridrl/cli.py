@@ -164,6 +164,15 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("demo-agent", "the multi-turn demo: a calculator tool, SFT then GRPO with the agent loop, on CPU",
+         "demo_agent_grpo")
+def demo_agent(args: argparse.Namespace) -> int:
+    from hybridrl.demo import AGENT, run_demo
+
+    run_demo(args.overrides, demo=AGENT)
+    return 0
+
+
 def _export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="a run directory (its latest checkpoint) or a checkpoints/global_step_<k> dir")
     parser.add_argument("output_dir", help="new directory for the Hugging Face model (safetensors + tokenizer)")
@@ -243,7 +252,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
 
 
-TRAINING_COMMANDS = ("train", "sft", "rm", "demo")
+TRAINING_COMMANDS = ("train", "sft", "rm", "demo", "demo-agent")
 
 
 def _warn_if_interrupt_ignored(command: str) -> None:

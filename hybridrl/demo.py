@@ -8,14 +8,19 @@
 4. Print the summary (held-out accuracy after SFT vs after RL, wall time, step-time breakdown) and write the plot.
 
 Overrides on the command line apply to the GRPO stage (``hybridrl demo trainer.total_training_steps=20``).
+
+``hybridrl demo-agent`` (``make demo-agent``) is the multi-turn twin: two-digit multiplication, which the tiny model
+cannot do but a calculator can; SFT on imperfect tool-calling demonstrations (``conf/demo_agent_sft.yaml``), then
+GRPO with the agent loop (``conf/demo_agent_grpo.yaml``, ``rollout.multi_turn``).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
 
@@ -24,19 +29,36 @@ DEMO_DIR = Path("runs/demo")
 DEMO_MODEL = TinyModelSpec(hidden_size=256, num_layers=3, num_heads=8, num_kv_heads=1, intermediate_size=512)
 
 
-def build_base_model(directory: Path, spec: TinyModelSpec = DEMO_MODEL) -> Path:
+@dataclass(frozen=True)
+class DemoSpec:
+    """One demo: its two configs (in ``conf/``), whether its tokenizer calls tools, its title and run directory."""
+
+    sft_config: str
+    grpo_config: str
+    title: str
+    directory: Path
+    tool_chat: bool = False
+
+
+ARITHMETIC = DemoSpec("demo_sft", "demo_grpo", "hybridrl demo: arithmetic, SFT → GRPO, 2 CPU ranks", DEMO_DIR)
+AGENT = DemoSpec("demo_agent_sft", "demo_agent_grpo",
+                 "hybridrl demo-agent: multiplication with a calculator tool, SFT → multi-turn GRPO, 2 CPU ranks",
+                 Path("runs/demo_agent"), tool_chat=True)
+
+
+def build_base_model(directory: Path, spec: TinyModelSpec = DEMO_MODEL, tool_chat: bool = False) -> Path:
     """The randomly initialised tiny model (built once; a rerun reuses it)."""
     if (directory / "config.json").is_file():
         return directory
-    return save_tiny_model(directory, spec, seed=0)
+    return save_tiny_model(directory, spec, seed=0, tool_chat=tool_chat)
 
 
-def run_demo(overrides: Sequence[str] = (), demo_dir: Path = DEMO_DIR, *, sft_overrides: Sequence[str] = (),
-             model_spec: TinyModelSpec = DEMO_MODEL) -> dict:
+def run_demo(overrides: Sequence[str] = (), demo_dir: Optional[Path] = None, *, sft_overrides: Sequence[str] = (),
+             model_spec: TinyModelSpec = DEMO_MODEL, demo: DemoSpec = ARITHMETIC) -> dict:
     """Run the whole demo and return its headline figures (also printed).
 
-    ``overrides`` go to the GRPO stage (``conf/demo_grpo.yaml``), ``sft_overrides`` to the SFT stage
-    (``conf/demo_sft.yaml``); ``model_spec`` sizes the base model (tests shrink it).
+    ``overrides`` go to the GRPO stage (``demo.grpo_config``), ``sft_overrides`` to the SFT stage
+    (``demo.sft_config``); ``model_spec`` sizes the base model (tests shrink it).
     """
     from hybridrl.config import load_config
     from hybridrl.trainers.sft_trainer import SFTTrainer
@@ -44,21 +66,22 @@ def run_demo(overrides: Sequence[str] = (), demo_dir: Path = DEMO_DIR, *, sft_ov
     from hybridrl.utils.report import format_summary, plot_learning_curves, step_time_breakdown
 
     started = time.perf_counter()
-    base = build_base_model(demo_dir / "base", model_spec)
+    demo_dir = demo.directory if demo_dir is None else demo_dir
+    base = build_base_model(demo_dir / "base", model_spec, demo.tool_chat)
     print(f"[demo] 1/3 tiny model at {base}")
     sft_config = load_config([f"model.path={base}", f"trainer.default_local_dir={demo_dir / 'sft'}", *sft_overrides],
-                             "demo_sft")
+                             demo.sft_config)
     sft_trainer = SFTTrainer(sft_config)
     rollout = [] if importlib.util.find_spec("vllm") else ["rollout=hf"]
     rl_overrides = [f"trainer.default_local_dir={demo_dir / 'grpo'}", *rollout, *overrides]
     # Every GRPO mistake is refused now, not after the SFT stage (the SFT model it will start from does not exist yet)
-    load_config([f"model.path={sft_trainer.export_dir}", *rl_overrides], "demo_grpo", check_paths=False)
+    load_config([f"model.path={sft_trainer.export_dir}", *rl_overrides], demo.grpo_config, check_paths=False)
     sft = sft_trainer.fit()
     sft_seconds = time.perf_counter() - started
     print(f"[demo] 2/3 SFT done in {sft_seconds:.0f} s → {sft.export_dir}")
     if rollout:
         print("[demo] vLLM is not installed: generating with transformers on the actor's module (rollout=hf)")
-    rl_config = load_config([f"model.path={sft.export_dir}", *rl_overrides], "demo_grpo")
+    rl_config = load_config([f"model.path={sft.export_dir}", *rl_overrides], demo.grpo_config)
     rl_started = time.perf_counter()
     result = RLTrainer(rl_config).fit()
     rl_seconds = time.perf_counter() - rl_started
@@ -71,12 +94,24 @@ def run_demo(overrides: Sequence[str] = (), demo_dir: Path = DEMO_DIR, *, sft_ov
         "held-out accuracy after GRPO": f"{100 * after:.1f} %",
         "gain": f"{100 * (after - before):+.1f} points",
         "GRPO steps": result.global_step,
+        **_agent_figures(rows),
         "wall time: SFT / GRPO / total": f"{sft_seconds:.0f} s / {rl_seconds:.0f} s / "
                                          f"{time.perf_counter() - started:.0f} s",
         "learning curves": str(plot),
         "run directory": str(result.run_dir),
     }
-    print(format_summary("hybridrl demo: arithmetic, SFT → GRPO, 2 CPU ranks", figures,
+    print(format_summary(demo.title, figures,
                          step_time_breakdown(rows)))
     return {"accuracy_after_sft": before, "accuracy_after_rl": after, "wall_time_s": time.perf_counter() - started,
             "plot": plot, "run_dir": result.run_dir}
+
+
+def _agent_figures(rows: Sequence[dict]) -> dict[str, str]:
+    """Tool use at the first and last training steps (multi-turn demos only)."""
+    agent_rows = [row for row in rows if "agent/tool_calls" in row]
+    if not agent_rows:
+        return {}
+    first, last = agent_rows[0], agent_rows[-1]
+    return {"tool calls per episode (first → last step)": f"{first['agent/tool_calls']:.2f} → "
+                                                          f"{last['agent/tool_calls']:.2f}",
+            "turns per episode (first → last step)": f"{first['agent/turns']:.2f} → {last['agent/turns']:.2f}"}

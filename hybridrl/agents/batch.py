@@ -35,12 +35,18 @@ def _stats_row(trajectory: Trajectory) -> list[float]:
 
 
 def trajectories_to_batch(trajectories: Sequence[Trajectory], rows: Batch, response_length: int,
-                          pad_token_id: int) -> Batch:
+                          pad_token_id: int, prompt_width: int = 0) -> Batch:
     """One row per trajectory; ``rows`` holds each trajectory's prompt row (already repeated ``n`` times), whose
-    non-tensor fields (``uid``, ``data_source``, ground truth …) are carried over."""
+    non-tensor fields (``uid``, ``data_source``, ground truth …) are carried over. ``prompt_width``: pad prompts to
+    this many ids (so batches of different ranks concatenate); ``ValueError`` naming the row if one is longer."""
     if len(rows) != len(trajectories):
         raise ValueError(f"{len(trajectories)} trajectories for {len(rows)} prompt rows")
-    width = max(max((len(t.prompt_ids) for t in trajectories), default=1), 1)
+    longest = max(max((len(t.prompt_ids) for t in trajectories), default=1), 1)
+    if prompt_width and longest > prompt_width:
+        row = next(i for i, t in enumerate(trajectories) if len(t.prompt_ids) == longest)
+        raise ValueError(f"episode {row}: its prompt with the tools rendered is {longest} ids, more than the "
+                         f"{prompt_width} allowed (data.max_prompt_length plus the tools' rendering)")
+    width = prompt_width or longest
     count = len(trajectories)
     prompts = torch.full((count, width), pad_token_id, dtype=torch.long)
     prompt_mask = torch.zeros((count, width), dtype=torch.long)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
 from hybridrl.agents.environment import Environment, EnvironmentFailure, Message, StepResult, checked
-from hybridrl.agents.trajectory import ChatRenderer, Trajectory
+from hybridrl.agents.trajectory import ChatRenderer, TemplateMismatch, Trajectory
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.seeding import derive_seed
 
@@ -169,7 +169,14 @@ class AgentLoop:
 
     def _append_observations(self, episode: Episode, result: StepResult) -> None:
         trajectory = episode.trajectory
-        ids, matched = self.renderer.observation_ids(episode.messages, result.observations, trajectory.ids)
+        try:
+            ids, matched = self.renderer.observation_ids(episode.messages, result.observations, trajectory.ids)
+        except TemplateMismatch:
+            raise
+        except Exception as error:  # noqa: BLE001 - e.g. text the tokenizer cannot encode
+            self._fail(episode, f"the chat template / tokenizer cannot encode the observation: "
+                                f"{type(error).__name__}: {error}")
+            return
         trajectory.prefix_mismatches += not matched
         episode.messages += result.observations
         trajectory.add_observation(ids)

@@ -30,6 +30,9 @@ class SFTDataConfig(FreezableConfig):
     """Seed of the data stream."""
     apply_chat_template: bool = True
     """Format prompts with the tokenizer's chat template (as the RL rollout will)."""
+    tools: list[str] = field(default_factory=list)
+    """Tools whose schemas the chat template renders into multi-turn demonstrations' prompts (the same list as the
+    RL run's ``rollout.multi_turn.tools``, so SFT and RL prompts are the same ids)."""
 
 
 @dataclass

@@ -33,6 +33,10 @@ class SFTExample:
     prompt: Any
     response: str
     where: str = field(default="", compare=False)
+    turns: tuple = ()
+    """A multi-turn demonstration: the messages after the prompt (``assistant`` turns to learn, ``tool`` /
+    environment turns to condition on), encoded by ``hybridrl.agents.conversation``; ``response`` is then the final
+    turn's text. Empty for a single response."""
 
 
 def sft_examples_from_rows(rows: Iterable[Mapping[str, Any]],

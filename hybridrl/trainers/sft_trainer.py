@@ -17,6 +17,8 @@ from hybridrl.config.schema import ActorConfig, DataConfig, RolloutConfig, Train
 from hybridrl.config.sft_schema import SFTConfig
 from hybridrl.config.validation import resolved_device
 from hybridrl.runtime import PoolSpec, WorkerGroup
+from hybridrl.agents.conversation import encode_conversations
+from hybridrl.agents.environment import resolve_tools
 from hybridrl.data.sft import check_sft_lengths, encode_sft_examples
 from hybridrl.data.sft_source import build_sft_source
 from hybridrl.trainers.run_lock import run_directory_lock
@@ -64,13 +66,18 @@ class SFTTrainer:
         self.source = build_sft_source(data.train_files if data.synthetic_task is None else [], data.synthetic_task,
                                        data.synthetic_task_kwargs, seed=data.seed)
         # every file row is checked now, naming its file and row, not when its step comes
-        check_sft_lengths(self.tokenizer, self.source.examples, data.max_response_length, data.apply_chat_template,
-                          data.max_prompt_length)
+        check_sft_lengths(self.tokenizer, [e for e in self.source.examples if not e.turns], data.max_response_length,
+                          data.apply_chat_template, data.max_prompt_length)
+        self.tool_schemas = [tool.schema() for tool in resolve_tools(data.tools)]
 
     def batch(self, step: int) -> Batch:
-        """The ``step``-th batch of ``train_batch_size`` examples (cycling over the examples)."""
+        """The ``step``-th batch of ``train_batch_size`` examples (cycling over the examples); multi-turn
+        demonstrations (``SFTExample.turns``) are encoded as the agent loop encodes episodes."""
         data = self.config.data
         picked = self.source.take(step, data.train_batch_size)
+        if any(example.turns for example in picked):
+            return encode_conversations(self.tokenizer, picked, data.max_response_length, self.tool_schemas,
+                                        max_prompt_length=data.max_prompt_length)
         return encode_sft_examples(self.tokenizer, picked, data.max_response_length, data.apply_chat_template,
                                    max_prompt_length=data.max_prompt_length)
 

@@ -9,6 +9,7 @@ Head dimension is 32 by default: vLLM's CPU attention supports 32, 64, 80, 96, 1
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -17,8 +18,12 @@ SPECIAL_TOKENS = ("<pad>", "<eos>", "<|user|>", "<|assistant|>")
 # Characters of the synthetic tasks and short English prompts; every character is one token.
 DEFAULT_CHARACTERS = "0123456789+-*/=()., ?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ:'\n"
 TOOL_TOKEN = "<|tool|>"
-TOOL_CHARACTERS = '<>{}"_[]'
-"""Extra characters of a tool-calling tiny tokenizer: the Hermes format's ``<tool_call>{"name": ...}</tool_call>``."""
+TOOL_CHARACTERS = '<>{}"_[];!#$%&@^|~`\\'
+"""Extra characters of a tool-calling tiny tokenizer: the Hermes format's ``<tool_call>{"name": ...}</tool_call>`` and
+the rest of printable ASCII (tool outputs and error messages are arbitrary text)."""
+TOOL_WORDS = ("<tool_call>", "</tool_call>", '"name"', '"arguments"', '"calculator"', '"expression"')
+"""Whole tokens of a tool-calling tiny tokenizer, as a real BPE vocabulary has them (Qwen2.5's has ``<tool_call>``):
+a call is ~30 tokens, not ~80 characters."""
 TOOL_CHAT_TEMPLATE = (
     "{% if tools %}tools: {% for tool in tools %}{{ tool['function']['name'] }}"
     "{% if not loop.last %}, {% endif %}{% endfor %}{{ '\\n' }}{% endif %}"
@@ -70,10 +75,12 @@ def build_char_tokenizer(characters: str = DEFAULT_CHARACTERS, tool_chat: bool =
 
     ordered_characters = list(dict.fromkeys(characters + (TOOL_CHARACTERS if tool_chat else "")))
     specials = [*SPECIAL_TOKENS, *([TOOL_TOKEN] if tool_chat else [])]
-    vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *ordered_characters, *specials[4:]])}
+    words = list(TOOL_WORDS) if tool_chat else []
+    vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *ordered_characters, *specials[4:],
+                                                         *words])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token=None))
-    special_pattern = "|".join(token.replace("|", r"\|") for token in specials)
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(f"{special_pattern}|.|\n"), behavior="isolated")
+    whole = "|".join(re.escape(token) for token in [*specials, *words])
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(f"{whole}|.|\n"), behavior="isolated")
     backend.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,

@@ -35,7 +35,8 @@ def episode_runner(config, tokenizer) -> "EpisodeRunner | None":
     """The runner when ``rollout.multi_turn.enable``, else ``None`` (single-turn generation)."""
     if not config.rollout.multi_turn.enable:
         return None
-    return EpisodeRunner(config.rollout.multi_turn, tokenizer, config.data.max_response_length)
+    return EpisodeRunner(config.rollout.multi_turn, tokenizer, config.data.max_response_length,
+                         config.data.max_prompt_length)
 
 
 class EpisodeRunner:
@@ -47,7 +48,8 @@ class EpisodeRunner:
         max_response_tokens: ``data.max_response_length`` — model and observation ids of one episode together.
     """
 
-    def __init__(self, multi_turn: MultiTurnConfig, tokenizer, max_response_tokens: int) -> None:
+    def __init__(self, multi_turn: MultiTurnConfig, tokenizer, max_response_tokens: int,
+                 max_prompt_length: int = 0) -> None:
         self.config, self.tokenizer = multi_turn, tokenizer
         self.tools = resolve_tools(multi_turn.tools)
         schemas = [tool.schema() for tool in self.tools]
@@ -57,6 +59,10 @@ class EpisodeRunner:
                 "would never see them; use a model whose template renders tools (e.g. Qwen2.5's) or set "
                 "model.tokenizer_path to a tokenizer whose chat template does")
         self.renderer = ChatRenderer(tokenizer, schemas, strict=multi_turn.strict)
+        probe = [{"role": "user", "content": "x"}]
+        overhead = len(self.renderer.prompt_ids(probe)) - len(ChatRenderer(tokenizer).prompt_ids(probe))
+        self.prompt_width = max_prompt_length + max(overhead, 0) if max_prompt_length else 0
+        """Every rank pads episode prompts to this width (``data.max_prompt_length`` + the tools' rendering)."""
         self.limits = LoopLimits(max_assistant_turns=multi_turn.max_assistant_turns,
                                  max_response_tokens=max_response_tokens,
                                  env_step_timeout_s=multi_turn.env_step_timeout_s)
@@ -80,8 +86,8 @@ class EpisodeRunner:
             if not trajectory.prompt_ids:  # reset() failed: keep the row's own prompt, so the row stays well-formed
                 mask = rows[Fields.ATTENTION_MASK][index].bool()
                 trajectory.prompt_ids = rows[Fields.INPUT_IDS][index][mask].tolist()
-        return trajectories_to_batch(trajectories, rows,
-                                     params.max_new_tokens, engine.pad_token_id)
+        return trajectories_to_batch(trajectories, rows, params.max_new_tokens, engine.pad_token_id,
+                                     self.prompt_width)
 
     def _environment_name(self, row: dict) -> str:
         extra = row.get("extra_info")
