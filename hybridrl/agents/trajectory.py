@@ -16,6 +16,7 @@ is lost, and the mismatch is counted and logged; ``strict`` mode raises :class:`
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -37,6 +38,22 @@ def supports_tools(tokenizer, tools: Sequence[dict]) -> bool:
     return plain != with_tools
 
 
+def tool_system_prompt(tools: Sequence[dict]) -> str:
+    """Tools and the Hermes call format, described in words, for a chat template that cannot render tools."""
+    schemas = "\n".join(json.dumps(tool, sort_keys=True) for tool in tools)
+    return ("You can call tools. To call one, reply with only\n<tool_call>\n{\"name\": <tool name>, \"arguments\": "
+            "<arguments as a JSON object>}\n</tool_call>\nand wait for its result; answer the user when you know "
+            f"the answer. Tools:\n{schemas}")
+
+
+def with_tool_system_prompt(messages: Sequence[Message], tools: Sequence[dict]) -> list[Message]:
+    """``messages`` with :func:`tool_system_prompt` as (or before) the system message."""
+    prompt = tool_system_prompt(tools)
+    if messages and messages[0].get("role") == "system":
+        return [{"role": "system", "content": f"{prompt}\n\n{messages[0]['content']}"}, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
+
+
 class ChatRenderer:
     """The chat template as ids, with the prefix checks of the module docstring.
 
@@ -46,12 +63,17 @@ class ChatRenderer:
         strict: raise :class:`TemplateMismatch` instead of counting a mismatch.
     """
 
-    def __init__(self, tokenizer, tools: Sequence[dict] = (), strict: bool = False) -> None:
+    def __init__(self, tokenizer, tools: Sequence[dict] = (), strict: bool = False,
+                 tools_in_system: bool = False) -> None:
         self.tokenizer, self.tools, self.strict = tokenizer, list(tools), strict
+        self.tools_in_system = tools_in_system and bool(self.tools)
 
     def ids(self, messages: Sequence[Message], generation_prompt: bool) -> list[int]:
-        """``messages`` rendered and tokenised (``tools`` included when there are some)."""
-        extra = {"tools": self.tools} if self.tools else {}
+        """``messages`` rendered and tokenised: ``tools`` passed to the template, or (``tools_in_system``, for a
+        template without tool support) described in a system message of our own (:func:`tool_system_prompt`)."""
+        extra = {"tools": self.tools} if self.tools and not self.tools_in_system else {}
+        if self.tools_in_system:
+            messages = with_tool_system_prompt(messages, self.tools)
         encoded = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=generation_prompt,
                                                      tokenize=True, return_dict=True, **extra)
         return list(encoded["input_ids"])

@@ -333,6 +333,7 @@ def _check_multi_turn(config: TrainConfig, error: ConfigError) -> None:
              multi_turn.env_step_timeout_s > 0, "must be > 0 (seconds)")
     for name in multi_turn.tools:
         _choice(error, "rollout.multi_turn.tools", name, BUILTIN_TOOL_NAMES)
+    _choice(error, "rollout.multi_turn.tool_prompt", multi_turn.tool_prompt, ("template", "system"))
 
 
 def _check_micro_batch_sizing(config: TrainConfig, error: ConfigError) -> None:

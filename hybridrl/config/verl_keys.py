@@ -201,9 +201,12 @@ RULES: tuple[Rule, ...] = (
     NoEffect(ARR + "rollout.agent.num_workers", "single-turn generation runs in the actor worker (no agent loop "
              "workers)"),
     NoEffect(ARR + "rollout.agent.default_agent_loop", "single-turn generation", ("single_turn_agent",)),
-    NoEffect(ARR + "rollout.multi_turn.enable", "multi-turn agents are not implemented yet", ("false",)),
+    Moved(ARR + "rollout.multi_turn.enable", "rollout.multi_turn.enable"),
+    Moved(ARR + "rollout.multi_turn.max_assistant_turns", "rollout.multi_turn.max_assistant_turns"),
     NoEffect(ARR + "rollout.profiler.", _PROFILER),
-    Unsupported(ARR + "rollout.multi_turn.", "multi-turn tool-calling rollouts are not implemented yet"),
+    Unsupported(ARR + "rollout.multi_turn.", "hybridrl's tools are rollout.multi_turn.tools (built-in) or a "
+                "registered environment (rollout.multi_turn.environment); verl's tool_config_path / "
+                "interaction_config_path YAML files are not read yet", ("null",)),
     Unsupported(ARR + "rollout.agent.", "agent loops are not implemented yet"),
     Unsupported(ARR + "rollout.engine_kwargs.", "vLLM's arguments are set through rollout.* keys (gpu_memory_"
                 "utilization, max_num_seqs, max_num_batched_tokens, enforce_eager, enable_chunked_prefill, ...)",

@@ -47,6 +47,7 @@ from hybridrl.utils.tracking import Tracker, read_metrics
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
 from hybridrl.workers.critic_worker import CriticWorker
 from hybridrl.workers.reward_model_worker import RewardModelWorker
+from hybridrl.workers.agent_rollout import episode_runner
 from hybridrl.workers.rollout_worker import RolloutWorker
 from hybridrl.modeling.model_builder import load_tokenizer
 
@@ -84,6 +85,7 @@ class RLTrainer:
         self.config = config
         self.run_dir = Path(config.trainer.default_local_dir)
         self.tokenizer = load_tokenizer(config.model)
+        episode_runner(config, self.tokenizer)  # a chat template that cannot show the tools: refused now
         self.loaders = build_prompt_loaders(config.data, self.tokenizer)
         reward_source = RewardFunctionSource.from_config(config.custom_reward_function)
         reward_source.load()  # a bad reward file, name or keyword fails now, before Ray starts

@@ -40,7 +40,7 @@ from hybridrl.runtime import Worker, dp_leaders, dp_split, one_to_all
 from hybridrl.utils.collectives import CollectiveTimer
 from hybridrl.utils.distributed import full_tensor
 from hybridrl.utils.seeding import derive_seed
-from hybridrl.workers.agent_rollout import episode_runner
+from hybridrl.workers.agent_rollout import engine_context_length, episode_runner
 from hybridrl.workers.building import (data_parallel_group, log_prob_micro_batching, sharding_options,
                                        training_micro_batching)
 from hybridrl.workers.engine_weights import EngineWeights
@@ -90,8 +90,8 @@ class ActorRolloutRefWorker(Worker):
                 config.model.dtype, config.actor.fsdp, param_offload=config.ref.param_offload,
                 keep_gathered=keep_gathered))
             self.reference = TrainingEngine(reference_model, dp=dp)
+        self.episodes = episode_runner(config, self.tokenizer)
         self.rollout = self._build_rollout(actor_model, dp)
-        self.episodes = episode_runner(config, self.tokenizer) if self.rollout is not None else None
         # Sized last, so that on a GPU the budget sees what the reference and the rollout engine already hold.
         self.plan, self.micro_batch_sizing = resolve_plan(config, "actor", actor_model, self.plan, dp=dp,
                                                           device=self.device, optimizer=optimizer)
@@ -143,7 +143,7 @@ class ActorRolloutRefWorker(Worker):
             eos_token_ids=eos_token_ids(self.tokenizer, getattr(actor_model.generation_config, "eos_token_id", None)),
             model=actor_model, model_path=config.model.path,
             tokenizer_path=config.model.tokenizer_path,
-            max_model_len=config.data.max_prompt_length + config.data.max_response_length,
+            max_model_len=engine_context_length(config, self.episodes),
             dtype=config.model.dtype, seed=config.trainer.seed))
 
     @dp_leaders

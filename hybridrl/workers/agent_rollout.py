@@ -39,6 +39,12 @@ def episode_runner(config, tokenizer) -> "EpisodeRunner | None":
                          config.data.max_prompt_length)
 
 
+def engine_context_length(config, episodes: "EpisodeRunner | None") -> int:
+    """The engine's ``max_model_len``: prompt + response, plus the tools' rendering in multi-turn prompts."""
+    extra = episodes.prompt_overhead if episodes is not None else 0
+    return config.data.max_prompt_length + config.data.max_response_length + extra
+
+
 class EpisodeRunner:
     """Builds what every call shares (tools, renderer, limits) once per worker.
 
@@ -53,15 +59,18 @@ class EpisodeRunner:
         self.config, self.tokenizer = multi_turn, tokenizer
         self.tools = resolve_tools(multi_turn.tools)
         schemas = [tool.schema() for tool in self.tools]
-        if schemas and not supports_tools(tokenizer, schemas):
+        in_system = multi_turn.tool_prompt == "system"
+        if schemas and not in_system and not supports_tools(tokenizer, schemas):
             raise ToolTemplateError(
                 "rollout.multi_turn.tools: the model's chat template ignores the `tools` it is given, so the model "
-                "would never see them; use a model whose template renders tools (e.g. Qwen2.5's) or set "
-                "model.tokenizer_path to a tokenizer whose chat template does")
-        self.renderer = ChatRenderer(tokenizer, schemas, strict=multi_turn.strict)
+                "would never see them; set rollout.multi_turn.tool_prompt=system (hybridrl describes the tools in "
+                "a system message), or use a tokenizer whose chat template renders tools (model.tokenizer_path)")
+        self.renderer = ChatRenderer(tokenizer, schemas, strict=multi_turn.strict, tools_in_system=in_system)
         probe = [{"role": "user", "content": "x"}]
         overhead = len(self.renderer.prompt_ids(probe)) - len(ChatRenderer(tokenizer).prompt_ids(probe))
-        self.prompt_width = max_prompt_length + max(overhead, 0) if max_prompt_length else 0
+        self.prompt_overhead = max(overhead, 0)
+        """Ids the tools' rendering adds to a prompt (the engine's context is longer by this much)."""
+        self.prompt_width = max_prompt_length + self.prompt_overhead if max_prompt_length else 0
         """Every rank pads episode prompts to this width (``data.max_prompt_length`` + the tools' rendering)."""
         self.limits = LoopLimits(max_assistant_turns=multi_turn.max_assistant_turns,
                                  max_response_tokens=max_response_tokens,

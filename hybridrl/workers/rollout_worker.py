@@ -24,7 +24,7 @@ from hybridrl.rollout import EngineInputs, build_rollout_engine
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.runtime import Worker, dp_leaders, one_to_all
 from hybridrl.workers.actor_worker import eos_token_ids
-from hybridrl.workers.agent_rollout import episode_runner
+from hybridrl.workers.agent_rollout import engine_context_length, episode_runner
 from hybridrl.workers.engine_weights import StaleEngineWeightsError
 
 
@@ -50,13 +50,13 @@ class RolloutWorker(Worker):
         torch.manual_seed(config.trainer.seed)
         self.config = config
         tokenizer = load_tokenizer(config.model)
+        self.episodes = episodes = episode_runner(config, tokenizer)
         self.engine = build_rollout_engine(config.rollout.name, EngineInputs(
             rollout=config.rollout, pad_token_id=tokenizer.pad_token_id,
             eos_token_ids=eos_token_ids(tokenizer, generation_eos_ids(config.model.path)),
             model_path=config.model.path, tokenizer_path=config.model.tokenizer_path,
-            max_model_len=config.data.max_prompt_length + config.data.max_response_length,
+            max_model_len=engine_context_length(config, episodes),
             dtype=config.model.dtype, seed=config.trainer.seed))
-        self.episodes = episode_runner(config, tokenizer)
         self.published: Optional[PublishedWeights] = None
         self.weight_version: Optional[int] = 0 if config.rollout.load_format != "dummy" else None
 

@@ -321,3 +321,55 @@ def test_scaled_loss_is_caught(setup):
         for name, grad in grads.items():
             wrong[name] = wrong.get(name, 0) + grad / 2  # mean of per-micro-batch means
     assert relative_error(wrong, reference) > 1e-2
+
+
+# ------------------------------------------------------------------------ multi-turn rows (agent trajectories)
+def make_multi_turn_data(seed: int = 1) -> dict[str, torch.Tensor]:
+    """``make_data`` rows turned into agent trajectories: inside each response, observation tokens (a tool's
+    answer) that the model attends to (attention 1) but that take no loss and do not count in any normaliser
+    (response_mask 0); their advantages and old log-probs are set to large values, which must change nothing."""
+    data = make_data(seed)
+    observation = torch.zeros_like(data["response_mask"])
+    for row, (start, stop) in enumerate([(1, 3), (0, 0), (1, 2), (0, 0), (2, 5), (1, 2), (0, 0), (1, 4)]):
+        observation[row, start:stop] = data["response_mask"][row, start:stop]
+    data["response_mask"] = data["response_mask"] * (1 - observation)
+    data["advantages"] = torch.where(observation.bool(), torch.full_like(data["advantages"], 50.0),
+                                     data["advantages"])
+    data["log_prob_noise"] = torch.where(observation.bool(), torch.full_like(data["log_prob_noise"], 5.0),
+                                         data["log_prob_noise"])
+    return data
+
+
+MULTI_TURN_CASES = [(role, mode, micro, layout, False, "step")
+                    for role, mode in (("actor", "token-mean"), ("actor", "seq-mean-token-mean"),
+                                       ("critic", "token-mean"))
+                    for micro, layout in itertools.product(("1", "tokens"), ("padded", "packed"))]
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
+def multi_turn_run(request, setup, tmp_path_factory):
+    actor_dir, critic_dir, _ = setup
+    data = make_multi_turn_data()
+    assert int(((data["attention_mask"][:, PROMPT:] == 1) & (data["response_mask"] == 0)).sum()) > 0
+    with torch.no_grad():
+        current = reference_log_probs(AutoModelForCausalLM.from_pretrained(actor_dir), data)
+    data["old_log_probs"] = current + data.pop("log_prob_noise")
+    data["ref_log_probs"] = (current + data.pop("ref_noise")) * data["attention_mask"][:, PROMPT:]
+    out_path = tmp_path_factory.mktemp(f"multi_turn_dp{request.param}") / "results.pt"
+    run_on_gloo(request.param, run_cases, {"actor": actor_dir, "critic": critic_dir}, data, MULTI_TURN_CASES,
+                out_path)
+    results, _ = torch.load(out_path)
+    return data, results
+
+
+@pytest.mark.parametrize("role, mode", [("actor", "token-mean"), ("actor", "seq-mean-token-mean"),
+                                        ("critic", "token-mean")])
+def test_multi_turn_rows_train_only_on_model_tokens(multi_turn_run, setup, role, mode):
+    """Gradients with observation tokens inside responses equal the reference that masks them out of the loss and
+    the token normaliser, for every micro-batching, padded or packed, on 1 and 2 ranks."""
+    actor_dir, critic_dir, _ = setup
+    data, results = multi_turn_run
+    _, reference = reference_gradients(role, actor_dir if role == "actor" else critic_dir, data, mode)
+    errors = {(micro, layout): relative_error(results[(role, mode, micro, layout, False, "step")], reference)
+              for micro, layout in itertools.product(("1", "tokens"), ("padded", "packed"))}
+    assert max(errors.values()) <= 1e-5, errors

@@ -141,9 +141,10 @@ def test_keys_without_effect_accept_only_the_values_that_describe_hybridrl():
     assert not accepted.problems and [key for key, _, _ in accepted.no_effect] == [
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "trainer.use_legacy_worker_impl"]
     message = problems_of(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-                           "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3", "trainer.default_hdfs_dir=/x"])
+                           "actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml",
+                           "trainer.default_hdfs_dir=/x"])
     assert "Ulysses sequence parallelism is not implemented" in message and "(accepted: 1)" in message
-    assert "multi-turn tool-calling rollouts are not implemented yet" in message
+    assert "verl's tool_config_path / interaction_config_path YAML files are not read yet" in message
     assert "verl key hybridrl has no equivalent for: checkpoints go to trainer.default_local_dir" in message
 
 
@@ -209,3 +210,9 @@ def test_gen_batch_size_without_the_filter_is_refused_and_metrics_are_checked():
                            "algorithm.use_kl_in_reward=true"])
     assert "hybridrl filters groups before the KL-in-reward penalty" in message
     assert "algorithm.filter_groups.metric='acc': unknown" in problems_of(["algorithm.filter_groups.metric=acc"])
+
+
+def test_verl_multi_turn_keys_that_hybridrl_shares_move():
+    config = load(["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.multi_turn.enable=True",
+                   "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3"])
+    assert config.rollout.multi_turn.enable and config.rollout.multi_turn.max_assistant_turns == 3
