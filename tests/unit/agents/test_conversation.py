@@ -1,0 +1,81 @@
+"""Multi-turn demonstrations and trajectories as rollout rows (``agents/conversation.py``, ``agents/batch.py``), and
+the ``tool_arithmetic`` task's SFT view."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridrl.agents.batch import AGENT_STATS, EPISODE_REWARDS, FINAL_RESPONSE, agent_metrics, trajectories_to_batch
+from hybridrl.agents.conversation import encode_conversations
+from hybridrl.agents.tools import BUILTIN_TOOLS, format_tool_call
+from hybridrl.agents.trajectory import Trajectory
+from hybridrl.data import build_synthetic_task
+from hybridrl.data.sft import SFTExample
+from hybridrl.data.tool_arithmetic import tool_call_text
+from hybridrl.protocol import Batch, Fields
+from hybridrl.utils.tiny_model import build_char_tokenizer
+
+TOOLS = [BUILTIN_TOOLS["calculator"].schema()]
+
+
+def test_the_tasks_tool_call_is_the_agents_format():
+    assert tool_call_text("12*34") == format_tool_call("calculator", {"expression": "12*34"})
+
+
+def test_demonstrations_train_on_assistant_turns_only():
+    """A tool-using demonstration: loss on the call and on the answer (each up to its EOS), none on the tool's reply;
+    attention on everything; the final answer is the row's final_response."""
+    tokenizer = build_char_tokenizer(tool_chat=True)
+    turns = ({"role": "assistant", "content": tool_call_text("12*34")}, {"role": "tool", "content": "408"},
+             {"role": "assistant", "content": "408"})
+    batch = encode_conversations(tokenizer, [SFTExample([{"role": "user", "content": "12*34="}], "408", turns=turns),
+                                             SFTExample([{"role": "user", "content": "3*4="}], "10",
+                                                        turns=({"role": "assistant", "content": "10"},))], 64, TOOLS)
+    mask, responses = batch[Fields.RESPONSE_MASK][0].bool(), batch[Fields.RESPONSES][0]
+    assert tokenizer.decode(responses[mask]) == tool_call_text("12*34") + "<eos>408<eos>"
+    context = batch[Fields.ATTENTION_MASK][0, batch[Fields.PROMPTS].shape[1]:].bool()
+    assert tokenizer.decode(responses[context & ~mask]) == "<|tool|>408<|assistant|>"
+    assert tokenizer.decode(batch[Fields.RESPONSES][1][batch[Fields.RESPONSE_MASK][1].bool()]) == "10<eos>"
+    assert list(batch[FINAL_RESPONSE]) == ["408", "10"]
+
+
+def test_malformed_demonstrations_are_refused_naming_the_example():
+    tokenizer = build_char_tokenizer(tool_chat=True)
+    twice = SFTExample("1+1=", "2", where="demos.jsonl row 3",
+                       turns=({"role": "assistant", "content": "2"}, {"role": "assistant", "content": "2"}))
+    with pytest.raises(ValueError, match="demos.jsonl row 3: two assistant turns in a row"):
+        encode_conversations(tokenizer, [twice], 64, TOOLS)
+    long = SFTExample("1+1=", "2" * 80, turns=({"role": "assistant", "content": "2" * 80},))
+    with pytest.raises(ValueError, match="SFT example 0: its turns are 81 ids, more than data.max_response_length=64"):
+        encode_conversations(tokenizer, [long], 64, TOOLS)
+
+
+def test_the_tool_arithmetic_demonstrations_are_imperfect():
+    task = build_synthetic_task("tool_arithmetic", seed=1, sft_tool_rate=0.5)
+    examples = task.sft_examples(200)
+    with_tool = [e for e in examples if len(e.turns) == 3]
+    assert 0.35 < len(with_tool) / len(examples) < 0.65
+    for example in with_tool:
+        expression = example.prompt[0]["content"].rstrip("=")
+        first, second = (int(x) for x in expression.split("*"))
+        assert example.turns[1]["content"] == example.turns[2]["content"] == str(first * second)
+    guesses = [e for e in examples if len(e.turns) == 1]
+    assert all(int(e.turns[0]["content"]) % 10 == 0 for e in guesses)
+
+
+def test_trajectory_rows_pad_to_a_common_prompt_width():
+    trajectories = [Trajectory(prompt_ids=[5, 6, 7]), Trajectory(prompt_ids=[8])]
+    trajectories[0].add_model_turn([9, 10], [-0.5, -0.5], [0, 0])
+    trajectories[1].add_model_turn([11], [-1.0], [0])
+    trajectories[1].add_observation([12, 13])
+    trajectories[1].reward = 0.5
+    rows = Batch(non_tensors={Fields.UID: ["a", "b"]})
+    batch = trajectories_to_batch(trajectories, rows, 4, pad_token_id=0, prompt_width=5)
+    assert batch[Fields.PROMPTS].tolist() == [[0, 0, 5, 6, 7], [0, 0, 0, 0, 8]]
+    assert batch[Fields.RESPONSE_MASK].tolist() == [[1, 1, 0, 0], [1, 0, 0, 0]]
+    assert batch[Fields.ATTENTION_MASK][:, 5:].tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]
+    assert torch.equal(batch[EPISODE_REWARDS], torch.tensor([0.0, 0.5]))
+    assert agent_metrics(batch)["agent/observation_tokens"] == 1.0 and len(AGENT_STATS) == 8
+    with pytest.raises(ValueError, match="episode 0: its prompt .* is 3 ids, more than the 2 allowed"):
+        trajectories_to_batch(trajectories, rows, 4, pad_token_id=0, prompt_width=2)
