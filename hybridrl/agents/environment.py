@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from hybridrl.agents.tools import BUILTIN_TOOLS, Tool, ToolCall, parse_tool_calls
+from hybridrl.agents.builtin_tools import BUILTIN_TOOLS
+from hybridrl.agents.tools import Tool, ToolCall, parse_tool_calls
 from hybridrl.utils.registry import Registry
 
 Message = dict[str, Any]

@@ -34,7 +34,7 @@ FUSION_WEIGHTINGS = ("fixed", "inverse_std")
 GRAD_SYNC_MODES = ("step", "micro_batch")
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
 WEIGHT_SYNC_METHODS = ("auto", "shared", "plan", "gather")  # hybrid_engine.sync.METHODS
-BUILTIN_TOOL_NAMES = ("calculator", "python")  # agents.tools.BUILTIN_TOOLS
+BUILTIN_TOOL_NAMES = ("calculator", "python")  # agents.builtin_tools.BUILTIN_TOOLS
 # Estimators whose baseline comes from the other responses to the same prompt.
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
 

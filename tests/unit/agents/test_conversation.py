@@ -8,7 +8,8 @@ import torch
 
 from hybridrl.agents.batch import AGENT_STATS, EPISODE_REWARDS, FINAL_RESPONSE, agent_metrics, trajectories_to_batch
 from hybridrl.agents.conversation import encode_conversations
-from hybridrl.agents.tools import BUILTIN_TOOLS, format_tool_call
+from hybridrl.agents.builtin_tools import BUILTIN_TOOLS
+from hybridrl.agents.tools import format_tool_call
 from hybridrl.agents.trajectory import Trajectory
 from hybridrl.data import build_synthetic_task
 from hybridrl.data.sft import SFTExample

@@ -58,3 +58,12 @@ def test_environments_and_tools_are_found_by_name():
     assert "tool" in ENVIRONMENTS
     with pytest.raises(KeyError, match="unknown tool"):
         resolve_tools(["calculator", "browser"])
+
+
+def test_the_config_layers_lists_match_the_registries_they_name():
+    """The config layer cannot import these packages, so it keeps their names; they must not drift."""
+    from hybridrl.agents.builtin_tools import BUILTIN_TOOLS
+    from hybridrl.config.validation import BUILTIN_TOOL_NAMES, WEIGHT_SYNC_METHODS
+    from hybridrl.hybrid_engine.sync import METHODS
+
+    assert set(BUILTIN_TOOL_NAMES) == set(BUILTIN_TOOLS) and set(WEIGHT_SYNC_METHODS) == set(METHODS)

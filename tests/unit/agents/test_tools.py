@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from hybridrl.agents.tools import (BUILTIN_TOOLS, MAX_CONTENT_CHARS, TRUNCATION_MARKER, ToolCall, calculator,
-                                   format_tool_call, parse_tool_calls, python_tool, tool_from_function)
+from hybridrl.agents.builtin_tools import BUILTIN_TOOLS, calculator, python_tool
+from hybridrl.agents.tools import (MAX_CONTENT_CHARS, TRUNCATION_MARKER, ToolCall, format_tool_call, parse_tool_calls,
+                                   tool_from_function)
 
 
 def scale(count: int, factor: float, label: str, verbose: bool = False) -> str:
