@@ -15,5 +15,12 @@ def ray_config(**overrides: object) -> RayConfig:
 
 
 def cpu_pool(runtime: RayRuntime, name: str, devices: int, nnodes: int = 1) -> ResourcePool:
-    """A pool of ``nnodes × devices`` one-CPU bundles."""
+    """A pool of ``nnodes × devices`` one-CPU bundles; give it back with :func:`stop` (or ``pool.release()``): the
+    shared test Ray instance has 16 CPUs for every test of its process."""
     return ResourcePool.create(PoolSpec(name, nnodes=nnodes, devices_per_node=devices, device="cpu"), runtime)
+
+
+def stop(group) -> None:
+    """End a worker group's processes and release its pool's reservation (a group's shutdown keeps the pool)."""
+    group.shutdown()
+    group.pool.release()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from distributed_helpers import cpu_pool
+from distributed_helpers import cpu_pool, stop
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.config import load_config
@@ -44,7 +44,7 @@ def actor_group(ray_runtime, model_dir):
     group = WorkerGroup(ActorRolloutRefWorker, cpu_pool(ray_runtime, "actor_pool", 2), name="actor_rollout_ref",
                         args=(worker_config(model_dir), 10, True))
     yield group
-    group.shutdown()
+    stop(group)
 
 
 def test_generate_then_log_probs_match_rollout(actor_group, model_dir):
@@ -92,7 +92,7 @@ def vllm_group(ray_runtime, model_dir):
     group = WorkerGroup(ActorRolloutRefWorker, cpu_pool(ray_runtime, "vllm_pool", 2), name="actor_rollout_vllm",
                         args=(config, 10, False))
     yield group
-    group.shutdown()
+    stop(group)
 
 
 def test_vllm_engine_in_the_colocated_worker_follows_updates(vllm_group, model_dir):
@@ -138,4 +138,4 @@ def test_vllm_engine_started_with_dummy_weights_gets_the_actors_on_sync(ray_runt
         mask = rollout[Fields.RESPONSE_MASK].bool()
         assert float((trainer - rollout[Fields.ROLLOUT_LOG_PROBS]).abs()[mask].max()) < 1e-4
     finally:
-        group.shutdown()
+        stop(group)

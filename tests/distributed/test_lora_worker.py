@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from distributed_helpers import cpu_pool
+from distributed_helpers import cpu_pool, stop
 from safetensors.torch import load_file
 from test_actor_worker import prompt_batch
 from transformers import AutoModelForCausalLM
@@ -37,7 +37,7 @@ def lora_group(ray_runtime, model_dir):
     group = WorkerGroup(ActorRolloutRefWorker, cpu_pool(ray_runtime, "lora_pool", 2), name="actor_rollout_lora",
                         args=(config, 10, True))
     yield group
-    group.shutdown()
+    stop(group)
 
 
 def plain_log_probs(model, rollout):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from distributed_helpers import cpu_pool
+from distributed_helpers import cpu_pool, stop
 from transformers import AutoModelForSequenceClassification
 
 from hybridrl.config import load_config
@@ -46,7 +46,7 @@ def test_scores_match_unpadded_forward(ray_runtime, model_dirs):
         batch = Batch(tensors={Fields.INPUT_IDS: input_ids * attention_mask, Fields.ATTENTION_MASK: attention_mask})
         scores = group.call(RewardModelWorker.compute_rm_score, batch)[RM_SCORES]
     finally:
-        group.shutdown()
+        stop(group)
     plain = AutoModelForSequenceClassification.from_pretrained(reward, dtype=torch.float32).eval()
     with torch.no_grad():
         expected = torch.stack([plain(input_ids=row[mask.bool()][None]).logits[0, 0]

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 import torch
-from distributed_helpers import cpu_pool
+from distributed_helpers import cpu_pool, stop
 from test_vllm_tensor_parallel import (MAX_NEW_TOKENS, full_model_bytes, log_prob_gap, prompt_batch,
                                        rank0_slice_bytes, transformers_greedy)
 from transformers import AutoTokenizer
@@ -63,7 +63,7 @@ def split(request, ray_runtime, model_dir):
     actor, replicas = start_split(ray_runtime, split_config(model_dir, pool_size, pool_size), f"split{pool_size}")
     yield Generation(actor, "vllm", replicas), actor, pool_size
     for group in (*replicas, actor):
-        group.shutdown()
+        stop(group)
 
 
 def update(actor, rollout, step: int) -> None:
@@ -144,4 +144,4 @@ def test_a_dead_replica_is_reported_and_its_prompts_resubmitted(ray_runtime, mod
         assert log_prob_gap(actor, generation.generate(prompt_batch(tokenizer), params)) < 1e-4
     finally:
         for group in (*replicas, actor):
-            group.shutdown()
+            stop(group)

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from distributed_helpers import cpu_pool
+from distributed_helpers import cpu_pool, stop
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.config import load_config
@@ -44,7 +44,7 @@ def tp_group(ray_runtime, model_dir):
     group = WorkerGroup(ActorRolloutRefWorker, cpu_pool(ray_runtime, "vllm_tp_pool", 2), name="actor_vllm_tp",
                         args=(config, 10, False), tp_size=2)
     yield group
-    group.shutdown()
+    stop(group)
 
 
 def prompt_batch(tokenizer) -> Batch:
