@@ -7,7 +7,9 @@
   gradient-accumulation invariant of the project;
 - KL: :func:`kl_penalty` estimators and KL-coefficient controllers (:func:`build_kl_controller`);
 - logits: chunked, memory-bounded :func:`log_probs_from_logits` and :func:`entropy_from_logits`;
-- masked: :func:`masked_mean`, :func:`masked_whiten` and friends.
+- masked: :func:`masked_mean`, :func:`masked_whiten` and friends;
+- off_policy: truncated / masked importance sampling and the decoupled PPO loss, for samples the trainer's weights
+  did not generate (asynchronous training, or another engine's numerics).
 """
 
 from hybridrl.algorithms.advantages import ADVANTAGE_ESTIMATORS, group_ids
@@ -23,6 +25,7 @@ from hybridrl.algorithms.kl_controllers import (
 from hybridrl.algorithms.logits import entropy_from_logits, log_probs_from_logits
 from hybridrl.algorithms.losses import POLICY_LOSSES, value_loss
 from hybridrl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from hybridrl.algorithms.off_policy import decoupled_ppo_token_loss, masked_importance, truncated_importance_weights
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -45,4 +48,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "decoupled_ppo_token_loss",
+    "masked_importance",
+    "truncated_importance_weights",
 ]
