@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridrl.hybrid_engine.checksums import SyncChecksums
-from hybridrl.hybrid_engine.plan import box_slices, fsdp_row_ranges
+from hybridrl.hybrid_engine.plan import box_numel, box_slices, fsdp_row_ranges
 from hybridrl.hybrid_engine.shared_memory import SharedArena, arena_offsets
 from hybridrl.hybrid_engine.sync import WeightSource, local_shards, param_metas
 from hybridrl.hybrid_engine.tp_rules import Box, RuleFn, resolve_split, rules_for_config
@@ -45,17 +45,6 @@ class PublishedLayout:
     dtype: torch.dtype
     tp_size: int
     regions: tuple[tuple[Box, ...], ...]
-
-    @property
-    def model_bytes(self) -> int:
-        return sum(_numel(shape) for shape in self.shapes) * self.dtype.itemsize
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
 
 
 def _intersect_rows(region: Box, rows: tuple[int, int]) -> Optional[Box]:
@@ -132,7 +121,7 @@ class PublishedWeights:
     def delivered_bytes(self) -> int:
         """Bytes of this rank's regions (what its engine reads)."""
         size = self.layout.dtype.itemsize
-        return sum(_numel(tuple(b - a for a, b in region)) for region in self.regions.values()) * size
+        return sum(box_numel(region) for region in self.regions.values()) * size
 
     def stream(self, checked: bool) -> Iterator[tuple[str, torch.Tensor]]:
         """``(hf_name, full tensor view)`` of every parameter (the engine reads its region of each); ``checked``:

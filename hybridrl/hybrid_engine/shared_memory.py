@@ -110,10 +110,8 @@ class SharedArena:
 
     def view(self, offset: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """The tensor of ``shape`` / ``dtype`` stored at byte ``offset``."""
-        numel = 1
-        for size in shape:
-            numel *= size
-        return self.storage[offset:offset + numel * dtype.itemsize].view(dtype).view(tuple(shape))
+        nbytes = math.prod(shape) * dtype.itemsize
+        return self.storage[offset:offset + nbytes].view(dtype).view(tuple(shape))
 
 
 def _make_file(directory: str, nbytes: int) -> tuple[str, str]:

@@ -47,10 +47,6 @@ class Generation:
         self.version: Optional[int] = None  # the actor version the replicas hold (standalone); None: as loaded
         self.replicas_lost = 0
 
-    @property
-    def standalone(self) -> bool:
-        return bool(self.replicas)
-
     def live_replicas(self) -> list[WorkerGroup[RolloutWorker]]:
         return [replica for replica in self.replicas if not replica.is_stopped]
 

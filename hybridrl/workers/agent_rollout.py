@@ -35,8 +35,7 @@ def episode_runner(config, tokenizer) -> "EpisodeRunner | None":
     """The runner when ``rollout.multi_turn.enable``, else ``None`` (single-turn generation)."""
     if not config.rollout.multi_turn.enable:
         return None
-    return EpisodeRunner(config.rollout.multi_turn, tokenizer, config.data.max_response_length,
-                         config.data.max_prompt_length)
+    return EpisodeRunner(config.rollout.multi_turn, tokenizer, config.data.max_prompt_length)
 
 
 def engine_context_length(config, episodes: "EpisodeRunner | None") -> int:
@@ -46,16 +45,15 @@ def engine_context_length(config, episodes: "EpisodeRunner | None") -> int:
 
 
 class EpisodeRunner:
-    """Builds what every call shares (tools, renderer, limits) once per worker.
+    """Builds what every call shares (tools, renderer) once per worker.
 
     Args:
         multi_turn: ``rollout.multi_turn``.
         tokenizer: the policy's tokenizer (its chat template renders tools and observations).
-        max_response_tokens: ``data.max_response_length`` — model and observation ids of one episode together.
+        max_prompt_length: ``data.max_prompt_length`` (episode prompts are padded to it plus the tools' rendering).
     """
 
-    def __init__(self, multi_turn: MultiTurnConfig, tokenizer, max_response_tokens: int,
-                 max_prompt_length: int = 0) -> None:
+    def __init__(self, multi_turn: MultiTurnConfig, tokenizer, max_prompt_length: int = 0) -> None:
         self.config, self.tokenizer = multi_turn, tokenizer
         self.tools = resolve_tools(multi_turn.tools)
         schemas = [tool.schema() for tool in self.tools]
@@ -72,12 +70,10 @@ class EpisodeRunner:
         """Ids the tools' rendering adds to a prompt (the engine's context is longer by this much)."""
         self.prompt_width = max_prompt_length + self.prompt_overhead if max_prompt_length else 0
         """Every rank pads episode prompts to this width (``data.max_prompt_length`` + the tools' rendering)."""
-        self.limits = LoopLimits(max_assistant_turns=multi_turn.max_assistant_turns,
-                                 max_response_tokens=max_response_tokens,
-                                 env_step_timeout_s=multi_turn.env_step_timeout_s)
 
     def run(self, engine, prompts: Batch, params: SamplingParams) -> Batch:
-        """``B`` prompts → ``B·n`` episode rows (``agents/batch.py`` layout) on ``engine`` (a ``VLLMRollout``)."""
+        """``B`` prompts → ``B·n`` episode rows (``agents/batch.py`` layout) on ``engine`` (a ``VLLMRollout``); each
+        episode's response budget (model and observation ids together) is ``params.max_new_tokens``."""
         copies = params.n
         rows = prompts.repeat_interleave(copies)
         row_dicts = [{"prompt": rows[DataFields.MESSAGES][index], "ground_truth": rows[DataFields.GROUND_TRUTH][index],
@@ -87,9 +83,9 @@ class EpisodeRunner:
                         for row in row_dicts]
         episode_params = [replace(params, n=1, seed=None if params.seed is None else
                                   derive_seed(params.seed, "episode", index)) for index in range(len(rows))]
-        loop = AgentLoop(engine.requests, self.renderer, replace(self.limits,
-                                                                  max_response_tokens=params.max_new_tokens),
-                         stop_ids=engine.eos_token_ids)
+        limits = LoopLimits(max_assistant_turns=self.config.max_assistant_turns,
+                            max_response_tokens=params.max_new_tokens, env_step_timeout_s=self.config.env_step_timeout_s)
+        loop = AgentLoop(engine.requests, self.renderer, limits, stop_ids=engine.eos_token_ids)
         trajectories = loop.run(environments, row_dicts, episode_params)
         for index, trajectory in enumerate(trajectories):
             if not trajectory.prompt_ids:  # reset() failed: keep the row's own prompt, so the row stays well-formed

@@ -90,10 +90,6 @@ class RolloutWorker(Worker):
         return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/bytes": 0.0,
                 "weight_sync/delivered_bytes": float(self.published.delivered_bytes)}
 
-    @one_to_all(collect="first")
-    def held_weight_version(self) -> Optional[int]:
-        return self.weight_version
-
     def close(self) -> None:
         """Release the engine (a tensor-parallel engine's process groups go before the worker's)."""
         close = getattr(getattr(self, "engine", None), "close", None)

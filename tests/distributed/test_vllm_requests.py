@@ -8,12 +8,11 @@ import copy
 
 import pytest
 import torch
-from vllm_helpers import cpu_engine
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from vllm_helpers import engine, hf_model, model_dir, tokenizer  # noqa: F401 (fixtures)
 
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.utils.tiny_model import encode_chat, save_tiny_model
+from hybridrl.utils.tiny_model import encode_chat
 
 pytest.importorskip("vllm", reason="needs vLLM (pip install 'hybridrl[cpu]')")
 pytestmark = pytest.mark.distributed
@@ -21,28 +20,6 @@ pytestmark = pytest.mark.distributed
 PROMPTS = ["12+34=", "what is 7*8?", "hello there", "x", "a longer prompt than the others", "99-9="]
 MAX_NEW_TOKENS = 10
 GREEDY = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("vllm_requests") / "model")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_dir):
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
-@pytest.fixture(scope="module")
-def hf_model(model_dir):
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def engine(model_dir, tokenizer):
-    engine = cpu_engine(model_dir, tokenizer)
-    yield engine
-    engine.close()
 
 
 @pytest.fixture

