@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hybridrl.config.async_schema import OffPolicyCorrectionConfig
 from hybridrl.config.frozen import FreezableConfig
 
 
@@ -67,3 +68,6 @@ class AlgorithmConfig(FreezableConfig):
     """DAPO dynamic sampling (needs a group estimator and ``rollout.n >= 2``)."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """DAPO overlong reward shaping."""
+    off_policy_correction: OffPolicyCorrectionConfig = field(default_factory=OffPolicyCorrectionConfig)
+    """Importance correction for the rollout engine's policy differing from the trainer's (numerics, or older
+    weights in ``async_training``)."""

@@ -35,6 +35,9 @@ class FaultInjectionConfig(FreezableConfig):
     checkpoint_write_error_at_step: Optional[int] = None
     """(Testing) Simulate a full disk: the checkpoint of this step fails with ``OSError(ENOSPC)`` raised where the
     controller writes its trainer state into the half-written checkpoint (after the workers' shards)."""
+    rollout_delay_s: float = 0.0
+    """(Testing) Each generation call of a standalone rollout replica first sleeps a random time in
+    ``[0, rollout_delay_s]`` (drawn from the call's own seed): random generation delays for the async contract."""
     nonfinite_advantages_from_step: Optional[int] = None
     """(Testing) From this step on, the controller replaces the advantages by NaN, so every optimizer step of the actor
     sees non-finite gradients (and skips them) — for ``trainer.max_consecutive_nonfinite_steps``."""
@@ -46,6 +49,8 @@ class FaultInjectionConfig(FreezableConfig):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"trainer.fault_injection.{name}={value!r}: must be null or a step >= 1")
+        if self.rollout_delay_s < 0:
+            raise ValueError(f"trainer.fault_injection.rollout_delay_s={self.rollout_delay_s!r}: must be >= 0")
         role = self.kill_worker_role
         if role not in ("actor_rollout_ref", "critic") and not (role.startswith("rollout") and role[7:].isdigit()):
             raise ValueError(f"trainer.fault_injection.kill_worker_role={role!r}: must be actor_rollout_ref, "

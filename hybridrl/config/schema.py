@@ -19,6 +19,7 @@ from hybridrl.config.anti_forgetting_schema import EWCConfig, PtxConfig, ReplayC
 from hybridrl.config.frozen import FreezableConfig
 from hybridrl.config.faults import FaultInjectionConfig
 from hybridrl.config.monitoring import MonitoringConfig
+from hybridrl.config.async_schema import AsyncTrainingConfig
 from hybridrl.config.multi_turn_schema import MultiTurnConfig
 from hybridrl.config.health import HealthConfig
 from hybridrl.config.ray import RayConfig
@@ -468,5 +469,7 @@ class TrainConfig(FreezableConfig):
     """Prompts and lengths."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Run-level settings: devices, steps, logging, checkpoints, Ray."""
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    """Generation overlapped with training (one-step-off, bounded staleness) on the standalone rollout pool."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form settings for recipes and plug-ins (never read by the core trainer)."""

@@ -6,6 +6,7 @@ this module checks values, choices, cross-field rules and files.
 
 from __future__ import annotations
 
+from hybridrl.config.async_checks import check_async_training, check_off_policy_correction
 from hybridrl.config.components import COMPONENT_REGISTRIES, registered_names, value_at
 from hybridrl.config.checks import _choice, _fsdp_size, _positive, _require, critic_enabled
 from hybridrl.config.errors import PREFORMATTED, ConfigError
@@ -285,6 +286,8 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
     _check_weight_sync_method(config, error)
     _check_rollout_pool(config, error)
     _check_multi_turn(config, error)
+    check_async_training(config, error)
+    check_off_policy_correction(config, error)
     if config.trainer.device == "cpu":
         _check_cpu_limits(config, error)
 

@@ -189,8 +189,8 @@ RULES: tuple[Rule, ...] = (
     NoEffect(ARR + "rollout.expert_parallel_size", "no expert parallelism", ("1",)),
     NoEffect(ARR + "rollout.pipeline_model_parallel_size", "no pipeline parallelism in the engine", ("1",)),
     NoEffect(ARR + "rollout.over_sample_rate", "every requested response is generated", ("0", "0.0")),
-    NoEffect(ARR + "rollout.calculate_log_probs", "the engine's log-probs are recorded for the log_prob_diff check; "
-             "rollout correction comes with async training", ("false",)),
+    NoEffect(ARR + "rollout.calculate_log_probs", "the engine's log-probs are always recorded (the log_prob_diff check, "
+             "algorithm.off_policy_correction)", ("false",)),
     NoEffect(ARR + "rollout.skip_rollout", "rollouts are always generated", ("false",)),
     NoEffect(ARR + "rollout.skip_dump_dir", "rollouts are not dumped"),
     NoEffect(ARR + "rollout.enable_rollout_routing_replay", "MoE router replay is not implemented", ("false",)),
@@ -291,8 +291,8 @@ RULES: tuple[Rule, ...] = (
     # ---------------------------------------------------------------------------------------- algorithm
     NoEffect("algorithm.use_pf_ppo", "preference-feedback PPO reweighting is not implemented", ("false",)),
     Unsupported("algorithm.pf_ppo.", "preference-feedback PPO reweighting is not implemented"),
-    Unsupported("algorithm.rollout_correction.", "rollout correction (truncated / masked importance sampling) "
-                "comes with async training", ("null", "false")),
+    Unsupported("algorithm.rollout_correction.", "set hybridrl's algorithm.off_policy_correction instead (kind: "
+                "tis | mis, level: token | sequence, cap, low, high)", ("null", "false")),
     # ---------------------------------------------------------------------------------------- data
     Moved("data.tokenizer", "model.tokenizer_path"),
     Moved("data.trust_remote_code", "model.trust_remote_code"),

@@ -149,8 +149,11 @@ class PolicyLoss:
                          loss_scale_factor=self.loss_scale_factor)
         # Without old log-probs the update is exactly on-policy (check_update refused anything else): π_old = π_θ.
         old_log_prob = micro_batch[Fields.OLD_LOG_PROBS] if Fields.OLD_LOG_PROBS in micro_batch else log_prob.detach()
+        advantages = micro_batch[Fields.ADVANTAGES]
+        if Fields.IS_WEIGHTS in micro_batch:  # w ≥ 0 and every policy loss is positively homogeneous in A: the
+            advantages = advantages * micro_batch[Fields.IS_WEIGHTS]  # per-token loss becomes exactly w × loss
         loss, metrics = POLICY_LOSSES[actor.policy_loss](
-            old_log_prob=old_log_prob, log_prob=log_prob, advantages=micro_batch[Fields.ADVANTAGES],
+            old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
             response_mask=response_mask, clip_ratio_low=actor.clip_ratio_low, clip_ratio_high=actor.clip_ratio_high,
             clip_ratio_c=actor.clip_ratio_c, loss_agg_mode=actor.loss_agg_mode, normalizer=normalizer,
             loss_scale_factor=self.loss_scale_factor)

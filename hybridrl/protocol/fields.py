@@ -42,6 +42,9 @@ class Fields:
     ADVANTAGES = "advantages"
     RETURNS = "returns"
     ENTROPY = "entropy"
+    IS_WEIGHTS = "is_weights"  # [B, R]: off-policy importance weights the policy loss multiplies in
+    # [B] int64: the actor weight version that generated each row (-1: not known, e.g. random dummy weights)
+    WEIGHT_VERSION = "weight_version"
     # Non-tensor, one per sample: the id of the prompt a response came from (groups responses for GRPO / RLOO).
     UID = "uid"
 
@@ -135,3 +138,13 @@ class TypedFieldsMixin:
     def entropy(self) -> Tensor:
         """Policy entropy (nats) at each response position, ``[B, R]`` float — logged, and the entropy bonus."""
         return self._typed_tensor(Fields.ENTROPY)
+
+    @property
+    def is_weights(self) -> Tensor:
+        """Off-policy importance weights (``algorithm.off_policy_correction``), ``[B, R]`` float, 0 past the end."""
+        return self._typed_tensor(Fields.IS_WEIGHTS)
+
+    @property
+    def weight_version(self) -> Tensor:
+        """The training step whose weights generated each row, ``[B]`` int64 (staleness = step trained − this)."""
+        return self._typed_tensor(Fields.WEIGHT_VERSION)

@@ -10,6 +10,11 @@
   A sync is two calls in order: every trainer rank publishes its rows (``ActorRolloutRefWorker.publish_weights``),
   then every live replica loads them, checked against the trainer ranks' summed fingerprints. Each generation names
   the actor version it expects the engines to hold, so a skipped sync is an error, not a silent off-policy step.
+
+Generation can run ahead of training (``async_training``, ``trainers/async_rollout.py``): :meth:`Generation.submit`
+returns at once, and ``sync_weights(wait=False)`` queues the loads behind the generations in flight. A replica runs
+its calls in the order they were made, so which weights generate a batch follows from the order of the controller's
+calls alone — not from timing: every row records it (``weight_version``, the training step of its weights).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from hybridrl.protocol import Batch
+from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout import holds_own_weights
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.runtime import WorkerGroup
@@ -45,6 +50,8 @@ class Generation:
         self.actor, self.rollout_name, self.replicas = actor, rollout_name, list(replicas)
         self.layout = actor.call(ActorRolloutRefWorker.published_layout) if self.replicas else None
         self.version: Optional[int] = None  # the actor version the replicas hold (standalone); None: as loaded
+        self.policy_step = 0  # the training step whose weights the engines hold (or will, once the loads run)
+        self.loads: list = []  # load futures queued by sync_weights(wait=False), not yet waited for
         self.replicas_lost = 0
 
     def live_replicas(self) -> list[WorkerGroup[RolloutWorker]]:
@@ -52,35 +59,37 @@ class Generation:
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """``B`` prompts → ``B·n`` rows (a prompt's ``n`` responses consecutive) from whichever group generates."""
+        return self.submit(prompts, params).result()
+
+    def submit(self, prompts: Batch, params: SamplingParams) -> "PendingGeneration":
+        """Start generating ``prompts`` and return at once; ``.result()`` waits for the rows. A replica runs its calls
+        in order, so a batch submitted after a :meth:`sync_weights` is generated with those weights (the rows'
+        ``weight_version`` is the sync's ``policy_step``) and one submitted before it with the older ones."""
         if not self.replicas:
-            return self.actor.call(ActorRolloutRefWorker.generate_sequences, prompts, params)
+            future = self.actor.call_async(ActorRolloutRefWorker.generate_sequences, prompts, params)
+            return PendingGeneration(self, [prompts], [params], {0: (future, self.policy_step)})
         live = self._require_live("generate_sequences")
         sizes = [size for size in even_sizes(len(prompts), len(live)) if size]
         chunks = prompts.split(sizes)
         seeded = [params if params.seed is None else params.with_seed(derive_seed(params.seed, "replica", index))
                   for index in range(len(chunks))]
-        futures = {index: live[index].call_async(RolloutWorker.generate_sequences, chunk, seeded[index],
-                                                 self.version) for index, chunk in enumerate(chunks)}
-        outputs: dict[int, Batch] = {}
-        while futures:
-            index, future = next(iter(futures.items()))
-            del futures[index]
-            try:
-                outputs[index] = future.result()
-            except WorkerDiedError as error:
-                replica = self._resubmit_to(error)
-                futures[index] = replica.call_async(RolloutWorker.generate_sequences, chunks[index], seeded[index],
-                                                    self.version)
-        return Batch.concat([outputs[index] for index in range(len(chunks))])
+        futures = {index: (self._call_generate(live[index], chunk, seeded[index]), self.policy_step)
+                   for index, chunk in enumerate(chunks)}
+        return PendingGeneration(self, chunks, seeded, futures)
 
-    def _resubmit_to(self, error: WorkerDiedError) -> WorkerGroup[RolloutWorker]:
-        """The live replica that takes over a dead one's chunk (the least-used first); re-raises when none is left."""
+    def _call_generate(self, replica: WorkerGroup[RolloutWorker], prompts: Batch, params: SamplingParams):
+        return replica.call_async(RolloutWorker.generate_sequences, prompts, params, self.version)
+
+    def _replica_lost(self, error: WorkerDiedError, resubmitting: bool) -> WorkerGroup[RolloutWorker]:
+        """Count and log a dead replica; the first live replica, which takes over its chunk when ``resubmitting``
+        (a generation; a lost load just ends). Re-raises when none is left."""
         self.replicas_lost = len(self.replicas) - len(self.live_replicas())
         live = self.live_replicas()
         if not live:
             raise error
-        logger.warning("rollout replica lost: %s; its prompts are resubmitted to %r (%d of %d replicas left)",
-                       str(error).splitlines()[0][:300], live[0].name, len(live), len(self.replicas))
+        what = f"its prompts are resubmitted to {live[0].name!r}" if resubmitting else "its weight load is dropped"
+        logger.warning("rollout replica lost: %s; %s (%d of %d replicas left)", str(error).splitlines()[0][:300],
+                       what, len(live), len(self.replicas))
         return live[0]
 
     def _require_live(self, method: str) -> list[WorkerGroup[RolloutWorker]]:
@@ -89,12 +98,21 @@ class Generation:
             raise RuntimeError(f"{method}: every rollout replica has died ({len(self.replicas)} lost)")
         return live
 
-    def sync_weights(self) -> dict[str, float]:
-        """Bring the generating engines to the actor's current weights; the sync's metrics."""
+    def sync_weights(self, policy_step: Optional[int] = None, wait: bool = True) -> dict[str, float]:
+        """Bring the generating engines to the actor's current weights, the weights of training step
+        ``policy_step`` (what later rows' ``weight_version`` says; default: one more than the last sync's); the
+        sync's metrics.
+
+        ``wait=False`` (standalone pool, asynchronous training): the loads are queued behind the generations the
+        replicas are running and this returns after publishing; the metrics are those of the previous loads. The next
+        sync (or :meth:`finish_loads`) waits for them first: the published arena is rewritten only once read."""
+        policy_step = self.policy_step + 1 if policy_step is None else policy_step
         if not self.replicas:
+            self.policy_step = policy_step
             if not holds_own_weights(self.rollout_name):
                 return dict(NO_WEIGHT_SYNC)
             return self.actor.call(ActorRolloutRefWorker.sync_rollout_weights)
+        previous = self.finish_loads()
         published = self.actor.call(ActorRolloutRefWorker.publish_weights)
         versions = {version for version, _ in published}
         if len(versions) != 1:
@@ -102,14 +120,55 @@ class Generation:
         fingerprints = [expected for _, expected in published]
         expected = None if fingerprints[0] is None else torch.stack(fingerprints).sum(0)
         version = versions.pop()
-        futures = [replica.call_async(RolloutWorker.load_published_weights, self.layout, expected, version)
-                   for replica in self._require_live("load_published_weights")]
+        self.loads = [replica.call_async(RolloutWorker.load_published_weights, self.layout, expected, version)
+                      for replica in self._require_live("load_published_weights")]
+        self.version, self.policy_step = version, policy_step
+        return self.finish_loads() if wait else previous
+
+    def finish_loads(self) -> dict[str, float]:
+        """Wait for the queued loads; their metrics (empty when none was queued). A replica that died meanwhile is
+        counted; its share moves to a live replica at the next generation."""
         metrics = []
-        for future in futures:
+        for future in self.loads:
             try:
                 metrics.append(future.result())
-            except WorkerDiedError as error:  # the others loaded; the dead one's share moves at the next generate
-                self._resubmit_to(error)
-        self.version = version
+            except WorkerDiedError as error:
+                self._replica_lost(error, resubmitting=False)
+        self.loads = []
+        if not metrics:
+            return {}
         return {**metrics[0], "rollout/replicas_live": float(len(metrics)),
                 "rollout/replicas_lost": float(self.replicas_lost)}
+
+
+class PendingGeneration:
+    """A batch being generated (:meth:`Generation.submit`): one future per chunk, each with the ``policy_step`` of
+    the weights it is generated with. :meth:`result` gathers the chunks in order; a chunk whose replica died is
+    resubmitted — same prompts, same seed — to a live replica, with the weights that replica will then hold."""
+
+    def __init__(self, generation: Generation, chunks: list[Batch], params: list[SamplingParams],
+                 futures: dict) -> None:
+        self.generation, self.chunks, self.params, self.futures = generation, chunks, params, futures
+        self._rows: Optional[Batch] = None
+
+    def result(self) -> Batch:
+        """The ``B·n`` rows, with ``weight_version`` ``[B·n]`` (int64) per row; waits for the chunks still running."""
+        if self._rows is not None:
+            return self._rows
+        outputs: dict[int, Batch] = {}
+        while self.futures:
+            index, (future, policy_step) = next(iter(self.futures.items()))
+            del self.futures[index]
+            try:
+                rows = future.result()
+            except WorkerDiedError as error:
+                if not self.generation.replicas:
+                    raise
+                replica = self.generation._replica_lost(error, resubmitting=True)
+                self.futures[index] = (self.generation._call_generate(replica, self.chunks[index], self.params[index]),
+                                       self.generation.policy_step)
+                continue
+            rows[Fields.WEIGHT_VERSION] = torch.full((len(rows),), policy_step, dtype=torch.int64)
+            outputs[index] = rows
+        self._rows = Batch.concat([outputs[index] for index in range(len(self.chunks))])
+        return self._rows

@@ -5,6 +5,7 @@ Pure functions on ``Batch`` — no Ray, no process groups — so each is unit-te
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Optional
 
@@ -12,6 +13,8 @@ import numpy as np
 import torch
 
 from hybridrl.algorithms import ADVANTAGE_ESTIMATORS, kl_penalty, masked_mean
+from hybridrl.algorithms.off_policy import masked_importance, truncated_importance_weights
+from hybridrl.config.async_schema import OffPolicyCorrectionConfig
 from hybridrl.config.schema import AlgorithmConfig
 from hybridrl.data.partition import balance_across_ranks
 from hybridrl.protocol import Batch, Fields
@@ -52,6 +55,34 @@ def compute_advantages(batch: Batch, algorithm: AlgorithmConfig,
     if reward_baselines is not None:
         kwargs["reward_baselines"] = reward_baselines
     return estimator(**kwargs)
+
+
+def off_policy_corrected(batch: Batch, correction: OffPolicyCorrectionConfig) -> tuple[Batch, dict[str, float]]:
+    """The batch the actor trains on, corrected for the rollout policy differing from the trainer's, and the ratio's
+    statistics (``off_policy/*``). The ratio is ``π_old / π_rollout`` (``old_log_probs`` over ``rollout_log_probs``).
+
+    ``tis``: ``is_weights`` ``[B, R]`` = ``min(ratio, cap)`` (the policy loss multiplies each token's loss by it);
+    ``mis``: ``response_mask`` replaced by the tokens (or sequences) whose ratio lies in ``[low, high]`` — the rest
+    take no loss and leave the normaliser. ``none``: the batch as it is; the statistics are still logged when both
+    log-probs are present (and the batch itself is returned). The input batch is never modified."""
+    if Fields.ROLLOUT_LOG_PROBS not in batch or Fields.OLD_LOG_PROBS not in batch:
+        if correction.kind != "none":
+            raise ValueError(f"algorithm.off_policy_correction.kind={correction.kind} needs the rollout engine's "
+                             f"log-probs ({Fields.ROLLOUT_LOG_PROBS}) and the trainer's ({Fields.OLD_LOG_PROBS}); "
+                             f"this batch has: {', '.join(sorted(batch.keys()))}")
+        return batch, {}
+    proximal, behaviour, mask = batch[Fields.OLD_LOG_PROBS], batch[Fields.ROLLOUT_LOG_PROBS], batch[Fields.RESPONSE_MASK]
+    if correction.kind == "mis":
+        result = masked_importance(proximal, behaviour, mask, correction.low, correction.high, correction.level)
+    else:  # the ratio's statistics for ``none`` too: a cap no weight reaches changes nothing
+        result = truncated_importance_weights(proximal, behaviour, mask, correction.cap if correction.kind == "tis"
+                                              else float("inf"), correction.level)
+    corrected = copy.copy(batch) if correction.kind != "none" else batch
+    if correction.kind == "tis":
+        corrected[Fields.IS_WEIGHTS] = result.weights
+    elif correction.kind == "mis":
+        corrected[Fields.RESPONSE_MASK] = result.mask
+    return corrected, {f"off_policy/{name}": float(value) for name, value in result.stats.items()}
 
 
 def balance_batch(batch: Batch, num_ranks: int) -> Batch:

@@ -10,27 +10,30 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from hybridrl.algorithms import build_kl_controller
-from hybridrl.config import critic_enabled, dump_config, resolved_device, validate_config, world_size
+from hybridrl.config import critic_enabled, dump_config, validate_config, world_size
 from hybridrl.config.schema import ModelConfig, TrainConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH, reuses_update_log_probs
-from hybridrl.runtime import PoolSpec, ResourcePoolManager, WorkerError, WorkerGroup, gather, start_ray
+from hybridrl.runtime import ResourcePoolManager, WorkerError, WorkerGroup, gather, start_ray
 from hybridrl.trainers.checkpoints import CheckpointManager, load_trainer_state
 from hybridrl.trainers.continual import PromptReplay, PtxBatches
 from hybridrl.trainers.faults import FaultInjector, NonFiniteGuard
 from hybridrl.trainers.health import HealthMonitor
+from hybridrl.trainers.rl_setup import kl_controller_for, role_pools, rollout_replica_roles
 from hybridrl.trainers.restarts import RESTARTABLE, RestartRecord, Supervisor
 from hybridrl.trainers.run_lock import run_directory_lock
 from hybridrl.trainers.scaffold import open_tracker, resume_point
 from hybridrl.trainers.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
-from hybridrl.trainers.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
+from hybridrl.trainers.rl_steps import (apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages,
+                                        off_policy_corrected)
 from hybridrl.trainers.evaluation import Scoring, validate
+from hybridrl.trainers.async_rollout import SAMPLE_LOG_STEPS, RolloutQueue
 from hybridrl.trainers.generation import Generation
 from hybridrl.agents.batch import agent_metrics
 from hybridrl.trainers.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups, num_groups,
@@ -94,11 +97,14 @@ class RLTrainer:
                 check_data_sources(sorted({prompt.data_source for prompt in loader.dataset}))
         self.total_steps = config.trainer.total_training_steps or \
             config.trainer.total_epochs * self.loaders.train.steps_per_epoch
-        self.kl_controller = _kl_controller(config, self.total_steps)
+        self.kl_controller = kl_controller_for(config, self.total_steps)
         self.checkpoints = CheckpointManager(self.run_dir, config.trainer.max_ckpt_to_keep)
         self.with_reference = config.actor.use_kl_loss or config.algorithm.use_kl_in_reward
         self.ptx = PtxBatches(config, self.tokenizer) if config.actor.ptx.coef > 0 else None
         self.replay = PromptReplay.from_config(config, self.loaders.train.pad_token_id)
+        self.queue: Optional[RolloutQueue] = None  # async_training: the batches generated ahead
+        self._last_generator_check: Optional[float] = None
+        self.sample_log: deque = deque(maxlen=SAMPLE_LOG_STEPS)  # async: what each step trained (RolloutQueue)
         self.global_step = self.first_step = 0  # first_step: where this process's run started (after a resume)
         self.initial_state = self._controller_state()  # what a restart before the first checkpoint goes back to
         self.restart_point: Optional[Path] = None  # the checkpoint a restart resumes from (last loaded or committed)
@@ -154,7 +160,8 @@ class RLTrainer:
             result.first_validation = self.validate()
             tracker.log(result.first_validation, step=0)
         while self.global_step < self.total_steps:
-            metrics = self.train_step(next(iter(self.loaders.train)))
+            metrics = self._train_step_async() if self.queue is not None else \
+                self.train_step(next(iter(self.loaders.train)))
             self.global_step += 1
             if self._due(trainer.test_freq) or self.global_step == self.total_steps:
                 result.last_validation = self.validate() if self.loaders.val is not None else None
@@ -169,14 +176,34 @@ class RLTrainer:
 
     def train_step(self, prompts: Batch) -> dict[str, float]:
         """One PPO/GRPO step on a batch of prompts; returns the step's metrics."""
-        config, timer = self.config, PhaseTimer()
-        actor = self._actor()
+        timer = PhaseTimer()
         self._pop_worker_seconds()  # calls made since the last step (validation, a resume) are not this step's
         replay_metrics: dict[str, float] = {}
         if self.replay is not None:  # a share of the prompts comes back from earlier steps
             prompts, replay_metrics = self.replay.mix(prompts, self.global_step)
-        params = SamplingParams.for_training(config.rollout, config.data.max_response_length, seed=self._sampling_seed())
+        params = self._training_params(self.global_step)
         batch, reward_metrics = self._rollout(prompts, params, timer)
+        return self._train_on(batch, params, timer, {**reward_metrics, **replay_metrics})
+
+    def _train_step_async(self) -> dict[str, float]:
+        """One step of ``async_training``: this step's batch from the queue (generated ahead, within the staleness
+        bound), scored and trained on exactly like a synchronous step."""
+        assert self.queue is not None
+        timer = PhaseTimer()
+        self._pop_worker_seconds()
+        with timer.phase("generate"):
+            entry, queue_metrics = self.queue.take(self.global_step)
+        with timer.phase("reward"):
+            batch, reward_metrics = self._score(entry.result())
+        metrics = self._train_on(batch, entry.params, timer, {**queue_metrics, **reward_metrics})
+        metrics["async/trainer_idle_fraction"] = metrics["timing/generate"] / max(timer.total(), 1e-9)
+        metrics.update(self._generator_idle())
+        return metrics
+
+    def _train_on(self, batch: Batch, params: SamplingParams, timer: PhaseTimer,
+                  extra: dict[str, float]) -> dict[str, float]:
+        """Log-probs, advantages and the updates on a generated, scored batch; the step's metrics."""
+        config, actor = self.config, self._actor()
         temperature = params.effective_temperature  # log-probs are of the distribution the rollout sampled from
         # Balance tokens across DP ranks before any forward (only reorders rows; groups are found by uid).
         batch = balance_batch(batch, world_size(config)) if config.trainer.balance_batch else batch
@@ -186,6 +213,7 @@ class RLTrainer:
             baselines = self._remax_baselines(batch) if config.algorithm.adv_estimator == "remax" else None
             metrics = self._rewards_and_advantages(batch, baselines)
             self.faults.corrupt_advantages(self.global_step + 1, batch)
+            actor_batch, correction_metrics = off_policy_corrected(batch, config.algorithm.off_policy_correction)
         if self.critic is not None:
             with timer.phase("update_critic"):
                 metrics.update(_prefixed("critic", self.critic.call(CriticWorker.update_critic, batch,
@@ -195,17 +223,16 @@ class RLTrainer:
         if self.global_step >= config.trainer.critic_warmup:
             with timer.phase("update_actor"):
                 ptx = self.ptx.batch(self.global_step) if self.ptx is not None else None
-                metrics.update(_prefixed("actor", actor.call(ActorRolloutRefWorker.update_actor, batch,
+                metrics.update(_prefixed("actor", actor.call(ActorRolloutRefWorker.update_actor, actor_batch,
                                                              step=self.global_step, temperature=temperature,
                                                              ptx=ptx)[0]))
-            with timer.phase("weight_sync"):
-                metrics.update(self._generation().sync_weights())
-        metrics.update(reward_metrics)
-        metrics.update(replay_metrics)
-        metrics.update(batch_metrics(batch))
-        metrics.update(agent_metrics(batch))
-        metrics.update(timer.metrics())
-        metrics.update(self._pop_worker_seconds())
+            with timer.phase("weight_sync"):  # async: queued behind the generations in flight (their metrics later)
+                metrics.update(self._generation().sync_weights(self.global_step + 1, wait=self.queue is None))
+        else:  # no update: the weights of the next step are this step's
+            self._generation().policy_step = self.global_step + 1
+        for extras in (extra, correction_metrics, batch_metrics(batch), agent_metrics(batch), timer.metrics(),
+                       self._pop_worker_seconds()):
+            metrics.update(extras)
         metrics["perf/throughput_tokens_per_s"] = float(batch[Fields.ATTENTION_MASK].sum()) / max(
             timer.total(), 1e-9)
         return metrics
@@ -221,10 +248,14 @@ class RLTrainer:
         with timer.phase("generate"):
             batch = self._generation().generate(prompts, params)
         with timer.phase("reward"):
-            scores, metrics = self.scoring.token_level_scores(batch)
-            batch[Fields.TOKEN_LEVEL_SCORES] = scores
-            batch[Fields.SCORES] = scores.sum(-1)  # before shaping (filter_groups.metric=score)
-            metrics.update(shape_rewards(batch, self.config))
+            return self._score(batch)
+
+    def _score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """Token-level scores (and shaped rewards) of generated rows, in place; the reward metrics."""
+        scores, metrics = self.scoring.token_level_scores(batch)
+        batch[Fields.TOKEN_LEVEL_SCORES] = scores
+        batch[Fields.SCORES] = scores.sum(-1)  # before shaping (filter_groups.metric=score)
+        metrics.update(shape_rewards(batch, self.config))
         if self.replay is not None:
             self.replay.observe(batch)
         return batch, metrics
@@ -302,6 +333,9 @@ class RLTrainer:
             WorkerGroup(RolloutWorker, pools.pool_for(role), name=role, args=(config,),
                         tp_size=config.rollout.tensor_model_parallel_size) for role in rollout_replica_roles(config)]
         self.generation = Generation(self.actor, config.rollout.name, self.rollout_replicas)
+        if config.async_training.mode != "sync":
+            self.queue = RolloutQueue(self.generation, config.async_training.staleness_bound,
+                                      lambda: next(iter(self.loaders.train)), self._training_params, self.sample_log)
         if critic_enabled(config):
             self.critic = WorkerGroup(CriticWorker, pools.pool_for("critic"), name="critic", bundle_share=share,
                                       args=(config, self.total_steps))
@@ -332,7 +366,7 @@ class RLTrainer:
         for group in (*self.rollout_replicas, self.actor, self.critic, self.reward_model):
             if group is not None:
                 group.shutdown()
-        self.rollout_replicas, self.generation = [], None
+        self.rollout_replicas, self.generation, self.queue = [], None, None
         if self.pools is not None:
             self.pools.release()
 
@@ -361,6 +395,7 @@ class RLTrainer:
         return {"global_step": self.global_step, "loader": self.loaders.train.state_dict(),
                 "kl_controller": self.kl_controller.state_dict(),
                 **({"replay": self.replay.state_dict()} if self.replay is not None else {}),
+                **({"rollout_queue": self.queue.state_dict()} if self.queue is not None else {}),
                 **({"reward_fusion": self.scoring.state_dict()}
                    if isinstance(getattr(self, "scoring", None), FusedScoring) else {})}
 
@@ -380,7 +415,7 @@ class RLTrainer:
             self._actor().call(ActorRolloutRefWorker.load_checkpoint, str(checkpoint / "actor"))
         if checkpoint is not None or self.config.rollout.load_format == "dummy":
             # a separate engine still holds model.path (or, load_format=dummy, random weights)
-            self._generation().sync_weights()
+            self._generation().sync_weights(int(state["global_step"]))
         if checkpoint is not None:
             if self.critic is not None:
                 self.critic.call(CriticWorker.load_checkpoint, str(checkpoint / "critic"))
@@ -389,6 +424,8 @@ class RLTrainer:
         self.kl_controller.load_state_dict(state["kl_controller"])
         if self.replay is not None and "replay" in state:
             self.replay.load_state_dict(state["replay"])
+        if self.queue is not None and "rollout_queue" in state:
+            self.queue.load_state_dict(state["rollout_queue"])
         if isinstance(self.scoring, FusedScoring):
             self.scoring.load_state_dict(state.get("reward_fusion", {}))
         self.global_step = int(state["global_step"])
@@ -412,43 +449,23 @@ class RLTrainer:
     def _due(self, frequency: int) -> bool:
         return frequency > 0 and self.global_step % frequency == 0
 
-    def _sampling_seed(self) -> int:
-        """A different, reproducible seed every step (from ``rollout.seed``, else ``trainer.seed``)."""
+    def _training_params(self, step: int) -> SamplingParams:
+        """Sampling of step ``step``'s batch: a different, reproducible seed every step (from ``rollout.seed``,
+        else ``trainer.seed``)."""
         base = self.config.rollout.seed if self.config.rollout.seed is not None else self.config.trainer.seed
-        return derive_seed(base, "step", self.global_step)
+        return SamplingParams.for_training(self.config.rollout, self.config.data.max_response_length,
+                                           seed=derive_seed(base, "step", step))
 
-
-def role_pools(config: TrainConfig) -> ResourcePoolManager:
-    """The run's pools and which role runs where: actor (+ rollout, reference), critic and a colocated reward model on
-    the ``global`` pool; a reward model with ``reward_model.n_gpus > 0`` and a rollout with ``rollout.n_gpus > 0`` on
-    pools of their own."""
-    device = resolved_device(config)
-    specs = [PoolSpec("global", nnodes=config.trainer.nnodes, devices_per_node=config.trainer.n_gpus_per_node,
-                      device=device)]
-    roles = {"actor": "global", **({"critic": "global"} if critic_enabled(config) else {})}
-    for role in rollout_replica_roles(config):
-        specs.append(PoolSpec(role, devices_per_node=config.rollout.tensor_model_parallel_size, device=device))
-        roles[role] = role
-    if config.reward_model.enable:
-        if config.reward_model.n_gpus > 0:
-            specs.append(PoolSpec("reward_model", devices_per_node=config.reward_model.n_gpus, device=device))
-        roles["reward_model"] = "reward_model" if config.reward_model.n_gpus > 0 else "global"
-    return ResourcePoolManager(specs, roles)
-
-
-def rollout_replica_roles(config: TrainConfig) -> list[str]:
-    """``rollout0 .. rollout{R-1}``: the standalone pool's replicas (``rollout.n_gpus / t_g``; none when colocated)."""
-    return [f"rollout{index}" for index in range(config.rollout.n_gpus // config.rollout.tensor_model_parallel_size)]
-
-
-def _kl_controller(config: TrainConfig, total_steps: int):
-    kl = config.algorithm.kl_ctrl
-    if kl.type == "fixed":
-        return build_kl_controller("fixed", kl_coef=kl.kl_coef)
-    if kl.type == "adaptive":
-        return build_kl_controller("adaptive", init_kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
-    return build_kl_controller("scheduled", init_kl_coef=kl.kl_coef, target_kl_coef=kl.target_kl_coef,
-                               total_steps=total_steps * config.data.train_batch_size * config.rollout.n)
+    def _generator_idle(self) -> dict[str, float]:
+        """``async/generator_idle_fraction``: the share of the wall time since the last call that the replicas spent
+        outside their generate and load calls (calls count when they finish; averaged over the live replicas)."""
+        now, last = time.perf_counter(), self._last_generator_check
+        self._last_generator_check = now
+        replicas = self._generation().live_replicas()
+        busy = sum(sum(group.pop_worker_seconds().values()) for group in replicas) / max(len(replicas), 1)
+        if last is None:
+            return {}
+        return {"async/generator_idle_fraction": max(0.0, 1.0 - busy / max(now - last, 1e-9))}
 
 
 def _prefixed(prefix: str, metrics: dict[str, Any]) -> dict[str, float]:

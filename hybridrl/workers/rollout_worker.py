@@ -10,6 +10,7 @@ weight version, so a generation asked for at another version is refused (a skipp
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Optional
 
@@ -23,6 +24,7 @@ from hybridrl.protocol import Batch
 from hybridrl.rollout import EngineInputs, build_rollout_engine
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.runtime import Worker, dp_leaders, one_to_all
+from hybridrl.utils.seeding import derive_seed
 from hybridrl.workers.actor_worker import eos_token_ids
 from hybridrl.workers.agent_rollout import engine_context_length, episode_runner
 from hybridrl.workers.engine_weights import StaleEngineWeightsError
@@ -71,9 +73,17 @@ class RolloutWorker(Worker):
                 f"the weights of version {self.weight_version}"
             raise StaleEngineWeightsError(f"rollout rank {self.rank} holds {held} but generation asked for version "
                                           f"{weight_version}: a weight sync was skipped")
+        self._injected_delay(params)
         if self.episodes is not None:
             return self.episodes.run(self.engine, prompts, params)
         return self.engine.generate(prompts, params)
+
+    def _injected_delay(self, params: SamplingParams) -> None:
+        """``trainer.fault_injection.rollout_delay_s`` (tests only): sleep a random time drawn from the call's seed."""
+        longest = self.config.trainer.fault_injection.rollout_delay_s
+        if longest > 0:
+            time.sleep(random.Random(derive_seed(self.config.trainer.seed, "delay", params.seed or 0)).uniform(
+                0, longest))
 
     @one_to_all(collect="first")
     def load_published_weights(self, layout: PublishedLayout, expected: Optional[torch.Tensor],

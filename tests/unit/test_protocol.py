@@ -121,7 +121,7 @@ def test_typed_accessors_return_the_field_or_name_it():
 
 def _tensor_field_names() -> list[str]:
     names = [v for k, v in vars(Fields).items() if k.isupper() and v != Fields.UID]
-    assert len(names) == 16
+    assert len(names) == 18
     return names
 
 
@@ -457,3 +457,23 @@ def test_split_every_leaves_a_shorter_last_piece():
     assert torch.equal(Batch.concat(pieces)["x"], torch.arange(7))
     with pytest.raises(ValueError):
         batch.split_every(0)
+
+
+def test_a_batch_survives_a_weights_only_checkpoint(tmp_path):
+    """``protocol.state``: the rows an async run queues are saved in its (weights-only) checkpoint; numpy values in
+    non-tensor fields (parquet's ``extra_info``) come back as plain Python, tensors bit for bit."""
+    import numpy as np
+
+    from hybridrl.protocol.state import batch_from_state, batch_state
+    from hybridrl.modeling.safe_load import load_tensors
+
+    batch = Batch({"x": torch.randn(3, 2), Fields.WEIGHT_VERSION: torch.tensor([4, 4, 5])},
+                  {Fields.UID: ["a", "b", "c"],
+                   "extra_info": [{"index": np.int64(i), "tags": np.array(["p", "q"])} for i in range(3)]},
+                  {"temperature": np.float32(0.5)})
+    torch.save(batch_state(batch), tmp_path / "state.pt")
+    restored = batch_from_state(load_tensors(tmp_path / "state.pt"))
+    assert torch.equal(restored["x"], batch["x"]) and torch.equal(restored.weight_version, batch.weight_version)
+    assert list(restored[Fields.UID]) == ["a", "b", "c"]
+    assert list(restored["extra_info"]) == [{"index": i, "tags": ["p", "q"]} for i in range(3)]
+    assert restored.meta == {"temperature": 0.5}

@@ -22,6 +22,7 @@ from hybridrl.modeling.model_builder import build_model
 from hybridrl.engines.optim import build_optimizer, build_scheduler
 
 ROWS, WIDTH, RESPONSE = 8, 10, 4
+SPLIT = ["rollout=vllm_cpu", "rollout.n_gpus=1", "trainer.n_gpus_per_node=1"]  # async modes need the standalone pool
 
 
 def rollout_rows() -> Batch:
@@ -86,6 +87,10 @@ def test_update_without_old_log_probs_is_refused_off_policy(tmp_path):
     (["actor.ppo_mini_batch_size=${data.train_batch_size}", "algorithm.use_kl_in_reward=true"], False),
     (["actor.ppo_mini_batch_size=${data.train_batch_size}", "actor.adaptive_accumulation.enable=true",
       "actor.log_grad_noise_scale=true"], False),
+    (["actor.ppo_mini_batch_size=${data.train_batch_size}", "algorithm.off_policy_correction.kind=tis"], False),
+    (["actor.ppo_mini_batch_size=${data.train_batch_size}", "async_training.mode=one_step_off", *SPLIT], False),
+    (["actor.ppo_mini_batch_size=${data.train_batch_size}", "async_training.mode=bounded",
+      "async_training.max_staleness=0", *SPLIT], True),  # η = 0 is the synchronous loop: the same update
 ])
 def test_which_configs_skip_the_old_log_prob_pass(overrides, reuses):
     assert reuses_update_log_probs(load_config(overrides, check_paths=False)) is reuses

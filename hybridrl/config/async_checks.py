@@ -1,0 +1,53 @@
+"""Checks of ``async_training`` and ``algorithm.off_policy_correction`` (called by ``validate_config``)."""
+
+from __future__ import annotations
+
+from hybridrl.config.async_schema import ASYNC_MODES, CORRECTION_KINDS, CORRECTION_LEVELS
+from hybridrl.config.checks import _choice, _require
+from hybridrl.config.components import value_at
+from hybridrl.config.errors import ConfigError
+from hybridrl.config.schema import TrainConfig
+
+# What the async loop cannot do yet, with the reason a user is told.
+_SYNC_ONLY = (
+    ("algorithm.filter_groups.enable", lambda c: c.algorithm.filter_groups.enable,
+     "dynamic sampling draws extra batches after scoring; in async modes batches are drawn ahead"),
+    ("algorithm.adv_estimator", lambda c: c.algorithm.adv_estimator == "remax",
+     "ReMax's greedy baseline must come from the weights being trained, which async generation does not hold"),
+    ("data.replay.enable", lambda c: c.data.replay.enable,
+     "prompt replay mixes prompts by the rewards of the step before, which async generation has not seen yet"),
+)
+
+
+def check_async_training(config: TrainConfig, error: ConfigError) -> None:
+    """``async_training.*``: a known mode, a staleness bound >= 0, the standalone pool it needs, and the features
+    the async loop does not combine with (named, with the reason)."""
+    settings = config.async_training
+    _choice(error, "async_training.mode", settings.mode, ASYNC_MODES)
+    _require(error, "async_training.max_staleness", settings.max_staleness, settings.max_staleness >= 0,
+             "must be >= 0 (optimizer steps a sample's weights may lag the trainer's; 0 = sync)")
+    if settings.mode == "one_step_off" and settings.max_staleness != 1:
+        error.add("async_training.max_staleness", settings.max_staleness,
+                  "one_step_off is bounded staleness with η = 1; for another bound set async_training.mode=bounded")
+    if settings.mode == "sync" or settings.mode not in ASYNC_MODES:
+        return
+    if config.rollout.n_gpus == 0:
+        error.add("async_training.mode", settings.mode,
+                  "overlaps generation with training on the standalone rollout pool: set rollout.n_gpus > 0 "
+                  "(colocated engines share the trainer's devices and cannot generate while it trains)")
+    for key, enabled, reason in _SYNC_ONLY:
+        if enabled(config):
+            error.add(key, value_at(config, key), f"not with async_training.mode={settings.mode}: {reason}")
+
+
+def check_off_policy_correction(config: TrainConfig, error: ConfigError) -> None:
+    """``algorithm.off_policy_correction.*``: kind, level and bounds (cap > 0, 0 <= low <= 1 <= high)."""
+    correction, prefix = config.algorithm.off_policy_correction, "algorithm.off_policy_correction"
+    _choice(error, f"{prefix}.kind", correction.kind, CORRECTION_KINDS)
+    _choice(error, f"{prefix}.level", correction.level, CORRECTION_LEVELS)
+    if correction.kind == "tis":
+        _require(error, f"{prefix}.cap", correction.cap, correction.cap > 0, "must be > 0 (the largest weight)")
+    if correction.kind == "mis":
+        _require(error, f"{prefix}.low", correction.low, 0 <= correction.low <= 1, "must lie in [0, 1]")
+        _require(error, f"{prefix}.high", correction.high, correction.high >= 1, "must be >= 1")
+

@@ -1,0 +1,45 @@
+"""``async_training`` (overlapping generation with training) and ``algorithm.off_policy_correction`` (off-policy
+importance corrections): the configuration of ``trainers/async_rollout.py`` and ``algorithms/off_policy.py``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridrl.config.frozen import FreezableConfig
+
+ASYNC_MODES = ("sync", "one_step_off", "bounded")
+CORRECTION_KINDS = ("none", "tis", "mis")
+CORRECTION_LEVELS = ("token", "sequence")
+
+
+@dataclass
+class AsyncTrainingConfig(FreezableConfig):
+    mode: str = "sync"
+    """``sync``: every step generates with the weights it then trains (today's loop). ``one_step_off``: the
+    standalone rollout pool generates step k+1's batch while the trainer trains step k (``bounded`` with η = 1).
+    ``bounded``: up to ``max_staleness`` batches are generated ahead; a sample generated with weights of version v
+    is trained only at versions <= v + η. Async modes need the standalone pool (``rollout.n_gpus > 0``)."""
+    max_staleness: int = 1
+    """η of ``bounded``: how many optimizer steps older than the trainer a sample's weights may be (0 = sync)."""
+
+    @property
+    def staleness_bound(self) -> int:
+        """η in force: 0 for ``sync``, 1 for ``one_step_off``, ``max_staleness`` for ``bounded``."""
+        return {"sync": 0, "one_step_off": 1}.get(self.mode, self.max_staleness)
+
+
+@dataclass
+class OffPolicyCorrectionConfig(FreezableConfig):
+    kind: str = "none"
+    """Off-policy correction of the policy loss by the ratio π_old / π_rollout (trainer's recomputed log-probs over
+    the rollout engine's): ``none`` | ``tis`` (truncated importance weights, ``min(ratio, cap)``; at token level with
+    recomputed old log-probs this is decoupled PPO) | ``mis`` (masked: tokens or sequences whose ratio leaves
+    ``[low, high]`` take no loss). Needs the old-log-prob forward (run whatever ``actor.old_log_prob`` says)."""
+    level: str = "token"
+    """``token``: one ratio per token. ``sequence``: one per response (the product of its tokens' ratios)."""
+    cap: float = 2.0
+    """``tis``: the largest weight (C > 0)."""
+    low: float = 0.5
+    """``mis``: the smallest ratio kept (0 <= low <= 1)."""
+    high: float = 2.0
+    """``mis``: the largest ratio kept (>= 1)."""

@@ -1,0 +1,42 @@
+"""How an RL run is laid out and set up: its resource pools and roles, the standalone pool's replica names, the KL
+controller. Used by ``RLTrainer`` and by tools that plan a run without starting it."""
+
+from __future__ import annotations
+
+from hybridrl.algorithms import build_kl_controller
+from hybridrl.config import critic_enabled, resolved_device
+from hybridrl.config.schema import TrainConfig
+from hybridrl.runtime import PoolSpec, ResourcePoolManager
+
+
+def role_pools(config: TrainConfig) -> ResourcePoolManager:
+    """The run's pools and which role runs where: actor (+ rollout, reference), critic and a colocated reward model on
+    the ``global`` pool; a reward model with ``reward_model.n_gpus > 0`` and a rollout with ``rollout.n_gpus > 0`` on
+    pools of their own."""
+    device = resolved_device(config)
+    specs = [PoolSpec("global", nnodes=config.trainer.nnodes, devices_per_node=config.trainer.n_gpus_per_node,
+                      device=device)]
+    roles = {"actor": "global", **({"critic": "global"} if critic_enabled(config) else {})}
+    for role in rollout_replica_roles(config):
+        specs.append(PoolSpec(role, devices_per_node=config.rollout.tensor_model_parallel_size, device=device))
+        roles[role] = role
+    if config.reward_model.enable:
+        if config.reward_model.n_gpus > 0:
+            specs.append(PoolSpec("reward_model", devices_per_node=config.reward_model.n_gpus, device=device))
+        roles["reward_model"] = "reward_model" if config.reward_model.n_gpus > 0 else "global"
+    return ResourcePoolManager(specs, roles)
+
+
+def rollout_replica_roles(config: TrainConfig) -> list[str]:
+    """``rollout0 .. rollout{R-1}``: the standalone pool's replicas (``rollout.n_gpus / t_g``; none when colocated)."""
+    return [f"rollout{index}" for index in range(config.rollout.n_gpus // config.rollout.tensor_model_parallel_size)]
+
+
+def kl_controller_for(config: TrainConfig, total_steps: int):
+    kl = config.algorithm.kl_ctrl
+    if kl.type == "fixed":
+        return build_kl_controller("fixed", kl_coef=kl.kl_coef)
+    if kl.type == "adaptive":
+        return build_kl_controller("adaptive", init_kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon)
+    return build_kl_controller("scheduled", init_kl_coef=kl.kl_coef, target_kl_coef=kl.target_kl_coef,
+                               total_steps=total_steps * config.data.train_batch_size * config.rollout.n)
