@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # keep both cores busy on the 2-core box (with one shared Ray per process: 10.3 vs 19.8 min). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo demo-agent test test-fast docs clean
+.PHONY: setup demo demo-agent test test-fast soak docs clean
 
 setup: $(STAMP)
 
@@ -38,7 +38,11 @@ demo-agent: setup
 	$(BIN)/hybridrl demo-agent
 
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not soak" $(PYTEST_ARGS)
+
+# The 200-step leak soak (about 4 minutes alone): CI runs it after make test.
+soak: setup
+	$(BIN)/python -m pytest -q -m soak $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not distributed and not e2e and not slow" $(PYTEST_ARGS)

@@ -132,19 +132,22 @@ def _wait_for_exit(processes: list[Any], timeout_s: float) -> None:
 
 def fit_with_step_clock(trainer: Any) -> list[float]:
     """Run ``trainer.fit()`` (a hybridrl ``RLTrainer``) and return each step's wall seconds: the interval between the
-    ends of consecutive ``train_step`` calls, the first from the start of the first one. Includes the loop's own work
-    between steps (tracking, validation if configured), as a user's clock would."""
+    ends of consecutive training steps (``train_step``, or ``_train_step_async`` in ``async_training`` modes), the
+    first from the start of the first one. Includes the loop's own work between steps (tracking, validation if
+    configured), as a user's clock would."""
     edges: list[float] = []
-    train_step = trainer.train_step
 
-    def timed_step(prompts: Any) -> Any:
-        if not edges:
+    def clocked(step_method):
+        def timed_step(*args: Any) -> Any:
+            if not edges:
+                edges.append(time.perf_counter())
+            metrics = step_method(*args)
             edges.append(time.perf_counter())
-        metrics = train_step(prompts)
-        edges.append(time.perf_counter())
-        return metrics
+            return metrics
+        return timed_step
 
-    trainer.train_step = timed_step  # an instance attribute over the real method: a timestamp around each step
+    # instance attributes over the real methods: a timestamp around each step, whichever the loop calls
+    trainer.train_step, trainer._train_step_async = clocked(trainer.train_step), clocked(trainer._train_step_async)
     trainer.fit()
     return [end - start for start, end in zip(edges, edges[1:])]
 

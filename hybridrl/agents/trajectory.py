@@ -11,7 +11,10 @@ exact: the template must be prefix-preserving (the second rendering starts with 
 equal the first rendering's ids — the model's ids are what the template would produce for its text. Where the second
 does not hold (the model produced an unusual tokenisation of its text) the ids so far are kept as generated, the
 template's tokens after the model's stop token (e.g. a newline after ``<|im_end|>``) are carried over so no separator
-is lost, and the mismatch is counted and logged; ``strict`` mode raises :class:`TemplateMismatch` instead.
+is lost, and the mismatch is counted and logged; ``strict`` mode raises :class:`TemplateMismatch` instead. Where the
+first does not hold (a thinking template that drops an earlier turn's ``<think>`` block, as Qwen3-style templates
+do) the observation ids are those after the model's stop token, found by counting turn boundaries, so the model's
+turn is never rendered a second time into the observation; the mismatch is counted the same way.
 """
 
 from __future__ import annotations
@@ -104,7 +107,22 @@ class ChatRenderer:
         if self.strict:
             raise TemplateMismatch(f"multi-turn prefix check failed: {reason} (rollout.multi_turn.strict)")
         logger.debug("multi-turn prefix check failed: %s", reason)
-        return _trailer(before, ids_so_far) + after[_common_prefix(before, after):], False
+        return self._after_last_turn(before, after, ids_so_far), False
+
+    def _after_last_turn(self, before: list[int], after: list[int], ids_so_far: Sequence[int]) -> list[int]:
+        """Without the checks: the ids of ``after`` that follow the model's last turn. When the turn ended with a
+        special token (its stop, e.g. ``<|im_end|>``), that is everything after the same count of it as ``before``
+        holds — right even when the template rewrote an earlier turn's content (a thinking template dropping an
+        empty ``<think>`` block): turn boundaries survive such rewrites. Otherwise the template's tokens after the
+        model's last token in ``before`` and the part of ``after`` past the common prefix."""
+        last = ids_so_far[-1] if ids_so_far else None
+        if last is not None and last in set(self.tokenizer.all_special_ids):
+            count, seen = before.count(last), 0
+            for index, token in enumerate(after):
+                seen += token == last
+                if count and seen == count:
+                    return after[index + 1:]
+        return _trailer(before, ids_so_far) + after[_common_prefix(before, after):]
 
 
 def _common_prefix(first: Sequence[int], second: Sequence[int]) -> int:

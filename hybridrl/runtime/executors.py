@@ -110,7 +110,7 @@ class RayExecutor:
                 runtime_env={"env_vars": env},
                 max_restarts=0, max_task_retries=0,
             ).remote(f"{role} rank {slot.rank}/{pool.world_size}",
-                     cpu_share_per_worker(spec.device, spec.devices_per_node, bundle_share), secret_env,
+                     cpu_share_per_worker(spec.device, spec.node_slots or spec.devices_per_node, bundle_share), secret_env,
                      config.cpu_keep_freed_memory)
             for slot in pool.slots()
         ]

@@ -41,12 +41,19 @@ class PoolSpec:
     device: str = "cuda"
     cpus_per_device: float = 1.0
     """CPUs reserved with each device (data loading, tokenisation); the whole bundle for ``device="cpu"``."""
+    node_slots: Optional[int] = None
+    """CPU pools only: how many device slots of all the pools on a node compute *at the same time*; a worker's
+    torch threads are its slot's share of the node's cores (``None``: this pool's ``devices_per_node`` — pools that
+    take turns, each using the whole node while it runs)."""
 
     def __post_init__(self) -> None:
         check_device(self.device)
         if self.nnodes < 1 or self.devices_per_node < 1:
             raise ValueError(f"pool {self.name!r}: nnodes={self.nnodes} and devices_per_node={self.devices_per_node} "
                              "must be >= 1")
+        if self.node_slots is not None and self.node_slots < self.devices_per_node:
+            raise ValueError(f"pool {self.name!r}: node_slots={self.node_slots} must count at least its own "
+                             f"{self.devices_per_node} device(s)")
         if self.cpus_per_device <= 0 and self.device == "cpu":
             raise ValueError(f"pool {self.name!r}: cpus_per_device must be > 0 for a CPU pool")
 

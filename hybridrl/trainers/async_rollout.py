@@ -5,11 +5,12 @@ Versions. The weights of training step ``v`` are those the trainer holds when st
 updates in); a row generated with them has ``weight_version = v``. A row trained at step ``t`` has staleness
 ``t − v``. The contract, for a bound η (``async_training.staleness_bound``):
 
-- **admission**: when step ``t`` starts, the batches of steps ``t .. t + η`` are submitted (those not yet); a batch
-  submitted while the pool holds (or has queued) the weights of step ``q`` is generated with them, and ``q`` is at
-  least ``t`` minus nothing: the trainer syncs after every update, so ``q = t`` — the batch of step ``s`` submitted
-  at step ``t >= s − η`` has staleness ``s − q <= η``. No timing enters: a replica runs the controller's calls in
-  order (generate, then load, then generate …), so which weights produce a batch follows from the order of calls.
+- **admission**: when step ``t`` starts, the batches of steps up to ``t + η`` not yet submitted are submitted. The
+  trainer syncs after every update, so by then the pool holds (or has queued) the weights of step ``t``: a batch of
+  step ``s`` submitted at step ``t >= s − η`` is generated with them and trained at ``s``, staleness ``s − t <= η``.
+  No timing enters: a replica runs the controller's calls in order (generate, then load, then generate …), so which
+  weights produce a batch follows from the order of calls. (A step without an actor update — ``critic_warmup`` —
+  leaves the weights as they are: they count as the next step's.)
 - **check**: :meth:`RolloutQueue.take` refuses (``StalenessBoundError``) a batch with a row older than the bound —
   it cannot happen by the rule above; the check makes a mistake loud. The replicas, for their part, refuse to
   generate from weights other than the ones the controller names (``RolloutWorker.generate_sequences``).

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.distributed]
+pytestmark = [pytest.mark.soak, pytest.mark.slow, pytest.mark.e2e, pytest.mark.distributed]
 
 STEPS, WARMUP = 200, 50
 MAX_SLOPE_MB_PER_STEP = 0.05  # 50 KB/step: 10k steps would add 0.5 GB; a leak of one batch per step is far above

@@ -1,8 +1,11 @@
 """Observation ids from the chat template, with the prefix checks (``agents/trajectory.py``), on the tiny tool
-template and — where the converted model is on this machine — SmolLM2-135M-Instruct's real ChatML template."""
+template, a real Hermes tool template that ships with vLLM (MiniCPM-V 4.5's, Qwen3-style thinking) and — where the
+converted model is on this machine — SmolLM2-135M-Instruct's real ChatML template."""
 
 from __future__ import annotations
 
+import importlib.util
+import string
 from pathlib import Path
 
 import pytest
@@ -103,3 +106,45 @@ def test_trajectory_masks_observations_and_truncates_to_the_budget():
     assert trajectory.ids == [1, 2, 5, 6, 7, 8, 9, 10] and trajectory.turns == 2
     trajectory.truncate(4)
     assert trajectory.response_ids == [5, 6, 7, 8] and trajectory.end == "budget"
+
+
+def hermes_thinking_tokenizer():
+    """A tokenizer with a second real tool template: the Hermes-format (``<tool_call>`` / ``<tool_response>``)
+    ChatML template vLLM ships for MiniCPM-V 4.5 (Qwen3 style: its generation prompt opens an empty ``<think>``
+    block, which the rendering of an earlier assistant turn drops). Read from the installed vLLM, not copied here."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        pytest.skip("vLLM is not installed (the template ships with it)")
+    template = Path(spec.origin).parent / "transformers_utils" / "chat_templates" / "template_minicpmv45.jinja"
+    if not template.is_file():
+        pytest.skip(f"this vLLM has no {template.name}")
+    tokenizer = build_char_tokenizer(string.printable, tool_chat=True)
+    tokenizer.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.chat_template = template.read_text()
+    return tokenizer
+
+
+def test_a_real_thinking_template_that_drops_earlier_reasoning_is_counted_and_the_ids_stay_as_generated():
+    """The model generated after the template's empty ``<think></think>`` generation prompt; rendering the
+    conversation with the tool's answer drops that block from the (now earlier) assistant turn, so the template is not
+    prefix-preserving. The mismatch is reported (strict mode raises), and the observation ids appended continue
+    exactly what the model saw and made — the model's turn is not rendered again into the observation (it was, before
+    the fallback counted turn boundaries)."""
+    tokenizer = hermes_thinking_tokenizer()
+    assert supports_tools(tokenizer, TOOLS)
+    renderer = ChatRenderer(tokenizer, TOOLS)
+    history = [{"role": "user", "content": "17*23="}]
+    prompt = renderer.prompt_ids(history)
+    assert tokenizer.decode(prompt).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "17*23"}}\n</tool_call>'
+    generated = prompt + tokenizer.encode(call, add_special_tokens=False) + [tokenizer.eos_token_id]
+    history.append({"role": "assistant", "content": call})
+    observation, matched = renderer.observation_ids(history, [{"role": "tool", "content": "391"}], generated)
+    assert not matched
+    assert tokenizer.decode(generated + observation) == tokenizer.decode(generated) + (
+        "\n<|im_start|>user\n<tool_response>\n391\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    with pytest.raises(TemplateMismatch, match="not prefix-preserving"):
+        ChatRenderer(tokenizer, TOOLS, strict=True).observation_ids(history, [{"role": "tool", "content": "391"}],
+                                                                    generated)
