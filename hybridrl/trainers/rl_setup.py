@@ -33,11 +33,11 @@ def role_pools(config: TrainConfig) -> ResourcePoolManager:
 
 def concurrent_node_slots(config: TrainConfig) -> Optional[int]:
     """CPU runs: the trainer's and the rollout pool's slots on the node when they compute at the same time
-    (``async_training``), so each worker's threads are its share of the cores; ``None`` in ``sync`` mode, where the
-    pools take turns and each may use every core while it runs. (Two single-slot pools computing at once with both
-    cores each made the demo's one-step-off steps 2.6× slower than sync on 2 cores: every small op waited at an
-    OpenMP barrier.)"""
-    if config.async_training.mode == "sync" or config.rollout.n_gpus == 0:
+    (``async_training`` with η >= 1), so each worker's threads are its share of the cores. ``None`` when the pools
+    take turns and each may use every core while it runs: ``sync``, and ``bounded`` with η = 0 (which must equal
+    sync bit for bit, thread count included). Two single-slot pools computing at once with both cores each made
+    the demo's one-step-off steps 2.6× slower than sync on 2 cores: every small op waited at an OpenMP barrier."""
+    if config.async_training.staleness_bound == 0 or config.rollout.n_gpus == 0:  # η = 0: they take turns too
         return None
     return config.trainer.n_gpus_per_node + config.rollout.n_gpus
 

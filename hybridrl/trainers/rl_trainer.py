@@ -220,21 +220,27 @@ class RLTrainer:
                                                                     step=self.global_step)[0]))
         self.faults.before_actor_update(self.global_step + 1, {"actor_rollout_ref": actor, "critic": self.critic,
                                                                **{g.name: g for g in self.rollout_replicas}})
-        if self.global_step >= config.trainer.critic_warmup:
-            with timer.phase("update_actor"):
-                ptx = self.ptx.batch(self.global_step) if self.ptx is not None else None
-                metrics.update(_prefixed("actor", actor.call(ActorRolloutRefWorker.update_actor, actor_batch,
-                                                             step=self.global_step, temperature=temperature,
-                                                             ptx=ptx)[0]))
-            with timer.phase("weight_sync"):  # async: queued behind the generations in flight (their metrics later)
-                metrics.update(self._generation().sync_weights(self.global_step + 1, wait=self.queue is None))
-        else:  # no update: the weights of the next step are this step's
-            self._generation().policy_step = self.global_step + 1
+        metrics.update(self._update_actor_and_sync(actor_batch, temperature, timer))
         for extras in (extra, correction_metrics, batch_metrics(batch), agent_metrics(batch), timer.metrics(),
                        self._pop_worker_seconds()):
             metrics.update(extras)
         metrics["perf/throughput_tokens_per_s"] = float(batch[Fields.ATTENTION_MASK].sum()) / max(
             timer.total(), 1e-9)
+        return metrics
+
+    def _update_actor_and_sync(self, actor_batch: Batch, temperature: float, timer: PhaseTimer) -> dict[str, float]:
+        """The actor's update (after ``trainer.critic_warmup``) and the weight sync into the generating engines."""
+        generation, metrics = self._generation(), {}
+        if self.global_step < self.config.trainer.critic_warmup:  # no update: the next step's weights are these
+            generation.policy_step = self.global_step + 1
+            return metrics
+        with timer.phase("update_actor"):
+            ptx = self.ptx.batch(self.global_step) if self.ptx is not None else None
+            metrics.update(_prefixed("actor", self._actor().call(ActorRolloutRefWorker.update_actor, actor_batch,
+                                                                 step=self.global_step, temperature=temperature,
+                                                                 ptx=ptx)[0]))
+        with timer.phase("weight_sync"):  # async: queued behind the generation in flight (metrics one step late)
+            metrics.update(generation.sync_weights(self.global_step + 1, wait=self.queue is None))
         return metrics
 
     def validate(self) -> dict[str, float]:

