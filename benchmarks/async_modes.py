@@ -8,8 +8,8 @@ mode, one after the other with nothing else of ours running:
 - ``sync colocated``  — 2 ranks train (FSDP2) and generate (the hybrid engine; ``make demo``);
 - ``sync split``      — 1 trainer rank + a standalone rollout pool of 1 (``rollout.n_gpus=1``);
 - ``one_step_off``    — split, the pool generates step k+1 while the trainer trains step k;
-- ``bounded η=2``     — split, up to 2 batches generated ahead;
-- ``bounded η=2 +tis``— the same with truncated importance weights (token level, cap 2).
+- ``bounded η=2``     — split, up to 2 batches generated ahead (``off_policy_correction.kind=auto``: TIS);
+- ``bounded η=2 no correction`` — the same without the importance weights (``kind=none``).
 
 Reports step time (median and mean over the steps after the first), the trainer's and the generator's idle share,
 the mean staleness and the held-out accuracy after the last step (200 problems: ±3.5 points of noise at 50 %).
@@ -33,8 +33,8 @@ MODES = {
     "sync split": SPLIT,
     "one_step_off": [*SPLIT, "async_training.mode=one_step_off"],
     "bounded η=2": [*SPLIT, "async_training.mode=bounded", "async_training.max_staleness=2"],
-    "bounded η=2 +tis": [*SPLIT, "async_training.mode=bounded", "async_training.max_staleness=2",
-                         "algorithm.off_policy_correction.kind=tis"],
+    "bounded η=2 no correction": [*SPLIT, "async_training.mode=bounded", "async_training.max_staleness=2",
+                                  "algorithm.off_policy_correction.kind=none"],
 }
 
 

@@ -45,9 +45,10 @@ def check_off_policy_correction(config: TrainConfig, error: ConfigError) -> None
     correction, prefix = config.algorithm.off_policy_correction, "algorithm.off_policy_correction"
     _choice(error, f"{prefix}.kind", correction.kind, CORRECTION_KINDS)
     _choice(error, f"{prefix}.level", correction.level, CORRECTION_LEVELS)
-    if correction.kind == "tis":
+    kind = correction.resolved_kind(config.async_training.staleness_bound)
+    if kind == "tis":
         _require(error, f"{prefix}.cap", correction.cap, correction.cap > 0, "must be > 0 (the largest weight)")
-    if correction.kind == "mis":
+    if kind == "mis":
         _require(error, f"{prefix}.low", correction.low, 0 <= correction.low <= 1, "must lie in [0, 1]")
         _require(error, f"{prefix}.high", correction.high, correction.high >= 1, "must be >= 1")
 

@@ -141,8 +141,8 @@ def reuses_update_log_probs(config: TrainConfig) -> bool:
     return (actor.old_log_prob == "auto" and actor.ppo_epochs == 1
             and actor.ppo_mini_batch_size == config.data.train_batch_size
             and not actor.adaptive_accumulation.enable and not config.algorithm.use_kl_in_reward
-            and config.algorithm.off_policy_correction.kind == "none"
-            and config.async_training.staleness_bound == 0)
+            and config.async_training.staleness_bound == 0
+            and config.algorithm.off_policy_correction.resolved_kind(0) == "none")
 
 
 def gathers_once(setting: Union[bool, str], device_type: str, world_size: int) -> bool:

@@ -57,30 +57,33 @@ def compute_advantages(batch: Batch, algorithm: AlgorithmConfig,
     return estimator(**kwargs)
 
 
-def off_policy_corrected(batch: Batch, correction: OffPolicyCorrectionConfig) -> tuple[Batch, dict[str, float]]:
+def off_policy_corrected(batch: Batch, correction: OffPolicyCorrectionConfig,
+                         staleness_bound: int = 0) -> tuple[Batch, dict[str, float]]:
     """The batch the actor trains on, corrected for the rollout policy differing from the trainer's, and the ratio's
-    statistics (``off_policy/*``). The ratio is ``π_old / π_rollout`` (``old_log_probs`` over ``rollout_log_probs``).
+    statistics (``off_policy/*``). The ratio is ``π_old / π_rollout`` (``old_log_probs`` over ``rollout_log_probs``);
+    the correction is ``correction.resolved_kind(staleness_bound)`` (``auto``: ``tis`` for stale samples).
 
     ``tis``: ``is_weights`` ``[B, R]`` = ``min(ratio, cap)`` (the policy loss multiplies each token's loss by it);
     ``mis``: ``response_mask`` replaced by the tokens (or sequences) whose ratio lies in ``[low, high]`` — the rest
     take no loss and leave the normaliser. ``none``: the batch as it is; the statistics are still logged when both
     log-probs are present (and the batch itself is returned). The input batch is never modified."""
+    kind = correction.resolved_kind(staleness_bound)
     if Fields.ROLLOUT_LOG_PROBS not in batch or Fields.OLD_LOG_PROBS not in batch:
-        if correction.kind != "none":
-            raise ValueError(f"algorithm.off_policy_correction.kind={correction.kind} needs the rollout engine's "
+        if kind != "none":
+            raise ValueError(f"algorithm.off_policy_correction.kind={kind} needs the rollout engine's "
                              f"log-probs ({Fields.ROLLOUT_LOG_PROBS}) and the trainer's ({Fields.OLD_LOG_PROBS}); "
                              f"this batch has: {', '.join(sorted(batch.keys()))}")
         return batch, {}
     proximal, behaviour, mask = batch[Fields.OLD_LOG_PROBS], batch[Fields.ROLLOUT_LOG_PROBS], batch[Fields.RESPONSE_MASK]
-    if correction.kind == "mis":
+    if kind == "mis":
         result = masked_importance(proximal, behaviour, mask, correction.low, correction.high, correction.level)
     else:  # the ratio's statistics for ``none`` too: a cap no weight reaches changes nothing
-        result = truncated_importance_weights(proximal, behaviour, mask, correction.cap if correction.kind == "tis"
+        result = truncated_importance_weights(proximal, behaviour, mask, correction.cap if kind == "tis"
                                               else float("inf"), correction.level)
-    corrected = copy.copy(batch) if correction.kind != "none" else batch
-    if correction.kind == "tis":
+    corrected = copy.copy(batch) if kind != "none" else batch
+    if kind == "tis":
         corrected[Fields.IS_WEIGHTS] = result.weights
-    elif correction.kind == "mis":
+    elif kind == "mis":
         corrected[Fields.RESPONSE_MASK] = result.mask
     return corrected, {f"off_policy/{name}": float(value) for name, value in result.stats.items()}
 

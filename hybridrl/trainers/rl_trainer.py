@@ -213,7 +213,8 @@ class RLTrainer:
             baselines = self._remax_baselines(batch) if config.algorithm.adv_estimator == "remax" else None
             metrics = self._rewards_and_advantages(batch, baselines)
             self.faults.corrupt_advantages(self.global_step + 1, batch)
-            actor_batch, correction_metrics = off_policy_corrected(batch, config.algorithm.off_policy_correction)
+            actor_batch, correction_metrics = off_policy_corrected(batch, config.algorithm.off_policy_correction,
+                                                                   config.async_training.staleness_bound)
         if self.critic is not None:
             with timer.phase("update_critic"):
                 metrics.update(_prefixed("critic", self.critic.call(CriticWorker.update_critic, batch,

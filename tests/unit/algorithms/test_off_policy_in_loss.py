@@ -107,3 +107,13 @@ def test_a_correction_without_rollout_log_probs_is_refused_naming_the_key():
     with pytest.raises(ValueError, match="off_policy_correction.kind=tis needs the rollout engine's log-probs"):
         off_policy_corrected(batch, OffPolicyCorrectionConfig(kind="tis"))
     assert off_policy_corrected(batch, OffPolicyCorrectionConfig()) == (batch, {})
+
+
+def test_auto_corrects_stale_samples_only():
+    """``kind=auto`` (the default): truncated importance weights when the run trains on stale samples (an
+    ``async_training`` bound > 0), nothing in a synchronous run."""
+    batch, auto = rows(5), OffPolicyCorrectionConfig()
+    assert auto.kind == "auto" and off_policy_corrected(batch, auto, staleness_bound=0)[0] is batch
+    corrected, _ = off_policy_corrected(batch, auto, staleness_bound=2)
+    explicit, _ = off_policy_corrected(batch, OffPolicyCorrectionConfig(kind="tis", cap=auto.cap))
+    assert torch.equal(corrected[Fields.IS_WEIGHTS], explicit[Fields.IS_WEIGHTS])
