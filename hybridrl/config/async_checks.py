@@ -29,6 +29,8 @@ def check_async_training(config: TrainConfig, error: ConfigError) -> None:
     if settings.mode == "one_step_off" and settings.max_staleness != 1:
         error.add("async_training.max_staleness", settings.max_staleness,
                   "one_step_off is bounded staleness with η = 1; for another bound set async_training.mode=bounded")
+    if settings.partial_rollout:
+        _check_partial_rollout(config, error)
     if settings.mode == "sync" or settings.mode not in ASYNC_MODES:
         return
     if config.rollout.n_gpus == 0:
@@ -38,6 +40,19 @@ def check_async_training(config: TrainConfig, error: ConfigError) -> None:
     for key, enabled, reason in _SYNC_ONLY:
         if enabled(config):
             error.add(key, value_at(config, key), f"not with async_training.mode={settings.mode}: {reason}")
+
+
+def _check_partial_rollout(config: TrainConfig, error: ConfigError) -> None:
+    """Partial rollout needs generation ahead of training, one-rank replicas and single-turn rows."""
+    key = "async_training.partial_rollout"
+    if config.async_training.staleness_bound == 0:
+        error.add(key, True, "needs async_training.mode=one_step_off or bounded with max_staleness >= 1 (in sync "
+                             "every generation already uses the newest weights)")
+    if config.rollout.tensor_model_parallel_size > 1:
+        error.add(key, True, "needs rollout.tensor_model_parallel_size=1 (the ranks of a replica would have to agree "
+                             "on the engine step at which new weights land)")
+    if config.rollout.multi_turn.enable:
+        error.add(key, True, "is not built for multi-turn episodes (rollout.multi_turn.enable)")
 
 
 def check_off_policy_correction(config: TrainConfig, error: ConfigError) -> None:

@@ -38,6 +38,9 @@ class FaultInjectionConfig(FreezableConfig):
     rollout_delay_s: float = 0.0
     """(Testing) Each generation call of a standalone rollout replica first sleeps a random time in
     ``[0, rollout_delay_s]`` (drawn from the call's own seed): random generation delays for the async contract."""
+    rollout_step_delay_s: float = 0.0
+    """(Testing) With ``async_training.partial_rollout``, a standalone replica sleeps this long after each engine
+    step: slow generations, so that new weights arrive while one is in flight."""
     nonfinite_advantages_from_step: Optional[int] = None
     """(Testing) From this step on, the controller replaces the advantages by NaN, so every optimizer step of the actor
     sees non-finite gradients (and skips them) — for ``trainer.max_consecutive_nonfinite_steps``."""
@@ -49,8 +52,9 @@ class FaultInjectionConfig(FreezableConfig):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"trainer.fault_injection.{name}={value!r}: must be null or a step >= 1")
-        if self.rollout_delay_s < 0:
-            raise ValueError(f"trainer.fault_injection.rollout_delay_s={self.rollout_delay_s!r}: must be >= 0")
+        for name in ("rollout_delay_s", "rollout_step_delay_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"trainer.fault_injection.{name}={getattr(self, name)!r}: must be >= 0")
         role = self.kill_worker_role
         if role not in ("actor_rollout_ref", "critic") and not (role.startswith("rollout") and role[7:].isdigit()):
             raise ValueError(f"trainer.fault_injection.kill_worker_role={role!r}: must be actor_rollout_ref, "

@@ -6,6 +6,7 @@ this module checks values, choices, cross-field rules and files.
 
 from __future__ import annotations
 
+from hybridrl.config.auto_dtype import resolve_dtype
 from hybridrl.config.async_checks import check_async_training, check_off_policy_correction
 from hybridrl.config.components import COMPONENT_REGISTRIES, registered_names, value_at
 from hybridrl.config.checks import _choice, _fsdp_size, _positive, _require, critic_enabled
@@ -40,6 +41,13 @@ BUILTIN_TOOL_NAMES = ("calculator", "python")  # agents.builtin_tools.BUILTIN_TO
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
 
 
+def resolve_auto_dtype(config) -> None:
+    """``model.dtype: auto`` made concrete for this machine (``config/auto_dtype.py``), before the config is frozen
+    and before anything reads it; an explicit bf16 on a CPU that emulates it is warned about."""
+    if not config.is_frozen and config.model.dtype in ("auto", "bfloat16"):
+        config.model.dtype = resolve_dtype(config.model.dtype, resolved_device(config))
+
+
 def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
     """Raise ``ConfigError`` naming every invalid key; return ``None`` when the config can run.
 
@@ -47,6 +55,7 @@ def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
     compose a recipe meant for a GPU cluster.
     """
     error = ConfigError()
+    resolve_auto_dtype(config)
     if not config.is_frozen:  # workers may start in another directory: give them absolute paths
         config.trainer.plugins = resolved_plugins(config.trainer.plugins)
     try:  # first: the components they register are valid choices below
@@ -394,6 +403,7 @@ def _check_adaptive_bounds(config: TrainConfig, steps: int, error: ConfigError) 
 def validate_sft_config(config: SFTConfig, *, check_paths: bool = True) -> None:
     """Raise ``ConfigError`` naming every invalid key of an SFT config."""
     error = ConfigError()
+    resolve_auto_dtype(config)
     data, trainer = config.data, config.trainer
     _positive(error, [
         ("data.train_batch_size", data.train_batch_size), ("data.micro_batch_size_per_gpu", data.micro_batch_size_per_gpu),
@@ -425,6 +435,7 @@ def validate_sft_config(config: SFTConfig, *, check_paths: bool = True) -> None:
 def validate_rm_config(config: RMConfig, *, check_paths: bool = True) -> None:
     """Raise ``ConfigError`` naming every invalid key of a reward-model training config."""
     error = ConfigError()
+    resolve_auto_dtype(config)
     data, trainer, loss = config.data, config.trainer, config.loss
     _positive(error, [
         ("data.train_batch_size", data.train_batch_size), ("data.micro_batch_size_per_gpu", data.micro_batch_size_per_gpu),

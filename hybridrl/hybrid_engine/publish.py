@@ -18,7 +18,12 @@ rollout rank, and a load only after the publish returned on every trainer rank. 
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Optional
 
 import torch
@@ -27,7 +32,7 @@ from torch import nn
 
 from hybridrl.hybrid_engine.checksums import SyncChecksums
 from hybridrl.hybrid_engine.plan import box_numel, box_slices, fsdp_row_ranges
-from hybridrl.hybrid_engine.shared_memory import SharedArena, arena_offsets
+from hybridrl.hybrid_engine.shared_memory import FILE_PREFIX, SHM_DIR, SharedArena, arena_offsets
 from hybridrl.hybrid_engine.sync import WeightSource, local_shards, param_metas
 from hybridrl.hybrid_engine.tp_rules import Box, RuleFn, resolve_split, rules_for_config
 
@@ -138,3 +143,58 @@ class PublishedWeights:
         if self.checks is None:
             raise RuntimeError("verify() needs a preceding stream(checked=True)")
         self.checks.compare(expected[self.tp_rank], self.rank)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """What the arena holds now: the weights of training step ``policy_step`` (actor version ``version``), with the
+    trainer ranks' summed fingerprints (``None``: unchecked)."""
+
+    policy_step: int
+    version: int
+    expected: Optional[torch.Tensor]
+
+
+class PublicationNotice:
+    """A small file beside the arena, rewritten by the controller after every publish and polled by rollout ranks
+    between engine steps, so that a generation in flight can take new weights (partial rollout). Written whole and
+    renamed into place, so a reader sees the previous notice or the new one, never a mix; named like the arenas, so
+    a killed run's file is swept with them."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._seen: Optional[tuple[int, int]] = None
+
+    @classmethod
+    def create(cls, directory: Optional[str] = None) -> "PublicationNotice":
+        directory = directory or (SHM_DIR if os.path.isdir(SHM_DIR) else tempfile.gettempdir())
+        return cls(os.path.join(directory, f"{FILE_PREFIX}{os.getpid()}-notice-{uuid.uuid4().hex[:12]}.json"))
+
+    def post(self, notice: Notice) -> None:
+        expected = None if notice.expected is None else notice.expected.tolist()
+        temporary = Path(self.path + ".tmp")
+        temporary.write_text(json.dumps({"policy_step": notice.policy_step, "version": notice.version,
+                                         "expected": expected}))
+        os.replace(temporary, self.path)
+
+    def read_if_new(self) -> Optional[Notice]:
+        """The notice if the file changed since the last read here (one ``stat`` otherwise), else ``None``."""
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        key = (stat.st_mtime_ns, stat.st_ino)
+        if key == self._seen:
+            return None
+        self._seen = key
+        payload = json.loads(Path(self.path).read_text())
+        expected = payload["expected"]
+        return Notice(int(payload["policy_step"]), int(payload["version"]),
+                      None if expected is None else torch.tensor(expected, dtype=torch.int64))
+
+    def remove(self) -> None:
+        for path in (self.path, self.path + ".tmp"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass

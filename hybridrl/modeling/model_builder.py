@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from hybridrl.config.auto_dtype import resolve_dtype
 from hybridrl.config.schema import ModelConfig
 from hybridrl.modeling.attention import attention_implementation
 from hybridrl.modeling.fp8 import apply_fp8_compute
@@ -27,8 +28,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def torch_dtype(name: str) -> torch.dtype:
-    """``"bfloat16"`` → ``torch.bfloat16``; a clear error for anything else."""
+def torch_dtype(name: str, device_type: str = "cpu") -> torch.dtype:
+    """``"bfloat16"`` → ``torch.bfloat16``; ``"auto"`` (a config built in code, not validated) → what
+    ``config/auto_dtype.py`` picks for ``device_type``; a clear error for anything else."""
+    if name == "auto":
+        name = resolve_dtype(name, device_type, log=False)
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPES)}")
     return DTYPES[name]
@@ -47,7 +51,7 @@ def build_model(model_config: ModelConfig, role: ModelRole, *, path: str | None 
     common = dict(
         dtype=torch.float32,
         attn_implementation=attention_implementation(model_config.attn_implementation, device_type,
-                                                     torch_dtype(model_config.dtype)),
+                                                     torch_dtype(model_config.dtype, device_type)),
         trust_remote_code=model_config.trust_remote_code,
     )
     if role in ("actor", "reference"):

@@ -45,6 +45,8 @@ class Fields:
     IS_WEIGHTS = "is_weights"  # [B, R]: off-policy importance weights the policy loss multiplies in
     # [B] int64: the actor weight version that generated each row (-1: not known, e.g. random dummy weights)
     WEIGHT_VERSION = "weight_version"
+    # [B, R] int64: the weights that generated each token (partial rollout: a row may span updates); -1 past the end
+    TOKEN_WEIGHT_VERSIONS = "token_weight_versions"
     # Non-tensor, one per sample: the id of the prompt a response came from (groups responses for GRPO / RLOO).
     UID = "uid"
 
@@ -148,3 +150,9 @@ class TypedFieldsMixin:
     def weight_version(self) -> Tensor:
         """The training step whose weights generated each row, ``[B]`` int64 (staleness = step trained − this)."""
         return self._typed_tensor(Fields.WEIGHT_VERSION)
+
+    @property
+    def token_weight_versions(self) -> Tensor:
+        """The training step whose weights generated each token, ``[B, R]`` int64, -1 past the end (partial
+        rollout: a row's tokens may come from several versions; its staleness is its oldest token's)."""
+        return self._typed_tensor(Fields.TOKEN_WEIGHT_VERSIONS)

@@ -22,7 +22,7 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -122,8 +122,13 @@ class VLLMRollout:
 
     # --- generation --------------------------------------------------------------------------------------------
 
-    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
-        """``B`` left-padded prompts → ``B·n`` rows, a prompt's ``n`` responses consecutive (``rollout.base``)."""
+    def generate(self, prompts: Batch, params: SamplingParams,
+                 between_steps: Optional[Callable[[VLLMRequests], None]] = None) -> Batch:
+        """``B`` left-padded prompts → ``B·n`` rows, a prompt's ``n`` responses consecutive (``rollout.base``).
+
+        ``between_steps(requests)``: called after every engine step — it may ``pause("keep")``, update the weights and
+        ``resume()`` (partial rollout). With it, requests are streamed and the rows carry ``token_weight_versions``
+        ``[B·n, R]`` (each token's ``weight_version``, -1 past the end)."""
         if self._asleep:
             raise RuntimeError("VLLMRollout.generate called while the engine sleeps; call resume() first")
         if params.do_sample and (params.top_p < 1.0 or params.top_k > 0):
@@ -141,13 +146,31 @@ class VLLMRollout:
                 row_seed = None if params.seed is None else params.seed + index * params.n + sample
                 row_params = params if row_seed is None else params.with_seed(row_seed)
                 row_ids += [self.requests.submit(prompt, row_params, request_id=f"generate-{index}-{sample}",
-                                                 streamed=False)] * copies
-        finished = {completion.request_id: completion for completion in self.requests.run()}
-        responses, lengths, log_probs = self._collect([finished[row_id] for row_id in row_ids], params)
+                                                 streamed=between_steps is not None)] * copies
+        finished = {completion.request_id: completion for completion in self._run(between_steps)}
+        rows = [finished[row_id] for row_id in row_ids]
+        responses, lengths, log_probs = self._collect(rows, params)
         width = params.max_new_tokens
         length_mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
         mask = response_mask_from_eos(responses, self.eos_token_ids) * length_mask
-        return assemble_rollout(prompts, params.n, responses, mask, log_probs, self.pad_token_id)
+        batch = assemble_rollout(prompts, params.n, responses, mask, log_probs, self.pad_token_id)
+        if between_steps is not None:
+            versions = torch.full((len(rows), width), -1, dtype=torch.long)
+            for row, completion in enumerate(rows):
+                versions[row, :min(width, len(completion.weight_versions))] = torch.tensor(
+                    completion.weight_versions[:width], dtype=torch.long)
+            batch[Fields.TOKEN_WEIGHT_VERSIONS] = versions * mask + (mask - 1)  # -1 past the end
+        return batch
+
+    def _run(self, between_steps: Optional[Callable[[VLLMRequests], None]]) -> list[Completion]:
+        """Step until no request is left; ``between_steps`` after each step. The completions that finished."""
+        if between_steps is None:
+            return self.requests.run()
+        done: list[Completion] = []
+        while self.requests.has_work():
+            done += [completion for completion in self.requests.step() if completion.finished]
+            between_steps(self.requests)
+        return done
 
     def _vllm_params(self, params: SamplingParams, streamed: bool = True):
         """vLLM's sampling parameters of one response (``n = 1``), streamed as deltas or reported once finished,

@@ -110,8 +110,8 @@ class RolloutQueue:
             raise StalenessBoundError(f"step {step}: rows generated with the weights of steps "
                                       f"{sorted(set(rows[Fields.WEIGHT_VERSION].tolist()))}, outside the bound "
                                       f"async_training staleness <= {self.bound}")
-        return entry, {**staleness_metrics(staleness, self.bound), "async/trainer_wait_s": waited,
-                       "async/queue_depth": float(len(self.queued))}
+        return entry, {**staleness_metrics(staleness, self.bound), **partial_metrics(rows, step),
+                       "async/trainer_wait_s": waited, "async/queue_depth": float(len(self.queued))}
 
     def state_dict(self) -> dict:
         """The batches queued for later steps, each waited for and saved with its rows (a checkpoint's part)."""
@@ -133,3 +133,17 @@ def staleness_metrics(staleness: torch.Tensor, bound: int) -> dict[str, float]:
     histogram = {f"async/staleness_frac_{k}": float((staleness == k).to(torch.float64).mean())
                  for k in range(bound + 1)}
     return {"async/staleness_mean": float(values.mean()), "async/staleness_max": float(values.max()), **histogram}
+
+
+def partial_metrics(rows: Batch, step: int) -> dict[str, float]:
+    """Partial rollout: ``async/partial_rows`` (the share of rows whose tokens come from more than one version) and
+    ``async/token_staleness_mean`` (over generated tokens; below the row staleness when weights landed mid-row)."""
+    if Fields.TOKEN_WEIGHT_VERSIONS not in rows:
+        return {}
+    versions = rows[Fields.TOKEN_WEIGHT_VERSIONS]
+    valid = versions >= 0
+    newest = torch.where(valid, versions, -1).max(-1).values
+    spans = valid.any(-1) & (newest != rows[Fields.WEIGHT_VERSION])
+    token_staleness = (step - versions)[valid].to(torch.float64)
+    return {"async/partial_rows": float(spans.to(torch.float64).mean()),
+            "async/token_staleness_mean": float(token_staleness.mean()) if token_staleness.numel() else 0.0}

@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from hybridrl.hybrid_engine.publish import Notice, PublicationNotice
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout import holds_own_weights
 from hybridrl.rollout.base import SamplingParams
@@ -46,9 +47,14 @@ class Generation:
     """The generating group(s) and the weight sync into them (see the module docstring)."""
 
     def __init__(self, actor: WorkerGroup[ActorRolloutRefWorker], rollout_name: str,
-                 replicas: Sequence[WorkerGroup[RolloutWorker]] = ()) -> None:
+                 replicas: Sequence[WorkerGroup[RolloutWorker]] = (), partial_rollout: bool = False) -> None:
         self.actor, self.rollout_name, self.replicas = actor, rollout_name, list(replicas)
         self.layout = actor.call(ActorRolloutRefWorker.published_layout) if self.replicas else None
+        self.notice: Optional[PublicationNotice] = None  # partial rollout: replicas poll it during generation
+        if partial_rollout and self.replicas:
+            self.notice = PublicationNotice.create()
+            for replica in self.replicas:
+                replica.call(RolloutWorker.follow_publications, self.layout, self.notice.path)
         self.version: Optional[int] = None  # the actor version the replicas hold (standalone); None: as loaded
         self.policy_step = 0  # the training step whose weights the engines hold (or will, once the loads run)
         self.loads: list = []  # load futures queued by sync_weights(wait=False), not yet waited for
@@ -120,8 +126,10 @@ class Generation:
         fingerprints = [expected for _, expected in published]
         expected = None if fingerprints[0] is None else torch.stack(fingerprints).sum(0)
         version = versions.pop()
-        self.loads = [replica.call_async(RolloutWorker.load_published_weights, self.layout, expected, version)
-                      for replica in self._require_live("load_published_weights")]
+        if self.notice is not None:  # a generation in flight may take these weights now (partial rollout)
+            self.notice.post(Notice(policy_step, version, expected))
+        self.loads = [replica.call_async(RolloutWorker.load_published_weights, self.layout, expected, version,
+                                         policy_step) for replica in self._require_live("load_published_weights")]
         self.version, self.policy_step = version, policy_step
         return self.finish_loads() if wait else previous
 
@@ -139,6 +147,22 @@ class Generation:
             return {}
         return {**metrics[0], "rollout/replicas_live": float(len(metrics)),
                 "rollout/replicas_lost": float(self.replicas_lost)}
+
+
+    def close(self) -> None:
+        """Remove the publication notice (partial rollout)."""
+        if self.notice is not None:
+            self.notice.remove()
+
+
+def row_weight_versions(rows: Batch, submitted_at: int) -> torch.Tensor:
+    """Each row's ``weight_version`` ``[B]``: the version of its oldest token when the engine recorded them
+    (``token_weight_versions``, partial rollout), else ``submitted_at`` — the sync it was queued behind."""
+    if Fields.TOKEN_WEIGHT_VERSIONS not in rows:
+        return torch.full((len(rows),), submitted_at, dtype=torch.int64)
+    versions = rows[Fields.TOKEN_WEIGHT_VERSIONS]
+    oldest = torch.where(versions >= 0, versions, torch.iinfo(torch.int64).max).min(-1).values
+    return torch.where(oldest == torch.iinfo(torch.int64).max, submitted_at, oldest)
 
 
 class PendingGeneration:
@@ -168,7 +192,7 @@ class PendingGeneration:
                 self.futures[index] = (self.generation._call_generate(replica, self.chunks[index], self.params[index]),
                                        self.generation.policy_step)
                 continue
-            rows[Fields.WEIGHT_VERSION] = torch.full((len(rows),), policy_step, dtype=torch.int64)
+            rows[Fields.WEIGHT_VERSION] = row_weight_versions(rows, policy_step)
             outputs[index] = rows
         self._rows = Batch.concat([outputs[index] for index in range(len(self.chunks))])
         return self._rows

@@ -126,3 +126,17 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
         metrics["rollout/log_prob_diff_max"] = float(difference.max())
         metrics["rollout/log_prob_diff_mean"] = float(difference.sum() / response_mask.sum().clamp_min(1))
     return metrics
+
+
+def current_weights_log_prob_gap(batch: Batch, step: int) -> dict[str, float]:
+    """Partial rollout: ``rollout/log_prob_diff_max_current`` — the largest gap between the engine's and the
+    trainer's log-probs over the tokens generated with the weights being trained (``token_weight_versions ==
+    step``): the log-prob gate for tokens produced after new weights landed mid-generation. Empty without them."""
+    if Fields.TOKEN_WEIGHT_VERSIONS not in batch or Fields.OLD_LOG_PROBS not in batch:
+        return {}
+    current = batch[Fields.TOKEN_WEIGHT_VERSIONS] == step
+    if not bool(current.any()):
+        return {}
+    gap = (batch[Fields.ROLLOUT_LOG_PROBS] - batch[Fields.OLD_LOG_PROBS]).abs()[current]
+    return {"rollout/log_prob_diff_max_current": float(gap.max()),
+            "rollout/current_weight_tokens": float(current.sum())}

@@ -31,7 +31,7 @@ from hybridrl.trainers.run_lock import run_directory_lock
 from hybridrl.trainers.scaffold import open_tracker, resume_point
 from hybridrl.trainers.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
 from hybridrl.trainers.rl_steps import (apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages,
-                                        off_policy_corrected)
+                                        current_weights_log_prob_gap, off_policy_corrected)
 from hybridrl.trainers.evaluation import Scoring, validate
 from hybridrl.trainers.async_rollout import SAMPLE_LOG_STEPS, RolloutQueue
 from hybridrl.trainers.generation import Generation
@@ -223,7 +223,7 @@ class RLTrainer:
                                                                **{g.name: g for g in self.rollout_replicas}})
         metrics.update(self._update_actor_and_sync(actor_batch, temperature, timer))
         for extras in (extra, correction_metrics, batch_metrics(batch), agent_metrics(batch), timer.metrics(),
-                       self._pop_worker_seconds()):
+                       current_weights_log_prob_gap(batch, self.global_step), self._pop_worker_seconds()):
             metrics.update(extras)
         metrics["perf/throughput_tokens_per_s"] = float(batch[Fields.ATTENTION_MASK].sum()) / max(
             timer.total(), 1e-9)
@@ -339,7 +339,8 @@ class RLTrainer:
         self.rollout_replicas = [  # split placement: the engines on their own devices, a group per replica
             WorkerGroup(RolloutWorker, pools.pool_for(role), name=role, args=(config,),
                         tp_size=config.rollout.tensor_model_parallel_size) for role in rollout_replica_roles(config)]
-        self.generation = Generation(self.actor, config.rollout.name, self.rollout_replicas)
+        self.generation = Generation(self.actor, config.rollout.name, self.rollout_replicas,
+                                     partial_rollout=config.async_training.partial_rollout)
         if config.async_training.mode != "sync":
             self.queue = RolloutQueue(self.generation, config.async_training.staleness_bound,
                                       lambda: next(iter(self.loaders.train)), self._training_params, self.sample_log)
@@ -373,6 +374,8 @@ class RLTrainer:
         for group in (*self.rollout_replicas, self.actor, self.critic, self.reward_model):
             if group is not None:
                 group.shutdown()
+        if self.generation is not None:
+            self.generation.close()
         self.rollout_replicas, self.generation, self.queue = [], None, None
         if self.pools is not None:
             self.pools.release()

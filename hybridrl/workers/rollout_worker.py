@@ -18,7 +18,7 @@ import torch
 
 from hybridrl.config.plugins import load_plugins
 from hybridrl.config.schema import TrainConfig
-from hybridrl.hybrid_engine.publish import PublishedLayout, PublishedWeights
+from hybridrl.hybrid_engine.publish import PublicationNotice, PublishedLayout, PublishedWeights
 from hybridrl.modeling.model_builder import load_tokenizer
 from hybridrl.protocol import Batch
 from hybridrl.rollout import EngineInputs, build_rollout_engine
@@ -61,6 +61,8 @@ class RolloutWorker(Worker):
             dtype=config.model.dtype, seed=config.trainer.seed))
         self.published: Optional[PublishedWeights] = None
         self.weight_version: Optional[int] = 0 if config.rollout.load_format != "dummy" else None
+        self.policy_step = 0  # the training step whose weights the engine holds (the engine's token versions)
+        self.notice: Optional[PublicationNotice] = None  # partial rollout: polled between engine steps
 
     @dp_leaders
     def generate_sequences(self, prompts: Batch, params: SamplingParams,
@@ -68,7 +70,10 @@ class RolloutWorker(Worker):
         """Responses for ``prompts`` with ``params`` as given (the caller seeds each chunk of a batch, so a chunk
         resubmitted to another replica samples the same). ``weight_version``: the actor version the caller expects
         the engine to hold; :class:`StaleEngineWeightsError` otherwise."""
-        if weight_version is not None and weight_version != self.weight_version:
+        partial = self.notice is not None  # newer weights may already have landed during an earlier generation
+        if weight_version is not None and not (
+                self.weight_version is not None and (self.weight_version >= weight_version if partial
+                                                     else self.weight_version == weight_version)):
             held = "random weights (rollout.load_format=dummy)" if self.weight_version is None else \
                 f"the weights of version {self.weight_version}"
             raise StaleEngineWeightsError(f"rollout rank {self.rank} holds {held} but generation asked for version "
@@ -76,7 +81,24 @@ class RolloutWorker(Worker):
         self._injected_delay(params)
         if self.episodes is not None:
             return self.episodes.run(self.engine, prompts, params)
-        return self.engine.generate(prompts, params)
+        return self.engine.generate(prompts, params, between_steps=self._take_new_weights if partial else None)
+
+    @one_to_all(collect="first")
+    def follow_publications(self, layout: PublishedLayout, notice_path: str) -> None:
+        """Partial rollout: map the published arena now and poll ``notice_path`` between engine steps."""
+        self._published_for(layout)
+        self.notice = PublicationNotice(notice_path)
+
+    def _take_new_weights(self, requests) -> None:
+        """Between two engine steps: when a newer publication is posted, park the requests in flight, load it, and
+        resume them under the new weights (their next tokens carry its version)."""
+        self._injected_step_delay()
+        notice = self.notice.read_if_new() if self.notice is not None else None
+        if notice is None or notice.policy_step <= self.policy_step or self.published is None:
+            return
+        requests.pause("keep")
+        self._load(notice.expected, notice.version, notice.policy_step)
+        requests.resume()
 
     def _injected_delay(self, params: SamplingParams) -> None:
         """``trainer.fault_injection.rollout_delay_s`` (tests only): sleep a random time drawn from the call's seed."""
@@ -87,18 +109,35 @@ class RolloutWorker(Worker):
 
     @one_to_all(collect="first")
     def load_published_weights(self, layout: PublishedLayout, expected: Optional[torch.Tensor],
-                               version: int) -> dict[str, float]:
-        """Load the trainer's published weights into the engine; ``expected`` (the trainer ranks' fingerprints,
-        summed; ``None``: unchecked) is compared with what this rank read. Returns rank 0's sync metrics."""
+                               version: int, policy_step: Optional[int] = None) -> dict[str, float]:
+        """Load the trainer's published weights (of training step ``policy_step``) into the engine; ``expected`` (the
+        trainer ranks' fingerprints, summed; ``None``: unchecked) is compared with what this rank read. A load that a
+        generation in flight already took (partial rollout) is not repeated. Returns rank 0's sync metrics."""
         started = time.perf_counter()
+        self._published_for(layout)
+        if policy_step is None or self.notice is None or policy_step > self.policy_step:
+            self._load(expected, version, self.policy_step + 1 if policy_step is None else policy_step)
+        return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/bytes": 0.0,
+                "weight_sync/delivered_bytes": float(self.published.delivered_bytes)}
+
+    def _published_for(self, layout: PublishedLayout) -> PublishedWeights:
         if self.published is None or self.published.layout.path != layout.path:
             self.published = PublishedWeights(layout, self.context.tp_rank, rank=self.rank)
+        return self.published
+
+    def _load(self, expected: Optional[torch.Tensor], version: int, policy_step: int) -> None:
+        assert self.published is not None
         self.engine.update_weights(self.published.stream(checked=expected is not None))
         if expected is not None:
             self.published.verify(expected)
-        self.weight_version = version
-        return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/bytes": 0.0,
-                "weight_sync/delivered_bytes": float(self.published.delivered_bytes)}
+        self.weight_version, self.policy_step = version, policy_step
+        self.engine.weight_version = policy_step  # the version each generated token records
+
+    def _injected_step_delay(self) -> None:
+        """``trainer.fault_injection.rollout_step_delay_s`` (tests only): a slow engine step, so that new weights
+        arrive while a generation is in flight."""
+        if self.config.trainer.fault_injection.rollout_step_delay_s > 0:
+            time.sleep(self.config.trainer.fault_injection.rollout_step_delay_s)
 
     def close(self) -> None:
         """Release the engine (a tensor-parallel engine's process groups go before the worker's)."""

@@ -116,3 +116,21 @@ def test_a_killed_replica_loses_and_duplicates_no_sample(model_dir, tmp_path, ca
     assert all(row["async/staleness_max"] <= 1 for row in rows)
     assert rows[-1]["rollout/replicas_lost"] == 1.0
     assert all(len(row_uids) == 4 * N for _, _, row_uids, _ in trainer.sample_log)
+
+
+def test_partial_rollout_takes_new_weights_mid_generation(model_dir, tmp_path):
+    """one_step_off with partial rollout and slow engine steps: the trainer's new weights land while the next batch
+    is being generated. Rows then span two versions (their staleness is their oldest token's, within the bound),
+    token versions never go back along a row, and the tokens generated after the switch match the trainer's
+    log-probs of the weights it trains — the parked requests resumed under the new weights, their prefix recomputed."""
+    trainer = run(model_dir, tmp_path / "partial", 3, "async_training.mode=one_step_off",
+                  "async_training.partial_rollout=true", "trainer.fault_injection.rollout_step_delay_s=0.6")
+    rows = read_metrics(tmp_path / "partial")
+    assert sum(row["async/partial_rows"] for row in rows) > 0  # weights landed inside a generation at least once
+    assert all(row["async/staleness_max"] <= 1 for row in rows)
+    current = [row for row in rows if "rollout/log_prob_diff_max_current" in row]
+    assert current and all(row["rollout/log_prob_diff_max_current"] < 1e-4 for row in current)
+    assert any(row["step"] > 1 for row in current)  # after an update, not only the initial weights
+    trained_each_prompt_once(trainer.sample_log)
+    for step, _, _, versions in trainer.sample_log:
+        assert all(max(step - 1, 0) <= version <= step for version in versions), step
