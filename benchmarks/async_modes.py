@@ -9,7 +9,9 @@ mode, one after the other with nothing else of ours running:
 - ``sync split``      — 1 trainer rank + a standalone rollout pool of 1 (``rollout.n_gpus=1``);
 - ``one_step_off``    — split, the pool generates step k+1 while the trainer trains step k;
 - ``bounded η=2``     — split, up to 2 batches generated ahead (``off_policy_correction.kind=auto``: TIS);
-- ``bounded η=2 no correction`` — the same without the importance weights (``kind=none``).
+- ``bounded η=2 no correction`` — the same without the importance weights (``kind=none``);
+- ``one_step_off partial`` / ``bounded η=2 partial`` — with ``async_training.partial_rollout`` (weights land inside a
+  generation in flight; ``async/partial_rows`` says how often).
 
 Reports step time (median and mean over the steps after the first), the trainer's and the generator's idle share,
 the mean staleness and the held-out accuracy after the last step (200 problems: ±3.5 points of noise at 50 %).
@@ -35,6 +37,9 @@ MODES = {
     "bounded η=2": [*SPLIT, "async_training.mode=bounded", "async_training.max_staleness=2"],
     "bounded η=2 no correction": [*SPLIT, "async_training.mode=bounded", "async_training.max_staleness=2",
                                   "algorithm.off_policy_correction.kind=none"],
+    "one_step_off partial": [*SPLIT, "async_training.mode=one_step_off", "async_training.partial_rollout=true"],
+    "bounded η=2 partial": [*SPLIT, "async_training.mode=bounded", "async_training.max_staleness=2",
+                            "async_training.partial_rollout=true"],
 }
 
 
@@ -72,7 +77,8 @@ def run_mode(workdir: Path, model: str, name: str, steps: int, overrides: list[s
             "accuracy_before": first.get("val/accuracy"), "accuracy_after": trainer_last_accuracy(run_dir),
             "trainer_idle": mean_of("async/trainer_idle_fraction"),
             "generator_idle": mean_of("async/generator_idle_fraction"), "staleness_mean": mean_of(
-                "async/staleness_mean"), "generate_s": mean_of("timing/generate"),
+                "async/staleness_mean"), "partial_rows": mean_of("async/partial_rows"),
+            "token_staleness_mean": mean_of("async/token_staleness_mean"), "generate_s": mean_of("timing/generate"),
             "update_actor_s": mean_of("timing/update_actor")}
 
 
@@ -98,9 +104,11 @@ def main(argv: list[str]) -> int:
     base = results[args.modes[0]]["step_s_mean"]
     rows = [[name, f"{r['step_s_median']:.3f}", f"{r['step_s_mean']:.3f}", f"{base / r['step_s_mean']:.2f}×",
              f"{r['trainer_idle']:.2f}", f"{r['generator_idle']:.2f}", f"{r['staleness_mean']:.2f}",
+             f"{r['partial_rows']:.2f} / {r['token_staleness_mean']:.2f}",
              f"{100 * r['accuracy_before']:.1f} → {100 * r['accuracy_after']:.1f} %"] for name, r in results.items()]
     print(common.markdown_table(["mode", "step s (median)", "step s (mean)", f"speed vs {args.modes[0]}",
-                                 "trainer idle", "generator idle", "staleness", "held-out accuracy"], rows))
+                                 "trainer idle", "generator idle", "staleness",
+                                 "partial rows / token staleness", "held-out accuracy"], rows))
     print(f"machine: {machine['cpu']}, {machine['logical_cpus']} cores, load at start "
           f"{machine['load_average_1m_5m_15m_at_start']}")
     print("wrote", common.write_json("async_modes", {"machine": machine, "steps": args.steps, "results": results}))
