@@ -49,34 +49,27 @@ def matmul_rates(size: int = 256, seconds: float = 0.05) -> dict[str, float]:
 
 def resolve_dtype(setting: str, device: str, key: str = "model.dtype",
                   cpuinfo: Path = Path("/proc/cpuinfo"), log: bool = True) -> str:
-    """The concrete dtype for ``setting`` on ``device`` (``cpu`` / ``cuda``), logging an ``auto`` choice and warning
-    about an explicit bf16 on a CPU that emulates it (``log=False``: neither)."""
-    if not log:
-        return _choice(setting, device, cpuinfo)
-    if device != "cpu":
-        if setting == AUTO:
-            logger.info("%s=auto → bfloat16 (accelerator)", key)
-            return "bfloat16"
-        return setting
-    flags = native_bf16_flags(cpuinfo)
-    if setting == AUTO:
-        if flags is None or flags:
-            logger.info("%s=auto → bfloat16 (%s)", key, f"this CPU has {', '.join(flags)}" if flags else
-                        "the CPU's flags are unreadable")
-            return "bfloat16"
+    """The concrete dtype for ``setting`` on ``device`` (``cpu`` / ``cuda``): ``auto`` is fp32 only on a CPU whose
+    flags show no native bf16, else bf16. Logs an ``auto`` choice and warns about an explicit bf16 on a CPU that
+    emulates it (``log=False``: neither)."""
+    flags = native_bf16_flags(cpuinfo) if device == "cpu" else None
+    chosen = setting if setting != AUTO else ("float32" if flags == [] else "bfloat16")
+    if log:
+        _explain(setting, chosen, device, flags, key)
+    return chosen
+
+
+def _explain(setting: str, chosen: str, device: str, flags: Optional[list[str]], key: str) -> None:
+    if setting == AUTO and device != "cpu":
+        logger.info("%s=auto → bfloat16 (accelerator)", key)
+    elif setting == AUTO and chosen == "bfloat16":
+        logger.info("%s=auto → bfloat16 (%s)", key, f"this CPU has {', '.join(flags)}" if flags else
+                    "the CPU's flags are unreadable")
+    elif setting == AUTO:
         logger.info("%s=auto → float32 (this CPU has no native bf16 — no AVX-512 BF16, no AMX — so bf16 matmuls "
                     "would be emulated; set %s=bfloat16 to force it)", key, key)
-        return "float32"
-    if setting == "bfloat16" and flags == []:
+    elif setting == "bfloat16" and flags == []:
         rates = matmul_rates()
         logger.warning("%s=bfloat16 on a CPU without native bf16 (no AVX-512 BF16, no AMX): bf16 matmuls are emulated "
                        "here — measured %.1f GFLOP/s bf16 vs %.1f GFLOP/s fp32; %s=auto (or float32) runs fp32",
                        key, rates["bfloat16"], rates["float32"], key)
-    return setting
-
-
-def _choice(setting: str, device: str, cpuinfo: Path) -> str:
-    if setting != AUTO:
-        return setting
-    flags = native_bf16_flags(cpuinfo) if device == "cpu" else None
-    return "float32" if flags == [] else "bfloat16"

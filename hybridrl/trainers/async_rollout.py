@@ -108,7 +108,7 @@ class RolloutQueue:
         staleness = step - versions
         if int(staleness.max()) > self.bound or int(staleness.min()) < 0:
             raise StalenessBoundError(f"step {step}: rows generated with the weights of steps "
-                                      f"{sorted(set(rows[Fields.WEIGHT_VERSION].tolist()))}, outside the bound "
+                                      f"{sorted(set(versions.tolist()))}, outside the bound "
                                       f"async_training staleness <= {self.bound}")
         return entry, {**staleness_metrics(staleness, self.bound), **partial_metrics(rows, step),
                        "async/trainer_wait_s": waited, "async/queue_depth": float(len(self.queued))}

@@ -148,7 +148,6 @@ class Generation:
         return {**metrics[0], "rollout/replicas_live": float(len(metrics)),
                 "rollout/replicas_lost": float(self.replicas_lost)}
 
-
     def close(self) -> None:
         """Remove the publication notice (partial rollout)."""
         if self.notice is not None:
@@ -161,8 +160,9 @@ def row_weight_versions(rows: Batch, submitted_at: int) -> torch.Tensor:
     if Fields.TOKEN_WEIGHT_VERSIONS not in rows:
         return torch.full((len(rows),), submitted_at, dtype=torch.int64)
     versions = rows[Fields.TOKEN_WEIGHT_VERSIONS]
-    oldest = torch.where(versions >= 0, versions, torch.iinfo(torch.int64).max).min(-1).values
-    return torch.where(oldest == torch.iinfo(torch.int64).max, submitted_at, oldest)
+    valid = versions >= 0  # -1 past a row's end
+    oldest = versions.masked_fill(~valid, torch.iinfo(torch.int64).max).min(-1).values
+    return torch.where(valid.any(-1), oldest, submitted_at)
 
 
 class PendingGeneration:

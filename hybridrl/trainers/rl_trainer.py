@@ -342,6 +342,7 @@ class RLTrainer:
         self.generation = Generation(self.actor, config.rollout.name, self.rollout_replicas,
                                      partial_rollout=config.async_training.partial_rollout)
         if config.async_training.mode != "sync":
+            self._last_generator_check = None  # a restart: idle shares count from the new workers' first step
             self.queue = RolloutQueue(self.generation, config.async_training.staleness_bound,
                                       lambda: next(iter(self.loaders.train)), self._training_params, self.sample_log)
         if critic_enabled(config):

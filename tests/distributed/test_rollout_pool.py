@@ -11,30 +11,19 @@ import signal
 import pytest
 import torch
 from distributed_helpers import cpu_pool, stop
+from vllm_helpers import model_dir, tokenizer  # noqa: F401  (module-scoped fixtures)
 from test_vllm_tensor_parallel import (MAX_NEW_TOKENS, full_model_bytes, log_prob_gap, prompt_batch,
                                        rank0_slice_bytes, transformers_greedy)
-from transformers import AutoTokenizer
 
 from hybridrl.config import load_config
 from hybridrl.protocol import Fields
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.runtime import WorkerError, WorkerGroup
 from hybridrl.trainers.generation import Generation
-from hybridrl.utils.tiny_model import save_tiny_model
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
 from hybridrl.workers.rollout_worker import RolloutWorker
 
 pytestmark = pytest.mark.distributed
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("rollout_pool") / "model")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_dir):
-    return AutoTokenizer.from_pretrained(model_dir)
 
 
 def split_config(model_dir, pool_size: int, tp_size: int):
