@@ -7,8 +7,10 @@ model's own ids — the loss, the token-mean normaliser, the KL and the log-prob
 ``rollout_log_probs`` are the engine's for model ids and 0 on observations.
 
 Per row also: ``final_response`` (non-tensor: the text of the last model turn — what the reward function scores),
-``episode_rewards`` ``[B]`` (the environment's own rewards, summed over steps) and ``agent_stats`` ``[B, K]`` (columns
-:data:`AGENT_STATS`), from which the controller logs per-batch means.
+``episode_rewards`` ``[B]`` (the environment's own rewards, summed over steps), with
+``rollout.multi_turn.reward_placement=turn_end`` also ``turn_rewards`` ``[B, R]`` (each step's reward on the last id of
+the model turn it answered, 0 elsewhere), and ``agent_stats`` ``[B, K]`` (columns :data:`AGENT_STATS`), from which the
+controller logs per-batch means.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from hybridrl.protocol import Batch, Fields
 
 FINAL_RESPONSE = "final_response"
 EPISODE_REWARDS = "episode_rewards"
+TURN_REWARDS = "turn_rewards"
 AGENT_STATS_FIELD = "agent_stats"
 AGENT_STATS = ("turns", "tool_calls", "tool_errors", "tool_timeouts", "observation_tokens", "cut_by_budget",
                "env_failures", "prefix_mismatches")
@@ -35,10 +38,11 @@ def _stats_row(trajectory: Trajectory) -> list[float]:
 
 
 def trajectories_to_batch(trajectories: Sequence[Trajectory], rows: Batch, response_length: int,
-                          pad_token_id: int, prompt_width: int = 0) -> Batch:
+                          pad_token_id: int, prompt_width: int = 0, turn_rewards: bool = False) -> Batch:
     """One row per trajectory; ``rows`` holds each trajectory's prompt row (already repeated ``n`` times), whose
     non-tensor fields (``uid``, ``data_source``, ground truth …) are carried over. ``prompt_width``: pad prompts to
-    this many ids (so batches of different ranks concatenate); ``ValueError`` naming the row if one is longer."""
+    this many ids (so batches of different ranks concatenate); ``ValueError`` naming the row if one is longer.
+    ``turn_rewards``: add the ``[B, R]`` per-turn rewards (``reward_placement=turn_end``)."""
     if len(rows) != len(trajectories):
         raise ValueError(f"{len(trajectories)} trajectories for {len(rows)} prompt rows")
     longest = max(max((len(t.prompt_ids) for t in trajectories), default=1), 1)
@@ -71,8 +75,19 @@ def trajectories_to_batch(trajectories: Sequence[Trajectory], rows: Batch, respo
         EPISODE_REWARDS: torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         AGENT_STATS_FIELD: torch.tensor([_stats_row(t) for t in trajectories], dtype=torch.float32),
     }
+    if turn_rewards:
+        tensors[TURN_REWARDS] = _turn_rewards(trajectories, response_length)
     non_tensors = {**dict(rows.non_tensors), FINAL_RESPONSE: [t.final_text for t in trajectories]}
     return Batch(tensors=tensors, non_tensors=non_tensors, meta=rows.meta)
+
+
+def _turn_rewards(trajectories: Sequence[Trajectory], response_length: int) -> torch.Tensor:
+    """``[B, R]``: each step's reward at its turn's last model id (rewards of one position add up)."""
+    rewards = torch.zeros((len(trajectories), response_length), dtype=torch.float32)
+    for row, trajectory in enumerate(trajectories):
+        for position, reward in trajectory.turn_rewards:
+            rewards[row, min(position, response_length - 1)] += reward
+    return rewards
 
 
 def agent_metrics(batch: Batch) -> dict[str, float]:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from hybridrl.agents.tools import Tool, tool_from_function
 from hybridrl.rewards.sandbox import SandboxLimits, run_untrusted_python
 
-__all__ = ["BUILTIN_TOOLS", "calculator", "python", "python_tool"]
+__all__ = ["BUILTIN_TOOLS", "calculator", "python", "python_tool", "run_python_program", "sandbox_timeout"]
 
 
 # --------------------------------------------------------------------------------------------------- calculator
@@ -112,22 +112,22 @@ def python(code: str) -> str:
     Args:
         code: the complete program; print the values you want to see.
     """
-    return _run_python(code, _sandbox_timeout(PYTHON_TOOL_TIMEOUT_S))
+    return run_python_program(code, sandbox_timeout(PYTHON_TOOL_TIMEOUT_S))
 
 
 def python_tool(timeout_s: float = PYTHON_TOOL_TIMEOUT_S) -> Tool:
     """The ``python`` tool with a tool timeout of ``timeout_s``; its subprocess is killed a little before that
-    (``_sandbox_timeout``), so that a runaway program ends as an error outcome and leaves nothing running."""
+    (``sandbox_timeout``), so that a runaway program ends as an error outcome and leaves nothing running."""
     tool = tool_from_function(python, timeout_s=timeout_s)
-    return replace(tool, function=functools.partial(_run_python, wall_timeout_s=_sandbox_timeout(timeout_s)))
+    return replace(tool, function=functools.partial(run_python_program, wall_timeout_s=sandbox_timeout(timeout_s)))
 
 
-def _sandbox_timeout(tool_timeout_s: float) -> float:
+def sandbox_timeout(tool_timeout_s: float) -> float:
     """The sandbox's wall timeout for a tool timeout: a quarter (at most one second) less, to start and kill."""
     return tool_timeout_s - min(1.0, tool_timeout_s / 4)
 
 
-def _run_python(code: str, wall_timeout_s: float) -> str:
+def run_python_program(code: str, wall_timeout_s: float) -> str:
     """``code``'s stdout with one trailing newline removed; RuntimeError with the sandbox status and the last line
     of stderr unless it exited cleanly."""
     result = run_untrusted_python(code, stdin="", limits=SandboxLimits(timeout_s=wall_timeout_s))

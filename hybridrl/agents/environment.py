@@ -8,16 +8,19 @@ An environment sees text and answers with text; the agent loop (``loop.py``) own
     env.close()
 
 ``StepResult.observations`` are chat messages the loop renders with the chat template (each ``{"role": "tool",
-"content": ...}`` by default); the episode's reward is the sum of the step rewards (on the last model token by
-default). Whatever an environment does wrong — raises, hangs past ``env_step_timeout_s``, returns an observation that
-is not text or a reward that is not a number — ends that episode as a counted, logged failure, never the run.
+"content": ...}`` by default); a step's reward belongs to the model turn it answers
+(``rollout.multi_turn.reward_placement``: on that turn's last token, or all summed on the episode's last model token,
+the default). Whatever an environment does wrong — raises, hangs past ``env_step_timeout_s``, returns an observation
+that is not text or a reward that is not a number — ends that episode as a counted, logged failure, never the run.
 
 ``ToolEnvironment`` is the built-in one: the model calls tools in the Hermes format (``<tool_call>{"name": ...,
 "arguments": {...}}</tool_call>``, ``tools.py``); each call's output (or the model's mistake: invalid JSON, an unknown
 tool, a bad argument — told to the model, counted) comes back as a tool message; a turn without a tool call is the
 final answer, scored by the row's reward function. Custom environments register by name
-(``@ENVIRONMENTS.register("mine")`` on a class built with ``cls(config, tokenizer_name)``) and a data row chooses its
-own with an ``agent_name`` column (verl's name), else ``rollout.multi_turn.environment`` applies.
+(``@ENVIRONMENTS.register("mine")`` on a class built with ``cls(tools, reward, max_tool_calls)``) and a data row
+chooses its own with an ``agent_name`` column (verl's name, top-level or in ``extra_info``), else
+``rollout.multi_turn.environment`` applies. verl's names ``tool_agent`` and ``single_turn_agent`` are the ``tool`` and
+``single_turn`` environments.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hybridrl.agents.builtin_tools import BUILTIN_TOOLS
-from hybridrl.agents.tools import Tool, ToolCall, parse_tool_calls
+from hybridrl.agents.tool_config import EpisodeTool
+from hybridrl.agents.tools import Tool, ToolCall, ToolOutcome, parse_tool_calls
 from hybridrl.utils.registry import Registry
 
 Message = dict[str, Any]
@@ -92,14 +96,24 @@ class ToolEnvironment(Environment):
         max_tool_calls: calls answered per turn (more are refused, counted as errors).
     """
 
-    def __init__(self, tools: Sequence[Tool], reward: RewardFn, max_tool_calls: int = 4) -> None:
+    def __init__(self, tools: Sequence[Tool | EpisodeTool], reward: RewardFn, max_tool_calls: int = 4) -> None:
         self.tools, self.reward, self.max_tool_calls = list(tools), reward, max_tool_calls
-        self.by_name = {tool.name: tool for tool in self.tools}
+        self.by_name: dict[str, Tool] = {}
         self.row: Mapping[str, Any] = {}
 
     def reset(self, row: Mapping[str, Any]) -> list[Message]:
+        """Binds each tool to the row: its ``extra_info.tools_kwargs[<tool>].create_kwargs`` (verl's layout) are
+        keyword arguments the model does not pass; a per-episode tool (a class) gets its instance here."""
         self.row = row
+        self.by_name = {tool.name: tool.for_episode(row_tool_arguments(row, tool.name)) for tool in self.tools}
         return super().reset(row)
+
+    def close(self) -> None:
+        """Ends the episode's tool instances (their ``close()``, verl's ``release``)."""
+        for tool in self.by_name.values():
+            closer = getattr(tool.function, "close", None)
+            if callable(closer):
+                closer()
 
     def step(self, model_text: str) -> StepResult:
         parsed = parse_tool_calls(model_text)
@@ -108,34 +122,64 @@ class ToolEnvironment(Environment):
         info = {"tool_calls": 0.0, "tool_errors": float(len(parsed.errors)), "tool_timeouts": 0.0,
                 "tool_seconds": 0.0}
         observations = [{"role": "tool", "content": f"error: {error}"} for error in parsed.errors]
-        for index, call in enumerate(parsed.calls):
-            observations.append({"role": "tool", "content": self._answer(call, index, info)})
-        return StepResult(observations=observations, info=info)
+        outcomes = [self._answer(call, index, info) for index, call in enumerate(parsed.calls)]
+        observations += [{"role": "tool", "content": outcome.content} for outcome in outcomes]
+        return StepResult(observations=observations, reward=sum(outcome.reward for outcome in outcomes), info=info)
 
-    def _answer(self, call: ToolCall, index: int, info: dict[str, float]) -> str:
+    def _answer(self, call: ToolCall, index: int, info: dict[str, float]) -> ToolOutcome:
         if index >= self.max_tool_calls:
             info["tool_errors"] += 1
-            return f"error: at most {self.max_tool_calls} tool calls per turn"
+            return ToolOutcome(f"error: at most {self.max_tool_calls} tool calls per turn")
         tool = self.by_name.get(call.name)
         if tool is None:
             info["tool_errors"] += 1
-            return f"error: unknown tool {call.name!r}; the tools are {', '.join(sorted(self.by_name))}"
+            return ToolOutcome(f"error: unknown tool {call.name!r}; the tools are {', '.join(sorted(self.by_name))}")
         started = time.perf_counter()
         outcome = tool.call(call.arguments)
         info["tool_seconds"] += time.perf_counter() - started
         info["tool_calls"] += 1
         info["tool_errors"] += outcome.error is not None
         info["tool_timeouts"] += outcome.timed_out
-        return outcome.content
+        return outcome
+
+
+class SingleTurnEnvironment(Environment):
+    """One model turn, scored by ``reward`` (verl's ``single_turn_agent``): a row of a multi-turn dataset that needs
+    no tools."""
+
+    def __init__(self, tools: Sequence[Tool | EpisodeTool], reward: RewardFn, max_tool_calls: int = 4) -> None:
+        self.reward = reward
+        self.row: Mapping[str, Any] = {}
+
+    def reset(self, row: Mapping[str, Any]) -> list[Message]:
+        self.row = row
+        return super().reset(row)
+
+    def step(self, model_text: str) -> StepResult:
+        return StepResult(reward=float(self.reward(model_text, self.row)), done=True)
+
+
+def row_tool_arguments(row: Mapping[str, Any], tool_name: str) -> dict[str, Any]:
+    """``row["extra_info"]["tools_kwargs"][tool_name]["create_kwargs"]`` (verl's layout) without None values, or
+    ``{}``."""
+    extra = row.get("extra_info")
+    per_tool = extra.get("tools_kwargs") if isinstance(extra, Mapping) else None
+    entry = per_tool.get(tool_name) if isinstance(per_tool, Mapping) else None
+    arguments = entry.get("create_kwargs") if isinstance(entry, Mapping) else None
+    if not isinstance(arguments, Mapping):
+        return {}
+    # a parquet struct column holds every row's keys: another row's key is None here, and the tool's default applies
+    return {key: value for key, value in arguments.items() if value is not None}
 
 
 ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment")
-"""Environment factories by name: ``factory(tools, reward) -> Environment``."""
+"""Environment factories by name: ``factory(tools, reward, max_tool_calls) -> Environment``."""
 
 
-@ENVIRONMENTS.register("tool")
-def tool_environment(tools: Sequence[Tool], reward: RewardFn, max_tool_calls: int = 4) -> Environment:
-    return ToolEnvironment(tools, reward, max_tool_calls)
+ENVIRONMENTS.register("tool")(ToolEnvironment)
+ENVIRONMENTS.register("single_turn")(SingleTurnEnvironment)
+ENVIRONMENTS.register("tool_agent")(ToolEnvironment)  # verl's agent_name for its tool agent loop
+ENVIRONMENTS.register("single_turn_agent")(SingleTurnEnvironment)  # verl's agent_name for one-turn rows
 
 
 def resolve_tools(names: Sequence[str], extra: Optional[Mapping[str, Tool]] = None) -> list[Tool]:

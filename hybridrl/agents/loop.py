@@ -157,7 +157,7 @@ class AgentLoop:
             self._fail(episode, what)
             return
         trajectory = episode.trajectory
-        trajectory.reward += float(result.reward)
+        trajectory.add_reward(float(result.reward))
         trajectory.count(result.info)
         if result.done or trajectory.turns >= self.limits.max_assistant_turns:
             trajectory.end = "done" if result.done else "max_turns"

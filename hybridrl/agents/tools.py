@@ -12,6 +12,10 @@ Design:
   to. A Python thread cannot be killed: a timed-out call is *abandoned* (its daemon thread runs on until the
   function returns). Tools that may run away should bound themselves; the built-in ``python`` tool
   (``builtin_tools.py``) does: its code runs in a sandboxed subprocess that is killed just before the tool's timeout.
+- **A tool may pay a reward.** A function that returns a ``ToolResult(content, reward)`` gives its turn that
+  reward (a per-turn reward, as verl's tools return one from ``execute``); anything else is converted with ``str()``.
+- **Row arguments.** ``Tool.for_episode(kwargs)`` binds keyword arguments the model does not see (a row's
+  ``extra_info.tools_kwargs[<tool>].create_kwargs``, verl's layout, e.g. the ground truth a checking tool needs).
 - **Calls are in the Hermes format** that Qwen-style chat templates use: ``<tool_call>{"name": ..., "arguments":
   {...}}</tool_call>``. ``parse_tool_calls`` reports the model's mistakes as one-line messages instead of raising;
   ``format_tool_call`` writes a call so that parsing it gives it back exactly.
@@ -19,16 +23,18 @@ Design:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
+import math
 import threading
 import time
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Optional
 
 __all__ = ["MAX_CONTENT_CHARS", "TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "ParsedToolCalls", "Tool", "ToolCall",
-           "ToolOutcome", "format_tool_call", "parse_tool_calls", "tool_from_function"]
+           "ToolOutcome", "ToolResult", "format_tool_call", "parse_tool_calls", "tool_from_function"]
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -43,15 +49,25 @@ _JSON_TYPE_OF_ANNOTATION: dict[Any, str] = {int: "integer", float: "number", str
 
 
 @dataclass(frozen=True)
+class ToolResult:
+    """What a tool function may return instead of text: the text the model sees and a reward for this turn."""
+
+    content: str
+    reward: float = 0.0
+
+
+@dataclass(frozen=True)
 class ToolOutcome:
     """What one tool call gave back: ``content`` (the text the model will see as the tool's message), ``error``
     (None on success; else a one-line reason, and ``content`` is then ``"error: <reason>"``), ``timed_out``,
-    ``seconds`` (wall time of the call, validation included)."""
+    ``seconds`` (wall time of the call, validation included), ``reward`` (the tool's reward; 0 unless the function
+    returned a :class:`ToolResult`)."""
 
     content: str
     error: Optional[str] = None
     timed_out: bool = False
     seconds: float = 0.0
+    reward: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,12 @@ class Tool:
         return {"type": "function",
                 "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
 
+    def for_episode(self, row_arguments: Mapping[str, Any]) -> "Tool":
+        """This tool with ``row_arguments`` bound as keyword arguments the model does not pass (itself if none)."""
+        if not row_arguments:
+            return self
+        return replace(self, function=functools.partial(self.function, **row_arguments))
+
     def call(self, arguments: Mapping[str, Any]) -> ToolOutcome:
         """Validate ``arguments`` against ``parameters``, then run ``function(**arguments)`` in a daemon worker thread
         and wait at most ``timeout_s``. Never raises: a bad argument, an exception inside the function (its type and
@@ -86,7 +108,12 @@ class Tool:
             return _error_outcome(f"timed out after {self.timeout_s:g} s", started, timed_out=True)
         if failure is not None:
             return _error_outcome(failure, started)
-        return ToolOutcome(_truncate(result), seconds=time.monotonic() - started)
+        if isinstance(result, ToolResult):
+            reward = result.reward
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+                return _error_outcome(f"the tool returned the reward {reward!r}: it must be a finite number", started)
+            return ToolOutcome(_truncate(str(result.content)), seconds=time.monotonic() - started, reward=float(reward))
+        return ToolOutcome(_truncate(str(result)), seconds=time.monotonic() - started)
 
     def _argument_problem(self, arguments: Any) -> Optional[str]:
         """None if ``arguments`` fit the schema, else every problem found, joined by ``"; "``."""
@@ -124,14 +151,14 @@ def _json_type_name(value: Any) -> str:
 
 
 def _run_with_timeout(function: Callable[..., Any], arguments: dict, timeout_s: float,
-                      name: str) -> tuple[bool, str, Optional[str]]:
+                      name: str) -> tuple[bool, Any, Optional[str]]:
     """Run ``function(**arguments)`` in a daemon thread for at most ``timeout_s`` seconds. Returns ``(finished,
-    str(result), failure)``; ``failure`` is ``"<ExceptionType>: <message>"`` when it raised."""
+    result, failure)``; ``failure`` is ``"<ExceptionType>: <message>"`` when it raised."""
     box: dict[str, Any] = {}
 
     def work() -> None:
         try:
-            box["result"] = str(function(**arguments))
+            box["result"] = function(**arguments)
         except BaseException as exception:  # noqa: BLE001 — everything is reported to the model, nothing escapes
             box["failure"] = f"{type(exception).__name__}: {exception}"
 

@@ -154,6 +154,9 @@ class Trajectory:
     weight_versions: list[int] = field(default_factory=list)
     turns: int = 0
     reward: float = 0.0
+    """The environment's rewards, summed over the episode's steps."""
+    turn_rewards: list[tuple[int, float]] = field(default_factory=list)
+    """``(response index of the answered model turn's last id, reward)`` per step that paid one."""
     end: str = ""
     """``done`` (the environment ended it), ``max_turns``, ``budget`` (the response length) or ``failed``."""
     failure: Optional[str] = None
@@ -175,6 +178,13 @@ class Trajectory:
         self.log_probs += [0.0] * len(ids)
         self.weight_versions += [-1] * len(ids)
         self.counters["observation_tokens"] = self.counters.get("observation_tokens", 0.0) + len(ids)
+
+    def add_reward(self, reward: float) -> None:
+        """A step's reward, for the model turn it answered (the last one added)."""
+        self.reward += reward
+        if reward:
+            last_model_id = max((index for index, mask in enumerate(self.response_mask) if mask), default=0)
+            self.turn_rewards.append((last_model_id, reward))
 
     def count(self, info: dict[str, float]) -> None:
         for key, value in info.items():

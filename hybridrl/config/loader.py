@@ -166,13 +166,16 @@ def _composition_error(error: Exception, overrides: Sequence[str], schema: Optio
             if isinstance(cause, ConfigKeyError) or "not in" in str(cause):
                 return ConfigError([(str(key), _override_value(overrides, str(key)),
                                      f"unknown config key{_suggestion(str(key), schema)}")])
-            return ConfigError([(str(key), _override_value(overrides, str(key)), _first_line(cause))])
+            value = _override_value(overrides, str(key))
+            empty = " (the override gives no value: an unset shell variable in the script?)" if value == "" else ""
+            return ConfigError([(str(key), value, _first_line(cause) + empty)])
         cause = cause.__cause__ or cause.__context__
     return ConfigError([("overrides", list(overrides), _first_line(error))])
 
 
 def _override_value(overrides: Sequence[str], key: str) -> Any:
-    for override in overrides:
+    """The value the last override of ``key`` gives it (the one that counts, as in Hydra), or None."""
+    for override in reversed(overrides):
         name, _, value = override.lstrip("+~").partition("=")
         if name == key:
             return value

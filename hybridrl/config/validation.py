@@ -6,11 +6,14 @@ this module checks values, choices, cross-field rules and files.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hybridrl.config.auto_dtype import resolve_dtype
 from hybridrl.config.async_checks import check_async_training, check_off_policy_correction
 from hybridrl.config.components import COMPONENT_REGISTRIES, registered_names, value_at
 from hybridrl.config.checks import _choice, _fsdp_size, _positive, _require, critic_enabled
 from hybridrl.config.errors import PREFORMATTED, ConfigError
+from hybridrl.config.multi_turn_checks import check_multi_turn, check_tool_config
 from hybridrl.config.plugins import load_plugins, resolved_plugins
 from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS
 from hybridrl.config.rm_schema import SYNTHETIC_PREFERENCES, RMConfig
@@ -36,7 +39,6 @@ FUSION_WEIGHTINGS = ("fixed", "inverse_std")
 GRAD_SYNC_MODES = ("step", "micro_batch")
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
 WEIGHT_SYNC_METHODS = ("auto", "shared", "plan", "gather")  # hybrid_engine.sync.METHODS
-BUILTIN_TOOL_NAMES = ("calculator", "python")  # agents.builtin_tools.BUILTIN_TOOLS
 # Estimators whose baseline comes from the other responses to the same prompt.
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
 
@@ -58,6 +60,8 @@ def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
     resolve_auto_dtype(config)
     if not config.is_frozen:  # workers may start in another directory: give them absolute paths
         config.trainer.plugins = resolved_plugins(config.trainer.plugins)
+        if config.rollout.multi_turn.tool_config_path:
+            config.rollout.multi_turn.tool_config_path = str(Path(config.rollout.multi_turn.tool_config_path).resolve())
     try:  # first: the components they register are valid choices below
         load_plugins(config.trainer.plugins)
     except ConfigError as plugin_error:
@@ -67,6 +71,7 @@ def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
         check(config, error)
     if check_paths:
         _check_paths(config, error)
+        check_tool_config(config, error)
         _check_this_machine(config, error)
     if not error:  # the batch identity is only meaningful once the individual sizes are sane
         _check_batch_plans(config, error)
@@ -294,7 +299,7 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
                   f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node)")
     _check_weight_sync_method(config, error)
     _check_rollout_pool(config, error)
-    _check_multi_turn(config, error)
+    check_multi_turn(config, error)
     check_async_training(config, error)
     check_off_policy_correction(config, error)
     if config.trainer.device == "cpu":
@@ -327,25 +332,6 @@ def _check_rollout_pool(config: TrainConfig, error: ConfigError) -> None:
     if config.trainer.nnodes > 1:
         error.add(key, pool, f"the pool takes its weights through the trainer's host memory, so it needs one node; "
                              f"trainer.nnodes={config.trainer.nnodes} (a cross-node transport is not built yet)")
-
-
-def _check_multi_turn(config: TrainConfig, error: ConfigError) -> None:
-    """``rollout.multi_turn``: the engine it needs, turns, tools and timeouts."""
-    multi_turn = config.rollout.multi_turn
-    if not multi_turn.enable:
-        return
-    if config.rollout.name != "vllm":
-        error.add("rollout.multi_turn.enable", True, f"multi-turn episodes run on vLLM's request API: set "
-                                                     f"rollout.name=vllm (got {config.rollout.name!r})")
-    _require(error, "rollout.multi_turn.max_assistant_turns", multi_turn.max_assistant_turns,
-             multi_turn.max_assistant_turns >= 1, "must be >= 1 (model turns per episode)")
-    _require(error, "rollout.multi_turn.max_tool_calls_per_turn", multi_turn.max_tool_calls_per_turn,
-             multi_turn.max_tool_calls_per_turn >= 1, "must be >= 1")
-    _require(error, "rollout.multi_turn.env_step_timeout_s", multi_turn.env_step_timeout_s,
-             multi_turn.env_step_timeout_s > 0, "must be > 0 (seconds)")
-    for name in multi_turn.tools:
-        _choice(error, "rollout.multi_turn.tools", name, BUILTIN_TOOL_NAMES)
-    _choice(error, "rollout.multi_turn.tool_prompt", multi_turn.tool_prompt, ("template", "system"))
 
 
 def _check_micro_batch_sizing(config: TrainConfig, error: ConfigError) -> None:

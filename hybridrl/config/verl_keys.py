@@ -204,9 +204,17 @@ RULES: tuple[Rule, ...] = (
     Moved(ARR + "rollout.multi_turn.enable", "rollout.multi_turn.enable"),
     Moved(ARR + "rollout.multi_turn.max_assistant_turns", "rollout.multi_turn.max_assistant_turns"),
     NoEffect(ARR + "rollout.profiler.", _PROFILER),
-    Unsupported(ARR + "rollout.multi_turn.", "hybridrl's tools are rollout.multi_turn.tools (built-in) or a "
-                "registered environment (rollout.multi_turn.environment); verl's tool_config_path / "
-                "interaction_config_path YAML files are not read yet", ("null",)),
+    Moved(ARR + "rollout.multi_turn.tool_config_path", "rollout.multi_turn.tool_config_path"),
+    Moved(ARR + "rollout.multi_turn.max_parallel_calls", "rollout.multi_turn.max_tool_calls_per_turn"),
+    Moved(ARR + "rollout.multi_turn.tokenization_sanity_check_mode", "rollout.multi_turn.strict",
+          {"strict": "true", "disable": "false", "ignore_strippable": "false"}),
+    NoEffect(ARR + "rollout.multi_turn.format", "tool calls are parsed in the Hermes format", ("hermes",)),
+    NoEffect(ARR + "rollout.multi_turn.use_inference_chat_template", "the ids trained are always the ids generated "
+             "(observations are rendered by the chat template, checked against the ids so far)", ("false",)),
+    Unsupported(ARR + "rollout.multi_turn.", "hybridrl's tools are rollout.multi_turn.tools (built-in) or "
+                "rollout.multi_turn.tool_config_path (verl's file format), its environments registered by name "
+                "(rollout.multi_turn.environment, a row's agent_name); verl's interaction_config_path files and "
+                "user turns are not read", ("null",)),
     Unsupported(ARR + "rollout.agent.", "agent loops are not implemented yet"),
     Unsupported(ARR + "rollout.engine_kwargs.", "vLLM's arguments are set through rollout.* keys (gpu_memory_"
                 "utilization, max_num_seqs, max_num_batched_tokens, enforce_eager, enable_chunked_prefill, ...)",

@@ -6,7 +6,8 @@ A row, from a file or a synthetic task, looks like::
      "prompt": [{"role": "user", "content": "..."}],             # chat messages, or plain text
      "ability": "math",                                          # optional, free text
      "reward_model": {"style": "rule", "ground_truth": "72"},    # ground_truth is required
-     "extra_info": {"split": "train", "index": 0, ...}}          # optional, passed to the reward function
+     "extra_info": {"split": "train", "index": 0, ...},          # optional, passed to the reward function
+     "agent_name": "tool_agent"}                                  # optional (multi-turn): the row's environment
 
 The prompt column is ``data.prompt_key`` (default ``prompt``). Validation errors are ``ValueError``\\ s that start
 with the row's location (file and row) and name the offending key.
@@ -74,7 +75,13 @@ def record_from_row(row: Mapping[str, Any], where: str, prompt_key: str = "promp
     extra_info = row.get("extra_info") or {}
     if not isinstance(extra_info, Mapping):
         raise ValueError(f"{where}: 'extra_info' must be a dict, got {type(extra_info).__name__}")
-    return PromptRecord(data_source, prompt, reward_model["ground_truth"], ability, dict(extra_info), where)
+    extra_info = dict(extra_info)
+    agent_name = row.get("agent_name")  # verl's multi-turn datasets choose the row's agent loop in this column
+    if agent_name is not None:
+        if not isinstance(agent_name, str) or not agent_name:
+            raise ValueError(f"{where}: 'agent_name' must be a non-empty string, got {agent_name!r}")
+        extra_info.setdefault("agent_name", agent_name)
+    return PromptRecord(data_source, prompt, reward_model["ground_truth"], ability, extra_info, where)
 
 
 def check_prompt(prompt: Any, where: str, key: str = "prompt") -> ChatMessages | str:

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from hybridrl.agents.batch import EPISODE_REWARDS, FINAL_RESPONSE
+from hybridrl.agents.batch import EPISODE_REWARDS, FINAL_RESPONSE, TURN_REWARDS
 from hybridrl.data.loader import DataFields, PromptLoader
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rewards.scorer import RewardScorer
@@ -66,8 +66,12 @@ class Scoring:
         return scores, info, texts
 
     def token_level_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scores on each response's last valid token ``[B, R]``, plus scoring metrics."""
+        """Scores on each response's last valid token ``[B, R]`` (multi-turn: plus the environment's rewards, per
+        ``rollout.multi_turn.reward_placement``), plus scoring metrics."""
         scores, metrics, _ = self.score(batch)
+        if TURN_REWARDS in batch:  # an environment's own rewards, each on the turn it answered
+            token_scores = scores_to_token_level(scores, batch[Fields.RESPONSE_MASK])
+            return token_scores + batch[TURN_REWARDS].to(token_scores.dtype), metrics
         if EPISODE_REWARDS in batch:  # an environment's own rewards add to the final answer's score
             scores = scores + batch[EPISODE_REWARDS].to(scores.dtype)
         return scores_to_token_level(scores, batch[Fields.RESPONSE_MASK]), metrics

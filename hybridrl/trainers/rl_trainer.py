@@ -50,7 +50,7 @@ from hybridrl.utils.tracking import Tracker, read_metrics
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
 from hybridrl.workers.critic_worker import CriticWorker
 from hybridrl.workers.reward_model_worker import RewardModelWorker
-from hybridrl.workers.agent_rollout import episode_runner
+from hybridrl.workers.agent_rollout import check_agent_names, episode_runner
 from hybridrl.workers.rollout_worker import RolloutWorker
 from hybridrl.modeling.model_builder import load_tokenizer
 
@@ -92,6 +92,8 @@ class RLTrainer:
         self.loaders = build_prompt_loaders(config.data, self.tokenizer)
         reward_source = RewardFunctionSource.from_config(config.custom_reward_function)
         reward_source.load()  # a bad reward file, name or keyword fails now, before Ray starts
+        for loader in filter(None, self.loaders):
+            check_agent_names(config, loader.dataset)
         if reward_source.is_builtin:  # every prompt's data_source needs a reward function, now
             for loader in filter(None, self.loaders):
                 check_data_sources(sorted({prompt.data_source for prompt in loader.dataset}))

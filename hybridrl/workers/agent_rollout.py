@@ -1,7 +1,8 @@
 """Multi-turn episodes on a rank's vLLM engine (``rollout.multi_turn.enable``): the worker's side of ``hybridrl.agents``.
 
 One episode per response row (``rollout.n`` per prompt), all in flight together on the engine's request queue. A
-row's environment is its ``extra_info["agent_name"]`` (verl's per-row choice) or ``rollout.multi_turn.environment``;
+row's environment is its ``agent_name`` (verl's per-row choice; kept in ``extra_info``) or
+``rollout.multi_turn.environment``; the tools are the built-in ones and those of ``tool_config_path``;
 its opening messages are the row's prompt as given (``messages``), rendered with the tools' schemas by the chat
 template. Each episode is seeded from the call's seed and its row, so a fixed seed gives the same episodes.
 """
@@ -14,6 +15,7 @@ from typing import Any
 from hybridrl.agents.batch import trajectories_to_batch
 from hybridrl.agents.environment import ENVIRONMENTS, resolve_tools
 from hybridrl.agents.loop import AgentLoop, LoopLimits
+from hybridrl.agents.tool_config import load_tool_config
 from hybridrl.agents.trajectory import ChatRenderer, supports_tools
 from hybridrl.config.schema import MultiTurnConfig
 from hybridrl.data.loader import DataFields
@@ -38,6 +40,22 @@ def episode_runner(config, tokenizer) -> "EpisodeRunner | None":
     return EpisodeRunner(config.rollout.multi_turn, tokenizer, config.data.max_prompt_length)
 
 
+def check_agent_names(config, dataset) -> None:
+    """Every prompt's ``agent_name`` in ``dataset`` (a ``PromptDataset``) names a registered environment
+    (multi-turn runs): a ``ValueError`` naming the first row that does not, before any worker starts."""
+    if not config.rollout.multi_turn.enable:
+        return
+    for prompt in dataset:
+        name = prompt.extra_info.get("agent_name")
+        if name is not None and name not in ENVIRONMENTS:
+            raise ValueError(f"the {dataset.name} data, row {prompt.row_id}: {_unknown_environment(name)}")
+
+
+def _unknown_environment(name: object) -> str:
+    return (f"agent_name {name!r} names no environment; registered: {', '.join(ENVIRONMENTS.names())} (register "
+            "yours in a trainer.plugins file)")
+
+
 def engine_context_length(config, episodes: "EpisodeRunner | None") -> int:
     """The engine's ``max_model_len``: prompt + response, plus the tools' rendering in multi-turn prompts."""
     extra = episodes.prompt_overhead if episodes is not None else 0
@@ -55,7 +73,8 @@ class EpisodeRunner:
 
     def __init__(self, multi_turn: MultiTurnConfig, tokenizer, max_prompt_length: int = 0) -> None:
         self.config, self.tokenizer = multi_turn, tokenizer
-        self.tools = resolve_tools(multi_turn.tools)
+        self.tools = [*resolve_tools(multi_turn.builtin_tools()),
+                      *(load_tool_config(multi_turn.tool_config_path) if multi_turn.tool_config_path else [])]
         schemas = [tool.schema() for tool in self.tools]
         in_system = multi_turn.tool_prompt == "system"
         if schemas and not in_system and not supports_tools(tokenizer, schemas):
@@ -92,9 +111,14 @@ class EpisodeRunner:
                 mask = rows[Fields.ATTENTION_MASK][index].bool()
                 trajectory.prompt_ids = rows[Fields.INPUT_IDS][index][mask].tolist()
         return trajectories_to_batch(trajectories, rows, params.max_new_tokens, engine.pad_token_id,
-                                     self.prompt_width)
+                                     self.prompt_width, turn_rewards=self.config.reward_placement == "turn_end")
 
     def _environment_name(self, row: dict) -> str:
+        """The row's ``agent_name`` (a data column, kept in ``extra_info``), else ``rollout.multi_turn.environment``;
+        an unknown name fails the run here, naming the registered ones (a data error, not an episode's)."""
         extra = row.get("extra_info")
         name = extra.get("agent_name") if isinstance(extra, dict) else None
-        return str(name) if name else self.config.environment
+        name = str(name) if name else self.config.environment
+        if name not in ENVIRONMENTS:
+            raise ValueError(f"a row: {_unknown_environment(name)}")
+        return name

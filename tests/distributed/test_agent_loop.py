@@ -94,12 +94,13 @@ def engine_tokenizer(engine):
 
 def test_trajectory_ids_are_the_engines_and_the_templates(engine, tokenizer):
     """Model segments equal the engine's completions id for id (with their log-probs); observation segments equal
-    the chat template's rendering of the conversation's next part; the response mask marks exactly the former."""
+    the chat template's rendering of the conversation's next part; the response mask marks exactly the former; each
+    step's reward is recorded on the last id of the model turn it answered."""
     recording = RecordingRequests(engine.requests)
     trajectories, renderer = run(engine, [Echo() for _ in range(4)], recording=recording)
     for index, trajectory in enumerate(trajectories):
         assert trajectory.end in ("done", "budget"), trajectory.end
-        position, conversation = 0, [{"role": "user", "content": f"{index}*7="}]
+        position, conversation, turn_ends = 0, [{"role": "user", "content": f"{index}*7="}], []
         assert trajectory.prompt_ids == renderer.prompt_ids(conversation)
         for turn in range(trajectory.turns):
             completion = recording.finished[f"e{index}t{turn}"]
@@ -108,6 +109,7 @@ def test_trajectory_ids_are_the_engines_and_the_templates(engine, tokenizer):
             assert trajectory.log_probs[position:position + len(ids)] == completion.log_probs
             assert set(trajectory.response_mask[position:position + len(ids)]) == {1}
             position += len(ids)
+            turn_ends.append(position - 1)
             conversation.append({"role": "assistant", "content": renderer.decode(completion.token_ids,
                                                                                  engine.eos_token_ids)})
             if turn + 1 < trajectory.turns:
@@ -120,6 +122,9 @@ def test_trajectory_ids_are_the_engines_and_the_templates(engine, tokenizer):
                 position += len(observation)
         assert position == len(trajectory.response_ids)
         assert trajectory.prefix_mismatches == 0
+        answered = len(trajectory.turn_rewards)   # a turn cut by the budget gets no step; one that ends it does
+        assert answered == trajectory.turns or (trajectory.end == "budget" and answered == trajectory.turns - 1)
+        assert trajectory.turn_rewards == [(end, 0.25) for end in turn_ends[:answered]]
 
 
 def test_episodes_with_a_slow_tool_run_concurrently(engine):

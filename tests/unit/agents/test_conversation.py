@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridrl.agents.batch import AGENT_STATS, EPISODE_REWARDS, FINAL_RESPONSE, agent_metrics, trajectories_to_batch
+from hybridrl.agents.batch import (AGENT_STATS, EPISODE_REWARDS, FINAL_RESPONSE, TURN_REWARDS, agent_metrics,
+                                   trajectories_to_batch)
 from hybridrl.agents.conversation import encode_conversations
 from hybridrl.agents.builtin_tools import BUILTIN_TOOLS
 from hybridrl.agents.tools import format_tool_call
@@ -80,3 +81,34 @@ def test_trajectory_rows_pad_to_a_common_prompt_width():
     assert agent_metrics(batch)["agent/observation_tokens"] == 1.0 and len(AGENT_STATS) == 8
     with pytest.raises(ValueError, match="episode 0: its prompt .* is 3 ids, more than the 2 allowed"):
         trajectories_to_batch(trajectories, rows, 4, pad_token_id=0, prompt_width=2)
+
+
+def test_per_turn_rewards_sit_on_the_last_id_of_the_turn_they_answered():
+    """``reward_placement=turn_end``: a step's reward on its model turn's last id; the final answer's score (the
+    reward function's) on the episode's last model id; the sum is the episode-end placement's."""
+    from hybridrl.trainers.evaluation import Scoring
+
+    trajectory = Trajectory(prompt_ids=[1])
+    trajectory.add_model_turn([9, 10], [-0.1, -0.1], [0, 0])    # response ids 0-1
+    trajectory.add_reward(-0.05)
+    trajectory.add_observation([12, 13])                         # 2-3
+    trajectory.add_model_turn([14], [-0.2], [0])                  # 4
+    trajectory.add_reward(0.5)
+    trajectory.add_reward(0.0)                                    # a step without reward records nothing
+    assert trajectory.turn_rewards == [(1, -0.05), (4, 0.5)] and trajectory.reward == pytest.approx(0.45)
+    rows = Batch(non_tensors={Fields.UID: ["a"], "data_source": ["s"], "ground_truth": ["1"], "extra_info": [{}]})
+    batch = trajectories_to_batch([trajectory], rows, 6, pad_token_id=0, turn_rewards=True)
+    assert batch[TURN_REWARDS][0].tolist() == pytest.approx([0.0, -0.05, 0.0, 0.0, 0.5, 0.0])
+    assert TURN_REWARDS not in trajectories_to_batch([trajectory], rows, 6, pad_token_id=0)
+
+    class OneForAll:  # the reward function: 1.0 for every final answer
+        def score(self, sources, texts, truths, extras):
+            return torch.ones(len(texts)), type("Info", (), {"messages": [], "num_failed": 0,
+                                                              "metrics": lambda self: {}})()
+
+    scoring = Scoring(OneForAll(), tokenizer=None)
+    per_turn, _ = scoring.token_level_scores(batch)
+    assert per_turn[0].tolist() == pytest.approx([0.0, -0.05, 0.0, 0.0, 1.5, 0.0])
+    at_end, _ = scoring.token_level_scores(trajectories_to_batch([trajectory], rows, 6, pad_token_id=0))
+    assert at_end[0].tolist() == pytest.approx([0.0, 0.0, 0.0, 0.0, 1.45, 0.0])
+    assert per_turn.sum().item() == pytest.approx(at_end.sum().item())

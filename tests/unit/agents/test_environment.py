@@ -55,7 +55,12 @@ def test_the_step_result_contract():
 
 
 def test_environments_and_tools_are_found_by_name():
-    assert "tool" in ENVIRONMENTS
+    assert {"tool", "single_turn", "tool_agent", "single_turn_agent"} <= set(ENVIRONMENTS.names())
+    assert ENVIRONMENTS["tool_agent"] is ENVIRONMENTS["tool"]          # verl's agent_name values
+    single = ENVIRONMENTS["single_turn_agent"](resolve_tools(["calculator"]), exact_answer)
+    single.reset({"prompt": "2*3=", "ground_truth": 6})
+    result = single.step(format_tool_call("calculator", {"expression": "2*3"}))   # no tools: the turn is the answer
+    assert result.done and result.reward == 0.0 and single.step("6").reward == 1.0
     with pytest.raises(KeyError, match="unknown tool"):
         resolve_tools(["calculator", "browser"])
 
@@ -63,7 +68,8 @@ def test_environments_and_tools_are_found_by_name():
 def test_the_config_layers_lists_match_the_registries_they_name():
     """The config layer cannot import these packages, so it keeps their names; they must not drift."""
     from hybridrl.agents.builtin_tools import BUILTIN_TOOLS
-    from hybridrl.config.validation import BUILTIN_TOOL_NAMES, WEIGHT_SYNC_METHODS
+    from hybridrl.config.multi_turn_checks import BUILTIN_TOOL_NAMES
+    from hybridrl.config.validation import WEIGHT_SYNC_METHODS
     from hybridrl.hybrid_engine.sync import METHODS
 
     assert set(BUILTIN_TOOL_NAMES) == set(BUILTIN_TOOLS) and set(WEIGHT_SYNC_METHODS) == set(METHODS)

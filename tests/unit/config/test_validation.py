@@ -193,3 +193,36 @@ def test_reward_model_data_files_are_checked(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_config([f"model.path={tmp_path}", "data.train_files=[/nope/prefs.jsonl]"], "rm_trainer")
     assert {"model.path", "data.train_files"} <= set(caught.value.keys)
+
+
+MULTI_TURN = ["rollout.name=vllm", "rollout.multi_turn.enable=true"]
+
+
+def test_the_tool_config_file_is_checked_before_any_worker_starts(tmp_path):
+    from hybridrl.config.multi_turn_checks import check_tool_config
+
+    missing = tmp_path / "none.yaml"
+    with pytest.raises(ConfigError) as caught:  # with the machine checks (other keys fail too: no model here)
+        load_config([*MULTI_TURN, f"rollout.multi_turn.tool_config_path={missing}"])
+    assert "rollout.multi_turn.tool_config_path" in caught.value.keys and "no such file" in str(caught.value)
+    clash = tmp_path / "tools.yaml"
+    clash.write_text("tools:\n  - class_name: hybridrl.agents.builtin_tools:calculator\n    tool_schema:\n"
+                     "      function: {name: calculator, parameters: {properties: {expression: {type: string}}}}\n")
+
+    def problems(*overrides):
+        error = ConfigError()
+        check_tool_config(load_config([*MULTI_TURN, *overrides], check_paths=False), error)
+        return error
+
+    refused = problems(f"rollout.multi_turn.tool_config_path={clash}", "rollout.multi_turn.tools=[calculator]")
+    assert refused.keys == ["rollout.multi_turn.tool_config_path"]
+    assert "its tool(s) ['calculator'] are also built-in tools" in str(refused)
+    assert not problems(f"rollout.multi_turn.tool_config_path={clash}")   # the file's tools replace the default
+    config = load_config([*MULTI_TURN, f"rollout.multi_turn.tool_config_path={clash}"], check_paths=False)
+    assert config.rollout.multi_turn.builtin_tools() == []
+    assert load_config(MULTI_TURN, check_paths=False).rollout.multi_turn.builtin_tools() == ["calculator"]
+
+
+def test_reward_placement_is_a_choice():
+    with pytest.raises(ConfigError, match="rollout.multi_turn.reward_placement"):
+        load_config([*MULTI_TURN, "rollout.multi_turn.reward_placement=middle"], check_paths=False)

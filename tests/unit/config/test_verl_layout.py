@@ -1,4 +1,4 @@
-"""verl's command lines in hybridrl: six real verl launch scripts' overrides (``tests/data/verl_scripts``) load with
+"""verl's command lines in hybridrl: seven real verl launch scripts' overrides (``tests/data/verl_scripts``) load with
 only their paths changed; every rule of the key table points at a real key; refusals, suggestions, conflicts, verl's
 defaults and bare-string lists behave as documented; the generated table is current."""
 
@@ -93,6 +93,21 @@ def test_dapo_script_moves_the_overlong_buffer_and_keeps_the_generation_batch():
     assert config.actor.clip_ratio_high == 0.28 and config.trainer.total_training_steps == 1
 
 
+def test_the_multi_turn_tool_script_moves_its_tool_file_and_its_unset_variable_is_named():
+    """verl's GSM8K multi-turn tool script (with its --config-name's four keys): the tool file and turns move; the
+    script passes ``use_kl_loss=${use_kl_loss}`` with the variable unset: an empty value after the line that turned
+    the KL loss on, refused by name rather than read as either."""
+    overrides = script_overrides("gsm8k_multiturn")
+    message = problems_of(overrides)
+    assert "actor.use_kl_loss='': Value '' is not a valid bool" in message and "unset shell variable" in message
+    config = load([override for override in overrides if override != "actor_rollout_ref.actor.use_kl_loss="])
+    multi_turn = config.rollout.multi_turn
+    assert multi_turn.enable and multi_turn.max_assistant_turns == 5 and config.rollout.name == "vllm"
+    assert multi_turn.tool_config_path.endswith("/verl/examples/sglang_multiturn/config/tool_config/"
+                                                "gsm8k_tool_config.yaml")
+    assert multi_turn.builtin_tools() == [] and config.actor.use_kl_loss and config.rollout.n == 8
+
+
 @pytest.mark.parametrize("name", ["grpo", "ppo_critic", "grpo_lora", "reinforce_plus_plus", "rloo", "dapo"])
 def test_the_scripts_tensor_parallel_rollout_is_accepted_as_written(name):
     written = [line.partition("=")[2] for line in (SCRIPTS / f"{name}.txt").read_text().splitlines()
@@ -141,10 +156,10 @@ def test_keys_without_effect_accept_only_the_values_that_describe_hybridrl():
     assert not accepted.problems and [key for key, _, _ in accepted.no_effect] == [
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "trainer.use_legacy_worker_impl"]
     message = problems_of(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-                           "actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml",
+                           "actor_rollout_ref.rollout.multi_turn.interaction_config_path=interaction.yaml",
                            "trainer.default_hdfs_dir=/x"])
     assert "Ulysses sequence parallelism is not implemented" in message and "(accepted: 1)" in message
-    assert "verl's tool_config_path / interaction_config_path YAML files are not read yet" in message
+    assert "verl's interaction_config_path files and user turns are not read" in message
     assert "verl key hybridrl has no equivalent for: checkpoints go to trainer.default_local_dir" in message
 
 
@@ -214,5 +229,14 @@ def test_gen_batch_size_without_the_filter_is_refused_and_metrics_are_checked():
 
 def test_verl_multi_turn_keys_that_hybridrl_shares_move():
     config = load(["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.multi_turn.enable=True",
-                   "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3"])
-    assert config.rollout.multi_turn.enable and config.rollout.multi_turn.max_assistant_turns == 3
+                   "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+                   "actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml",
+                   "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=2",
+                   "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=strict",
+                   "actor_rollout_ref.rollout.multi_turn.format=hermes"])
+    multi_turn = config.rollout.multi_turn
+    assert multi_turn.enable and multi_turn.max_assistant_turns == 3 and multi_turn.tool_config_path.endswith("/tools.yaml")
+    assert multi_turn.max_tool_calls_per_turn == 2 and multi_turn.strict
+    assert not load(["actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=disable"]) \
+        .rollout.multi_turn.strict
+    assert "Hermes format" in problems_of(["actor_rollout_ref.rollout.multi_turn.format=llama3_json"])

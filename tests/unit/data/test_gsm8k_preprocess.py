@@ -97,3 +97,31 @@ def test_module_entry_point_runs(gsm8k_copy, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "m/train.parquet").is_file() and (tmp_path / "m/test.parquet").is_file()
+
+
+def test_tool_agent_rows_take_verls_layout_and_the_recipes_tool_checks_them(tmp_path):
+    """``--tool-agent``: verl's multi-turn rows (system message, agent_name, tools_kwargs); with the recipe's tool
+    config file (verl's Gsm8kTool class) the row's own tool accepts the row's answer and refuses another."""
+    from hybridrl.agents.environment import ToolEnvironment
+    from hybridrl.agents.tool_config import load_tool_config
+    from hybridrl.agents.tools import format_tool_call
+
+    problems = [{"question": "Ann has 3 bags of 4 apples. How many apples?", "answer": "3*4=12\n#### 12"},
+                {"question": "A crate holds 1,000 nails; two crates?", "answer": "2*1000\n#### 2,000"}]
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(problem) + "\n" for problem in problems))
+    assert main(["gsm8k", "--input", str(tmp_path), "--output", str(tmp_path / "out"), "--tool-agent"]) == 0
+    rows = [item.row for item in read_rows(tmp_path / "out" / "train.parquet").rows]   # through parquet and back
+    tools = load_tool_config(REPO_ROOT / "recipes" / "tool_configs" / "gsm8k_tool_config.yaml")
+    for row, final in zip(rows, ("12", "2000")):
+        assert row["agent_name"] == "tool_agent" and [m["role"] for m in row["prompt"]] == ["system", "user"]
+        assert "calc_gsm8k_reward" in row["prompt"][0]["content"]
+        assert row["extra_info"]["tools_kwargs"] == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": final}}}
+        record = record_from_row(row, "row")
+        assert record.extra_info["agent_name"] == "tool_agent"
+        environment = ToolEnvironment(tools, lambda text, row: 0.0)
+        environment.reset({"prompt": row["prompt"], "extra_info": record.extra_info})
+        right = environment.step(format_tool_call("calc_gsm8k_reward", {"answer": final}))
+        wrong = environment.step(format_tool_call("calc_gsm8k_reward", {"answer": "7"}))
+        assert "reward=1" in right.observations[0]["content"] and right.reward == 0.0
+        assert "reward=0" in wrong.observations[0]["content"] and wrong.reward == -0.05

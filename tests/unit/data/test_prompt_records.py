@@ -111,3 +111,32 @@ def test_rows_of_several_files_keep_order_and_locations(tmp_path, char_tokenizer
     dataset = PromptDataset.from_files([first, second], char_tokenizer)
     assert [prompt.ground_truth for prompt in dataset] == ["2", "4", "6"]
     assert [prompt.row_id for prompt in dataset] == [0, 1, 2]
+
+
+def verl_tool_agent_row(index: int, answer: str, agent_name: str = "tool_agent") -> dict:
+    """A row as verl's examples/data_preprocess/gsm8k_tool_agent_loop.py writes it."""
+    return {"data_source": "openai/gsm8k", "agent_name": agent_name,
+            "prompt": [{"role": "system", "content": "1+1="}, {"role": "user", "content": f"{answer}+0="}],
+            "ability": "math", "reward_model": {"style": "rule", "ground_truth": answer},
+            "extra_info": {"split": "train", "index": index, "need_tools_kwargs": True,
+                           "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": answer}}},
+                           "interaction_kwargs": {"query": f"{answer}+0=", "ground_truth": answer}}}
+
+
+def test_verls_multi_turn_rows_keep_their_agent_name_and_tool_arguments(tmp_path, char_tokenizer):
+    from hybridrl.agents.environment import row_tool_arguments
+    from hybridrl.config import load_config
+    from hybridrl.workers.agent_rollout import check_agent_names
+
+    rows = [verl_tool_agent_row(0, "72"), verl_tool_agent_row(1, "5", agent_name="single_turn_agent")]
+    dataset = _load(tmp_path, rows, char_tokenizer, suffix=".parquet")
+    assert [prompt.extra_info["agent_name"] for prompt in dataset] == ["tool_agent", "single_turn_agent"]
+    assert row_tool_arguments({"extra_info": dataset[0].extra_info}, "calc_gsm8k_reward") == {"ground_truth": "72"}
+    config = load_config(["rollout.name=vllm", "rollout.multi_turn.enable=true"], check_paths=False)
+    check_agent_names(config, dataset)
+    unknown = _load(tmp_path, [verl_tool_agent_row(0, "1", agent_name="react_agent")], char_tokenizer)
+    with pytest.raises(ValueError, match="the train data, row 0: agent_name 'react_agent' names no environment; "
+                                         "registered: tool, single_turn, tool_agent, single_turn_agent"):
+        check_agent_names(config, unknown)
+    with pytest.raises(ValueError, match=r"row 0 \(line 1\): 'agent_name' must be a non-empty string, got 3"):
+        _load(tmp_path, [{**make_row(), "agent_name": 3}], char_tokenizer)

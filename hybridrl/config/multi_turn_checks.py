@@ -1,0 +1,56 @@
+"""Checks of ``rollout.multi_turn``: the engine multi-turn episodes need, turns, tools, timeouts, the tool file.
+
+The tool config file is read by ``hybridrl.agents.tool_config``, a layer above this one: it is named by import
+path (as ``components.py`` names registries) and loaded only when the config is checked against this machine.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from hybridrl.config.checks import _choice, _require
+from hybridrl.config.errors import ConfigError
+from hybridrl.config.schema import TrainConfig
+
+BUILTIN_TOOL_NAMES = ("calculator", "python")  # agents.builtin_tools.BUILTIN_TOOLS
+REWARD_PLACEMENTS = ("episode_end", "turn_end")
+TOOL_CONFIG_LOADER = "hybridrl.agents.tool_config:load_tool_config"
+
+
+def check_multi_turn(config: TrainConfig, error: ConfigError) -> None:
+    """``rollout.multi_turn``: what does not depend on this machine's files."""
+    multi_turn = config.rollout.multi_turn
+    if not multi_turn.enable:
+        return
+    if config.rollout.name != "vllm":
+        error.add("rollout.multi_turn.enable", True, f"multi-turn episodes run on vLLM's request API: set "
+                                                     f"rollout.name=vllm (got {config.rollout.name!r})")
+    _require(error, "rollout.multi_turn.max_assistant_turns", multi_turn.max_assistant_turns,
+             multi_turn.max_assistant_turns >= 1, "must be >= 1 (model turns per episode)")
+    _require(error, "rollout.multi_turn.max_tool_calls_per_turn", multi_turn.max_tool_calls_per_turn,
+             multi_turn.max_tool_calls_per_turn >= 1, "must be >= 1")
+    _require(error, "rollout.multi_turn.env_step_timeout_s", multi_turn.env_step_timeout_s,
+             multi_turn.env_step_timeout_s > 0, "must be > 0 (seconds)")
+    for name in multi_turn.builtin_tools():
+        _choice(error, "rollout.multi_turn.tools", name, BUILTIN_TOOL_NAMES)
+    _choice(error, "rollout.multi_turn.tool_prompt", multi_turn.tool_prompt, ("template", "system"))
+    _choice(error, "rollout.multi_turn.reward_placement", multi_turn.reward_placement, REWARD_PLACEMENTS)
+
+
+def check_tool_config(config: TrainConfig, error: ConfigError) -> None:
+    """``rollout.multi_turn.tool_config_path``: the file loads (every entry's function or class imports, its schema
+    is well formed), and its tool names do not repeat the built-in tools offered beside it."""
+    multi_turn = config.rollout.multi_turn
+    key, path = "rollout.multi_turn.tool_config_path", multi_turn.tool_config_path
+    if not multi_turn.enable or not path:
+        return
+    module, attribute = TOOL_CONFIG_LOADER.split(":")
+    try:
+        tools = getattr(importlib.import_module(module), attribute)(path)
+    except ValueError as failure:  # ToolConfigError: names the file, entry and field
+        error.add(key, path, str(failure))
+        return
+    clashes = sorted({tool.name for tool in tools} & set(multi_turn.builtin_tools()))
+    if clashes:
+        error.add(key, path, f"its tool(s) {clashes} are also built-in tools in rollout.multi_turn.tools; "
+                             "give them other names or drop them from rollout.multi_turn.tools")
