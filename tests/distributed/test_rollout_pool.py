@@ -111,6 +111,7 @@ def test_a_damaged_publication_is_named(split, tokenizer):
         generation.replicas[0].call(RolloutWorker.load_published_weights, generation.layout, expected, published[0][0])
 
 
+@pytest.mark.long
 def test_a_dead_replica_is_reported_and_its_prompts_resubmitted(ray_runtime, model_dir, tokenizer, caplog):
     """Two replicas of t_g = 1; one is killed (SIGKILL). The next batch still gets every response: the dead
     replica's chunk goes to the live one with the chunk's own seed, so the samples are the ones it would have

@@ -68,6 +68,7 @@ def test_fixed_seed_run_is_deterministic_and_resume_is_exact(model_dir, tmp_path
     assert not torch.equal(straight_weights["lm_head.weight"], final_weights(interrupted, 2)["lm_head.weight"])
 
 
+@pytest.mark.long
 def test_resume_rejects_a_checkpoint_of_another_model(model_dir, tmp_path):
     run_dir = tmp_path / "run"
     RLTrainer(run_config(model_dir, run_dir, 1)).fit()

@@ -351,6 +351,7 @@ def test_demo_refuses_a_grpo_mistake_before_its_sft_stage(tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.distributed
+@pytest.mark.long
 def test_a_run_logging_to_the_console_only_finishes_with_its_summary(model_dir, tmp_path):
     """``trainer.logger=[console]`` writes no metrics.jsonl; the end-of-run summary comes from the run itself."""
     process = hybridrl("train", "--no-check-paths", *run_overrides(model_dir, tmp_path / "run", "trainer.logger=[console]",

@@ -80,6 +80,7 @@ def test_more_devices_than_the_cluster_has(model_dir, tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.long
 def test_checkpoint_of_another_model(model_dir, tmp_path):
     run_dir = tmp_path / "run"
     manager = CheckpointManager(run_dir)
@@ -90,6 +91,7 @@ def test_checkpoint_of_another_model(model_dir, tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.long
 def test_reward_function_that_always_raises(model_dir, tmp_path):
     path = reward_file(tmp_path / "broken_reward.py",
                        "def compute_score(data_source, solution, truth, extra):\n    return 1 / 0\n")

@@ -17,7 +17,7 @@ from hybridrl.trainers.checkpoints import TRAINER_STATE, CheckpointManager
 from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tracking import read_metrics
 
-pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.slow, pytest.mark.long]
 
 
 def test_sigkill_mid_step_and_mid_checkpoint_write_then_resume_is_bit_exact(model_dir, straight_run, tmp_path):

@@ -16,7 +16,7 @@ from reliability_helpers import overrides, reap_process_group
 from hybridrl.trainers.checkpoints import CheckpointManager, verify_checkpoint
 from hybridrl.utils.tracking import read_metrics
 
-pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.long]
 
 
 def _as_a_terminal_would() -> None:

@@ -37,6 +37,7 @@ def holder_pid(run_dir):
         return None
 
 
+@pytest.mark.long
 def test_second_run_in_a_running_runs_directory_is_refused_and_a_killed_runs_lock_does_not_block(model_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = overrides(model_dir, run_dir, "trainer.total_training_steps=1000", "trainer.save_freq=-1",

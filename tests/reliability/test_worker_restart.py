@@ -11,7 +11,7 @@ from reliability_helpers import assert_same_run, overrides
 from hybridrl.config import load_config
 from hybridrl.trainers.rl_trainer import RLTrainer
 
-pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.slow, pytest.mark.long]
 
 
 def test_worker_killed_mid_step_restarts_and_resumes_bit_exact(model_dir, straight_run, tmp_path):
