@@ -13,6 +13,10 @@ from hybridrl.config.errors import ConfigError
 from hybridrl.config.precision import eight_bit_backend
 
 
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")
+"""Devices where ``torch.optim.AdamW(fused=True)`` runs (torch has fused kernels for more; these are the tested)."""
+
+
 def build_adamw(params: list[nn.Parameter], *, lr: float, betas: tuple[float, float], eps: float,
                 weight_decay: float, state_precision: str, device_type: str) -> torch.optim.Optimizer:
     """AdamW whose two moments are kept in fp32 (``state_precision="fp32"``) or as 8-bit block-quantised codes.
@@ -21,9 +25,12 @@ def build_adamw(params: list[nn.Parameter], *, lr: float, betas: tuple[float, fl
     smaller ones, like norm weights, stay fp32), or bitsandbytes' ``AdamW8bit`` on CUDA without torchao.
     """
     if state_precision == "fp32":
-        # foreach: one multi-tensor kernel per update step instead of a Python loop over parameters (torch picks it on
-        # CUDA by default, not on CPU; it costs one temporary the size of the shards, which the CPU can afford).
-        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)
+        # fused: the whole update in one pass over each tensor. On this project's 2-core CPU box, over SmolLM2-135M's
+        # shapes, 10x faster than foreach (0.05 s vs 0.51 s a step; benchmarks/optimizer_step.py), whose ~10 passes
+        # over parameters, gradients and moments are memory-bound; same arithmetic up to rounding (3.6e-7 after 9
+        # steps). foreach (one multi-tensor kernel per operation) where torch has no fused kernel for the device.
+        kernel = {"fused": True} if device_type in FUSED_ADAMW_DEVICES else {"foreach": True}
+        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kernel)
     if state_precision != "8bit":
         raise ConfigError([("optim.state_precision", state_precision, "unknown; expected one of fp32, 8bit")])
     if eight_bit_backend(device_type) == "bitsandbytes":

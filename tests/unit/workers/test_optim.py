@@ -41,3 +41,27 @@ def test_non_finite_gradient_skips_the_step_and_keeps_the_weights():
     assert not result.applied and not math.isfinite(result.grad_norm)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert scheduler.last_epoch == 0  # the schedule does not advance on a skipped step
+
+
+def test_the_fused_adamw_step_is_the_textbook_update():
+    """The optimizer (fused on CPU) against AdamW written out by hand for three steps, decoupled weight decay
+    included, in float64 on the same gradients."""
+    from hybridrl.engines.precision import build_adamw
+
+    torch.manual_seed(0)
+    param = torch.nn.Parameter(torch.randn(257))
+    reference = param.detach().double().clone()
+    optimizer = build_adamw([param], lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, state_precision="fp32",
+                            device_type="cpu")
+    assert optimizer.defaults["fused"]
+    first, second = torch.zeros_like(reference), torch.zeros_like(reference)
+    for step in range(1, 4):
+        grad = torch.randn(257)
+        param.grad = grad
+        optimizer.step()
+        reference *= 1 - 1e-2 * 0.1
+        first = 0.9 * first + 0.1 * grad.double()
+        second = 0.99 * second + 0.01 * grad.double() ** 2
+        denominator = (second / (1 - 0.99 ** step)).sqrt() + 1e-8
+        reference -= 1e-2 * (first / (1 - 0.9 ** step)) / denominator
+    assert torch.allclose(param.detach().double(), reference, rtol=0, atol=1e-6)
