@@ -18,7 +18,7 @@ from hybridrl.trainers.checkpoints import (MANIFEST, TRAINER_STATE, CheckpointMa
                                            verify_checkpoint)
 from hybridrl.trainers.rl_trainer import RLTrainer
 
-pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.long]
 
 
 @pytest.fixture

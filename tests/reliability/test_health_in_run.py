@@ -12,7 +12,7 @@ from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tiny_model import save_tiny_model
 from hybridrl.utils.tracking import read_metrics
 
-pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.long]
 
 
 def test_entropy_alarm_stops_the_run_after_the_step(tmp_path, caplog):

@@ -13,7 +13,7 @@ from hybridrl.trainers.faults import NonFiniteTrainingError
 from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tracking import read_metrics
 
-pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.slow, pytest.mark.long]
 
 
 def test_disk_full_while_saving_is_a_clear_error_and_keeps_the_previous_checkpoint(model_dir, tmp_path):
