@@ -42,14 +42,15 @@ SCALES = {
     "smollm2": dict(prompts=8, n=4, max_prompt_length=64, max_response_length=32, lr=1e-5, style="question",
                     max_operand=9),
 }
-SIDES = ("trl", "hybridrl-hf", "hybridrl-vllm")
+SIDES = ("trl", "trl-vllm", "hybridrl-hf", "hybridrl-vllm")
+DEFAULT_SIDES = ("trl", "hybridrl-hf", "hybridrl-vllm")  # trl-vllm needs vLLM in .venv-trl (setup_trl_env.sh --vllm)
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", choices=sorted(SCALES), default="tiny")
     parser.add_argument("--smollm2", default="models/smollm2-135m-instruct", help="converted HF directory")
-    parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {SIDES}")
+    parser.add_argument("--sides", default=",".join(DEFAULT_SIDES), help=f"comma-separated subset of {SIDES}")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
@@ -94,7 +95,7 @@ def run_side(side: str, spec: dict[str, Any], workdir: Path, tag: str, args: arg
     spec = {**spec, "rollout": side.split("-")[-1]}
     spec_path, out = workdir / f"{tag}_spec.json", workdir / f"{tag}.json"
     spec_path.write_text(json.dumps(spec))
-    if side == "trl":
+    if side.startswith("trl"):
         command = [args.trl_python, str(HERE / "vs_trl_trl.py"), str(spec_path), str(out)]
     else:
         command = [sys.executable, str(HERE / "vs_trl_hybridrl.py"), str(spec_path), str(out)]
@@ -138,7 +139,7 @@ def main() -> None:
     unknown = sorted(set(sides) - set(SIDES))
     if unknown:
         sys.exit(f"--sides: unknown {unknown}; choose from {SIDES}")
-    if "trl" in sides and not Path(args.trl_python).is_file():
+    if any(side.startswith("trl") for side in sides) and not Path(args.trl_python).is_file():
         sys.exit(f"--trl-python {args.trl_python} not found: run `bash benchmarks/setup_trl_env.sh` first")
     machine = common.machine_info()
     dtype = "bfloat16" if args.precision == "bf16" else "float32"
@@ -180,6 +181,9 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace, spec: dict[st
           f"{args.warmup} dropped)")
     print(common.markdown_table(["side", "step (median)", "generated tok/s", "trained tok/s", "peak RSS MiB",
                                  "TRL ÷ side", f"reward step 1 → {args.steps}", "floor", "step ÷ floor"], rows))
+    trl_vllm, ours = (summary.get(side, {}).get("median_step_s") for side in ("trl-vllm", "hybridrl-vllm"))
+    if trl_vllm and ours:
+        print(f"vLLM against vLLM: TRL-vLLM ÷ hybridrl-vllm = {trl_vllm / ours:.2f}")
 
 
 if __name__ == "__main__":

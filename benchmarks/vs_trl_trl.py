@@ -1,4 +1,5 @@
 """TRL's side of ``vs_trl.py``: ``GRPOTrainer`` for a few steps from the same JSON spec; writes per-step figures.
+With ``"rollout": "vllm"`` in the spec (side ``trl-vllm``) TRL generates with vLLM in its colocate mode.
 
     .venv-trl/bin/python benchmarks/vs_trl_trl.py SPEC.json OUT.json   (run by vs_trl.py; see setup_trl_env.sh)
 
@@ -59,6 +60,11 @@ def run(spec: dict, out: Path) -> dict:
             if logs and "reward" in logs:
                 self.logs.append(dict(logs))
 
+    vllm = spec.get("rollout") == "vllm"  # side trl-vllm: TRL's own vLLM colocate mode (vLLM's CPU build here)
+    if vllm:
+        import os
+
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's CPU build sizes its KV cache from this
     micro, accumulation = spec["micro_batch"], spec["accumulation"]
     if micro * accumulation != spec["prompts"] * spec["n"]:
         raise ValueError(f"micro_batch × accumulation ({micro} × {accumulation}) must equal prompts × n "
@@ -72,6 +78,8 @@ def run(spec: dict, out: Path) -> dict:
         beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group", num_iterations=1,
         gradient_checkpointing=False, shuffle_dataset=False, max_steps=spec["steps"], seed=spec["seed"],
         logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
+        **(dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=False,
+                vllm_max_model_length=spec["max_prompt_length"] + spec["max_response_length"]) if vllm else {}),
     )
     model = AutoModelForCausalLM.from_pretrained(spec["model_path"], dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(spec["model_path"])
@@ -86,7 +94,7 @@ def run(spec: dict, out: Path) -> dict:
     rows_per_step = spec["prompts"] * spec["n"]
     seen = [0.0] + [log["num_tokens"] for log in clock.logs]
     return {
-        "side": "trl", "total_s": time.perf_counter() - started,
+        "side": "trl-vllm" if vllm else "trl", "total_s": time.perf_counter() - started,
         "step_s": [b - a for a, b in zip(clock.edges, clock.edges[1:])],
         "reward": [log["reward"] for log in clock.logs],
         "generated_tokens": [log["completions/mean_length"] * rows_per_step for log in clock.logs],
