@@ -10,7 +10,7 @@ from hybridrl.demo import run_demo
 from hybridrl.utils.tiny_model import TinyModelSpec
 from hybridrl.utils.tracking import read_metrics
 
-pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.long]  # make demo / demo-agent's code path
 
 
 def test_demo_runs_sft_then_grpo_and_reports_held_out_accuracy(tmp_path, capsys):
