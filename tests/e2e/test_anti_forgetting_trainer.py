@@ -25,6 +25,7 @@ def model_dir(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("e2e_anti_forgetting") / "model")
 
 
+@pytest.mark.long  # three whole runs (straight, stopped, resumed): 51-237 s inside the parallel suite
 def test_ptx_ewc_and_replay_are_logged_and_resume_is_exact(model_dir, tmp_path):
     straight = tmp_path / "straight"
     RLTrainer(run_config(model_dir, straight, 4, *ANTI_FORGETTING)).fit()
