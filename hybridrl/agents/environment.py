@@ -25,14 +25,13 @@ chooses its own with an ``agent_name`` column (verl's name, top-level or in ``ex
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hybridrl.agents.builtin_tools import BUILTIN_TOOLS
 from hybridrl.agents.tool_config import EpisodeTool
-from hybridrl.agents.tools import Tool, ToolCall, ToolOutcome, parse_tool_calls
+from hybridrl.agents.tools import Tool, ToolCall, ToolOutcome, is_finite_number, parse_tool_calls
 from hybridrl.utils.registry import Registry
 
 Message = dict[str, Any]
@@ -58,8 +57,7 @@ def checked(result: object) -> StepResult:
     """``result`` if it honours the contract, else :class:`EnvironmentFailure` saying what is wrong."""
     if not isinstance(result, StepResult):
         raise EnvironmentFailure(f"step() returned {type(result).__name__}, not a StepResult")
-    if isinstance(result.reward, bool) or not isinstance(result.reward, (int, float)) or not math.isfinite(
-            float(result.reward)):
+    if not is_finite_number(result.reward):
         raise EnvironmentFailure(f"step() returned the reward {result.reward!r}: it must be a finite number")
     for message in result.observations:
         if not isinstance(message, dict) or not isinstance(message.get("content"), str):
@@ -118,13 +116,16 @@ class ToolEnvironment(Environment):
     def step(self, model_text: str) -> StepResult:
         parsed = parse_tool_calls(model_text)
         if not parsed.found:
-            return StepResult(reward=float(self.reward(model_text, self.row)), done=True)
+            return self._final_answer(model_text)
         info = {"tool_calls": 0.0, "tool_errors": float(len(parsed.errors)), "tool_timeouts": 0.0,
                 "tool_seconds": 0.0}
         observations = [{"role": "tool", "content": f"error: {error}"} for error in parsed.errors]
         outcomes = [self._answer(call, index, info) for index, call in enumerate(parsed.calls)]
         observations += [{"role": "tool", "content": outcome.content} for outcome in outcomes]
         return StepResult(observations=observations, reward=sum(outcome.reward for outcome in outcomes), info=info)
+
+    def _final_answer(self, model_text: str) -> StepResult:
+        return StepResult(reward=float(self.reward(model_text, self.row)), done=True)
 
     def _answer(self, call: ToolCall, index: int, info: dict[str, float]) -> ToolOutcome:
         if index >= self.max_tool_calls:
@@ -143,20 +144,15 @@ class ToolEnvironment(Environment):
         return outcome
 
 
-class SingleTurnEnvironment(Environment):
+class SingleTurnEnvironment(ToolEnvironment):
     """One model turn, scored by ``reward`` (verl's ``single_turn_agent``): a row of a multi-turn dataset that needs
-    no tools."""
+    no tools — the tool environment without tools, whose every turn is the final answer."""
 
     def __init__(self, tools: Sequence[Tool | EpisodeTool], reward: RewardFn, max_tool_calls: int = 4) -> None:
-        self.reward = reward
-        self.row: Mapping[str, Any] = {}
-
-    def reset(self, row: Mapping[str, Any]) -> list[Message]:
-        self.row = row
-        return super().reset(row)
+        super().__init__([], reward, max_tool_calls)
 
     def step(self, model_text: str) -> StepResult:
-        return StepResult(reward=float(self.reward(model_text, self.row)), done=True)
+        return self._final_answer(model_text)
 
 
 def row_tool_arguments(row: Mapping[str, Any], tool_name: str) -> dict[str, Any]:

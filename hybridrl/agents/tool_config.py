@@ -36,10 +36,10 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from hybridrl.agents.tools import Tool
+from hybridrl.agents.tools import Tool, is_finite_number
 from hybridrl.utils.user_files import import_user_file
 
-__all__ = ["VERL_EQUIVALENTS", "EpisodeTool", "ToolConfigError", "load_tool_config"]
+__all__ = ["VERL_EQUIVALENTS", "EpisodeTool", "ToolConfigError", "load_tool_config", "timeout_of"]
 
 VERL_EQUIVALENTS = {
     "verl.tools.gsm8k_tool.Gsm8kTool": "hybridrl.agents.verl_tools:Gsm8kAnswerCheck",
@@ -106,7 +106,7 @@ def _entry_tool(entry: Any, where: str, base: Path) -> Tool | EpisodeTool:
     name, description, parameters = _schema_parts(entry.get("tool_schema"), f"{where}.tool_schema")
     target = _resolve(class_name.strip(), f"{where}.class_name", base)
     _check_accepts(target, parameters, f"{where}.class_name={class_name!r}")
-    timeout = _timeout(config, f"{where}.config")
+    timeout = timeout_of(config, f"{where}.config")
     tool = Tool(name, description, parameters, target, timeout)
     return EpisodeTool(tool, config) if inspect.isclass(target) else tool
 
@@ -177,9 +177,9 @@ def _check_accepts(target: Callable[..., Any], parameters: dict, where: str) -> 
         raise ToolConfigError(f"{where}: takes no parameter(s) {missing} of its tool_schema")
 
 
-def _timeout(config: dict, where: str) -> float:
-    """``timeout_s`` (or verl's ``default_timeout``) of an entry's config, seconds."""
+def timeout_of(config: dict, where: str = "config") -> float:
+    """``timeout_s`` (or verl's ``default_timeout``) of an entry's config, seconds: a call's wall-time bound."""
     value = config.get("timeout_s", config.get("default_timeout", DEFAULT_TIMEOUT_S))
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if not is_finite_number(value) or value <= 0:
         raise ToolConfigError(f"{where}.timeout_s: {value!r} must be a number of seconds > 0")
     return float(value)

@@ -34,7 +34,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Optional
 
 __all__ = ["MAX_CONTENT_CHARS", "TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "ParsedToolCalls", "Tool", "ToolCall",
-           "ToolOutcome", "ToolResult", "format_tool_call", "parse_tool_calls", "tool_from_function"]
+           "ToolOutcome", "ToolResult", "format_tool_call", "is_finite_number", "parse_tool_calls",
+           "tool_from_function"]
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -109,10 +110,11 @@ class Tool:
         if failure is not None:
             return _error_outcome(failure, started)
         if isinstance(result, ToolResult):
-            reward = result.reward
-            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-                return _error_outcome(f"the tool returned the reward {reward!r}: it must be a finite number", started)
-            return ToolOutcome(_truncate(str(result.content)), seconds=time.monotonic() - started, reward=float(reward))
+            if not is_finite_number(result.reward):
+                return _error_outcome(f"the tool returned the reward {result.reward!r}: it must be a finite number",
+                                      started)
+            return ToolOutcome(_truncate(str(result.content)), seconds=time.monotonic() - started,
+                               reward=float(result.reward))
         return ToolOutcome(_truncate(str(result)), seconds=time.monotonic() - started)
 
     def _argument_problem(self, arguments: Any) -> Optional[str]:
@@ -142,6 +144,11 @@ def _has_json_type(value: Any, json_type: Optional[str]) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     checks = {"string": str, "boolean": bool, "array": list, "object": dict, "null": type(None)}
     return json_type not in checks or isinstance(value, checks[json_type])
+
+
+def is_finite_number(value: Any) -> bool:
+    """An int or float (not a bool) that is finite: what a reward must be."""
+    return _has_json_type(value, "number") and math.isfinite(value)
 
 
 def _json_type_name(value: Any) -> str:

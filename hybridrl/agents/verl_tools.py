@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from hybridrl.agents.builtin_tools import run_python_program, sandbox_timeout
+from hybridrl.agents.tool_config import timeout_of
 from hybridrl.agents.tools import ToolResult
 from hybridrl.rewards.gsm8k import compute_score
 
@@ -41,10 +42,11 @@ class Gsm8kAnswerCheck:
 
 
 class LocalCodeInterpreter:
-    """Runs the model's ``code`` in the local sandbox; ``config.default_timeout`` (seconds) bounds one run."""
+    """Runs the model's ``code`` in the local sandbox, killed a little before the tool's timeout (``timeout_s`` or
+    verl's ``default_timeout``, as for every entry of the file)."""
 
     def __init__(self, config: dict, **_: Any) -> None:
-        self.wall_timeout_s = sandbox_timeout(float(config.get("default_timeout", config.get("timeout_s", 30.0))))
+        self.wall_timeout_s = sandbox_timeout(timeout_of(config))
 
     def __call__(self, code: str, **_: Any) -> str:
         return run_python_program(code, self.wall_timeout_s)
