@@ -63,8 +63,8 @@ _SP = ("Ulysses sequence parallelism is not implemented: keep it at 1 (each rank
        "shorten data.max_response_length or use a token budget (use_dynamic_bsz)")
 _PROFILER = "hybridrl logs a per-phase step-time breakdown (timing/*) and prints it at the end; no verl profiler"
 _CHECKPOINT = "hybridrl checkpoints model, optimizer and trainer state together, always"
-_FUSED = ("hybridrl has no fused log-prob kernel: the plain path runs (the same numbers; the [tokens, vocab] logits "
-          "are materialised)")
+_FUSED_OPTIONS = ("hybridrl's fused head is one implementation (chunked torch matmuls, forward and backward), so "
+                  "verl's backend choices do not apply")
 _TEXT_ONLY = "hybridrl trains text-only models; image and video columns are not read"
 
 RULES: tuple[Rule, ...] = (
@@ -73,8 +73,7 @@ RULES: tuple[Rule, ...] = (
     Moved(ARR + "model.lora_alpha", "model.lora.alpha"),
     Moved(ARR + "model.target_modules", "model.lora.target_modules"),
     Moved(ARR + "model.external_lib", "trainer.plugins"),
-    NoEffect(ARR + "model.use_fused_kernels", _FUSED),
-    NoEffect(ARR + "model.fused_kernel_options.", _FUSED),
+    NoEffect(ARR + "model.fused_kernel_options.", _FUSED_OPTIONS),
     NoEffect(ARR + "model.use_shm", "start-up speed only: hybridrl reads the model directory where it is"),
     NoEffect(ARR + "model.use_liger", "hybridrl has no Liger kernels; the plain HF modules run", ("false",)),
     NoEffect(ARR + "model.enable_activation_offload", "activation offload is not implemented; use "
@@ -117,7 +116,7 @@ RULES: tuple[Rule, ...] = (
     NoEffect(ARR + "actor.fsdp_config.entropy_checkpointing", "memory only: entropy is not recomputed in backward"),
     NoEffect(ARR + "actor.fsdp_config.ulysses_sequence_parallel_size", _SP, ("1",)),
     NoEffect(ARR + "actor.ulysses_sequence_parallel_size", _SP, ("1",)),
-    NoEffect(ARR + "actor.use_fused_kernels", _FUSED),
+    Moved(ARR + "actor.use_fused_kernels", "model.use_fused_kernels"),
     NoEffect(ARR + "actor.use_torch_compile", "verl compiles its entropy function; hybridrl's compile switch is "
              "model.use_torch_compile (decoder layers)"),
     NoEffect(ARR + "actor.entropy_from_logits_with_chunking", "memory only: entropy is computed from the whole logits"),

@@ -82,10 +82,12 @@ class NoUpdateChecks:
 @dataclass(frozen=True)
 class SequenceForward:
     """How prompt + response rows go through a model (:mod:`hybridrl.modeling.sequences`): ``packed`` without pad
-    tokens (``model.use_remove_padding``), ``share_prompts`` one copy of a prompt for all its responses."""
+    tokens (``model.use_remove_padding``), ``share_prompts`` one copy of a prompt for all its responses, ``fused_head``
+    log-probs from the hidden states without ``[tokens, vocab]`` logits (``model.use_fused_kernels``)."""
 
     packed: bool = False
     share_prompts: bool = False
+    fused_head: bool = False
 
     @property
     def groups_prompts(self) -> bool:
@@ -97,8 +99,8 @@ class SequenceForward:
         """``(log_probs [B, R], entropy [B, R] or None)`` of ``batch``'s responses (nats, at ``temperature``)."""
         return response_log_probs(model, batch[Fields.INPUT_IDS], batch[Fields.ATTENTION_MASK],
                                   batch[Fields.RESPONSE_MASK].shape[-1], temperature=temperature, packed=self.packed,
-                                  share_prompts=self.share_prompts,
-                                  with_entropy=with_entropy, entropy_grad=entropy_grad)
+                                  share_prompts=self.share_prompts, with_entropy=with_entropy,
+                                  entropy_grad=entropy_grad, fused_head=self.fused_head)
 
     def values(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """Critic values ``[B, R]`` of the state before each response token."""

@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from hybridrl.algorithms import entropy_from_logits, log_probs_from_logits
+from hybridrl.modeling.fused_head import fused_head_log_probs
 from hybridrl.modeling.positions import position_ids_from_mask
-from hybridrl.modeling.shared_prompts import (TrimmedRows, attention_takes_custom_mask, grouped_source_outputs,
-                                             grouping_pays, prompt_groups, trim_padding)
+from hybridrl.modeling.shared_prompts import (TrimmedRows, attention_takes_custom_mask, grouped_call, grouping_pays,
+                                             prompt_groups, trim_padding)
 
 
 @dataclass(frozen=True)
@@ -57,17 +59,32 @@ def response_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, respo
     return ResponseTokens(valid=valid, targets=input_ids[:, -response_length:][valid])
 
 
-def source_outputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
-                   *, packed: bool, share_prompts: bool = False) -> torch.Tensor:
-    """Model outputs (``logits`` for a causal LM, ``logits`` of the value head for a critic) at the source positions of
-    the valid response tokens: ``[M, D]`` in row-major order of the response positions.
+@dataclass(frozen=True)
+class HeadCall:
+    """One model forward whose head outputs, selected, are the outputs at the source positions of the valid response
+    tokens.
+
+    Attributes:
+        inputs: the model's keyword arguments (``input_ids``, ``position_ids``, masks, ``logits_to_keep``, …).
+        select: head outputs ``[B', K, ...]`` → ``[M, ...]`` in row-major order of the response positions; it only
+            indexes the leading dimensions, so it applies to the head's input (hidden states) as well.
+    """
+
+    inputs: dict
+    select: Callable[[torch.Tensor], torch.Tensor]
+
+
+def head_call(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int, *,
+              packed: bool, share_prompts: bool = False) -> HeadCall:
+    """The forward that scores ``[B, T]`` rows whose last ``response_length`` columns are responses, in the chosen
+    layout (module docstring).
 
     ``share_prompts``: rows with the same prompt run as one row over a single copy of it when that costs fewer FLOPs
     and the attention takes custom masks (``hybridrl.modeling.shared_prompts``); the outputs are the same.
     """
     response_length = int(response_length)
     if packed:
-        return _packed_source_outputs(model, input_ids, attention_mask, response_length)
+        return _packed_call(model, input_ids, attention_mask, response_length)
     trimmed = trim_padding(input_ids, attention_mask, response_length)
     if trimmed.response_width == 0:  # no response token to score: nothing to trim to
         trimmed = TrimmedRows(input_ids, attention_mask, input_ids.shape[1] - response_length, response_length)
@@ -75,26 +92,31 @@ def source_outputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     if share_prompts and attention_takes_custom_mask(model):
         groups = prompt_groups(trimmed)
         if grouping_pays(model, trimmed, groups):
-            return grouped_source_outputs(model, trimmed, groups, takes_keep)
-    return _padded_source_outputs(model, trimmed, takes_keep)
+            return HeadCall(*grouped_call(model, trimmed, groups, takes_keep))
+    return _padded_call(trimmed, takes_keep)
 
 
-def _padded_source_outputs(model: nn.Module, trimmed: TrimmedRows, takes_logits_to_keep: bool) -> torch.Tensor:
+def source_outputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
+                   *, packed: bool, share_prompts: bool = False) -> torch.Tensor:
+    """Model outputs (``logits`` for a causal LM, ``logits`` of the value head for a critic) at the source positions of
+    the valid response tokens: ``[M, D]`` in row-major order of the response positions (see :func:`head_call`)."""
+    call = head_call(model, input_ids, attention_mask, response_length, packed=packed, share_prompts=share_prompts)
+    return call.select(model(**call.inputs).logits)
+
+
+def _padded_call(trimmed: TrimmedRows, takes_logits_to_keep: bool) -> HeadCall:
     width = trimmed.response_width
-    position_ids = position_ids_from_mask(trimmed.attention_mask)
     # Only the last R + 1 positions can be sources: a causal LM then runs its head on those alone.
     keep = {"logits_to_keep": width + 1} if takes_logits_to_keep else {}
-    logits = model(input_ids=trimmed.input_ids, attention_mask=trimmed.attention_mask, position_ids=position_ids,
-                   use_cache=False, **keep).logits
     valid = trimmed.attention_mask[:, trimmed.prompt_width:].bool()
-    return logits[:, -width - 1:-1][valid]
+    inputs = dict(input_ids=trimmed.input_ids, attention_mask=trimmed.attention_mask,
+                  position_ids=position_ids_from_mask(trimmed.attention_mask), use_cache=False, **keep)
+    return HeadCall(inputs, lambda outputs: outputs[:, -width - 1:-1][valid])
 
 
-def _packed_source_outputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                           response_length: int) -> torch.Tensor:
+def _packed_call(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 response_length: int) -> HeadCall:
     real = attention_mask.bool()
-    flat_ids = input_ids[real].unsqueeze(0)
-    flat_positions = position_ids_from_mask(attention_mask)[real].unsqueeze(0)
     # Index of each real token in the packed row; the source of response column k is the token before it.
     flat_index = real.flatten().long().cumsum(0).view_as(input_ids) - 1
     source_columns = flat_index[:, -response_length - 1:-1]
@@ -102,11 +124,12 @@ def _packed_source_outputs(model: nn.Module, input_ids: torch.Tensor, attention_
     if not bool(real[:, -response_length - 1:-1][valid].all()):
         raise ValueError("packed forward needs contiguous sequences: every valid response token must follow a real token")
     sources = source_columns[valid]
+    # use_cache=False matters: transformers only detects packed sequences when no KV cache is passed.
+    inputs = dict(input_ids=input_ids[real].unsqueeze(0),
+                  position_ids=position_ids_from_mask(attention_mask)[real].unsqueeze(0), use_cache=False)
     if accepts_logits_to_keep(model):  # the head runs on the M source positions only, in their order
-        # use_cache=False matters: transformers only detects packed sequences when no KV cache is passed.
-        return model(input_ids=flat_ids, position_ids=flat_positions, use_cache=False, logits_to_keep=sources).logits[0]
-    logits = model(input_ids=flat_ids, position_ids=flat_positions, use_cache=False).logits[0]
-    return logits[sources]
+        return HeadCall({**inputs, "logits_to_keep": sources}, lambda outputs: outputs[0])
+    return HeadCall(inputs, lambda outputs: outputs[0][sources])
 
 
 def accepts_logits_to_keep(model: nn.Module) -> bool:
@@ -125,19 +148,26 @@ def _forward_takes_logits_to_keep(model_class: type) -> bool:
 
 def response_log_probs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
                        *, temperature: float = 1.0, packed: bool = False, share_prompts: bool = False,
-                       with_entropy: bool = False,
-                       entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       with_entropy: bool = False, entropy_grad: bool = False,
+                       fused_head: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (nats) of the response tokens under ``model``, and optionally the policy entropy.
 
     Logits are divided by ``temperature`` first, so the numbers match the distribution the rollout sampled from.
+    ``fused_head``: the LM head runs fused with the log-softmax, chunk by chunk, so no ``[tokens, vocab]`` logits are
+    kept (``hybridrl.modeling.fused_head``); the same numbers within rounding.
 
     Returns:
         ``(log_probs [B, R], entropy [B, R] or None)``, zero at invalid positions. The entropy keeps its graph only
         when ``entropy_grad`` (an entropy bonus is in the loss); otherwise it is computed without gradients.
     """
     tokens = response_tokens(input_ids, attention_mask, response_length)
-    logits = source_outputs(model, input_ids, attention_mask, response_length, packed=packed,
-                            share_prompts=share_prompts)
+    call = head_call(model, input_ids, attention_mask, response_length, packed=packed, share_prompts=share_prompts)
+    if fused_head:
+        log_probs, entropy = fused_head_log_probs(model, call.inputs, call.select, tokens.targets,
+                                                  temperature=temperature, with_entropy=with_entropy,
+                                                  entropy_grad=entropy_grad and torch.is_grad_enabled())
+        return tokens.scatter(log_probs), (tokens.scatter(entropy) if with_entropy else None)
+    logits = call.select(model(**call.inputs).logits)
     if temperature != 1.0:
         logits = logits / temperature
     log_probs = tokens.scatter(log_probs_from_logits(logits, tokens.targets))

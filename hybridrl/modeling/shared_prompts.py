@@ -191,18 +191,17 @@ def grouping_pays(model: nn.Module, trimmed: TrimmedRows, groups: list[list[int]
     return grouped_cost < padded_cost and grouped_pairs <= MAX_SCORE_GROWTH * padded_pairs
 
 
-def grouped_source_outputs(model: nn.Module, trimmed: TrimmedRows, groups: list[list[int]],
-                           takes_logits_to_keep: bool) -> torch.Tensor:
-    """Model outputs at the source positions of the valid response tokens, computed on group rows: ``[M, D]`` in
-    row-major order of the response positions (as the padded layout returns them)."""
+def grouped_call(model: nn.Module, trimmed: TrimmedRows, groups: list[list[int]], takes_logits_to_keep: bool):
+    """The forward over group rows whose selected head outputs are the outputs at the source positions of the valid
+    response tokens, ``[M, D]`` in row-major order of the response positions (as the padded layout gives them): a
+    ``hybridrl.modeling.sequences.HeadCall``'s fields, ``(model inputs, select)``."""
     layout = group_rows(trimmed, groups)
     mask = layout.attention_mask
     if model.config._attn_implementation == "eager":  # eager attention adds its mask to the scores
         mask = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(
             ~mask, torch.finfo(torch.float32).min)
     keep: dict[str, Optional[torch.Tensor]] = {"logits_to_keep": layout.head_columns} if takes_logits_to_keep else {}
-    outputs = model(input_ids=layout.input_ids, attention_mask=mask,
-                    position_ids=layout.position_ids, use_cache=False, **keep).logits
-    if takes_logits_to_keep:
-        return outputs[layout.token_group, layout.token_head]
-    return outputs[layout.token_group, layout.head_columns[layout.token_head]]
+    inputs = dict(input_ids=layout.input_ids, attention_mask=mask, position_ids=layout.position_ids, use_cache=False,
+                  **keep)
+    columns = layout.token_head if takes_logits_to_keep else layout.head_columns[layout.token_head]
+    return inputs, lambda outputs: outputs[layout.token_group, columns]

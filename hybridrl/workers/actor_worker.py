@@ -72,7 +72,8 @@ class ActorRolloutRefWorker(Worker):
         device_type = self.device.type
         keep_gathered = gathers_once(config.actor.fsdp.gather_once, device_type, self.world_size)
         self.tokenizer = load_tokenizer(config.model)
-        self.forward = SequenceForward(packed=config.model.use_remove_padding, share_prompts=config.model.share_prompts)
+        self.forward = SequenceForward(packed=config.model.use_remove_padding, share_prompts=config.model.share_prompts,
+                                       fused_head=config.model.use_fused_kernels)
         actor_model = build_model(config.model, "actor", device_type=device_type).to(self.device)
         shard_model(actor_model, self.dp_mesh, sharding_options(config.model.dtype, config.actor.fsdp,
                                                                 keep_gathered=keep_gathered))

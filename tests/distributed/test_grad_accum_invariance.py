@@ -152,7 +152,8 @@ def engine_for(role, model_dir, rank, world, micro_batching, keep_gathered=False
 
 
 def loss_for(role, mode, layout):
-    forward = SequenceForward(packed=layout == "packed", share_prompts=layout == "shared")
+    layout, _, fused = layout.partition("+")
+    forward = SequenceForward(packed=layout == "packed", share_prompts=layout == "shared", fused_head=fused == "fused")
     if role == "actor":
         actor = ActorConfig(loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1,
                             kl_loss_type="low_var_kl", **ACTOR_SETTINGS)
@@ -220,13 +221,19 @@ SYNC_EACH_CASES = [("actor", "seq-mean-token-sum-norm", "1", "padded", True, "mi
 GATHER_ONCE_CASES = [("actor", "token-mean", "1", "padded", True, "step+gather_once"),
                      ("critic", "seq-mean-token-mean", "tokens", "packed", True, "micro_batch+gather_once")]
 
+# The LM head fused into the log-softmax (model.use_fused_kernels; the actor's loss has an entropy term).
+FUSED_CASES = [("actor", "token-mean", "2", "packed+fused", True, "step"),
+               ("actor", "seq-mean-token-sum", "1", "shared+fused", True, "micro_batch"),
+               ("actor", "seq-mean-token-mean", "tokens", "padded+fused", True, "step+gather_once")]
+OPTIMIZER_STEP_CASES = STEP_CASES + SYNC_EACH_CASES + GATHER_ONCE_CASES + FUSED_CASES
+
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
 def engine_run(request, setup, tmp_path_factory):
     actor_dir, critic_dir, data = setup
     out_path = tmp_path_factory.mktemp(f"dp{request.param}") / "results.pt"
     run_on_gloo(request.param, run_cases, {"actor": actor_dir, "critic": critic_dir}, data,
-                GRADIENT_CASES + STEP_CASES + SYNC_EACH_CASES + GATHER_ONCE_CASES, out_path)
+                GRADIENT_CASES + OPTIMIZER_STEP_CASES, out_path)
     results, communication = torch.load(out_path)
     return request.param, results, communication
 
@@ -260,8 +267,8 @@ def test_shared_prompts_ran_one_row_per_prompt(engine_run):
         assert rows[("1", "shared")] == rows[("2", "padded")] == local, rows
 
 
-@pytest.mark.parametrize("case", STEP_CASES + SYNC_EACH_CASES + GATHER_ONCE_CASES,
-                         ids=lambda case: f"{case[0]}-{case[1]}-micro{case[2]}-sync_{case[5]}")
+@pytest.mark.parametrize("case", OPTIMIZER_STEP_CASES,
+                         ids=lambda case: f"{case[0]}-{case[1]}-micro{case[2]}-{case[3]}-sync_{case[5]}")
 def test_optimizer_step_equals_reference(engine_results, setup, case):
     role, mode = case[0], case[1]
     actor_dir, critic_dir, data = setup
