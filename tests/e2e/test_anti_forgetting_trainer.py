@@ -49,6 +49,7 @@ def test_ptx_ewc_and_replay_are_logged_and_resume_is_exact(model_dir, tmp_path):
         assert torch.equal(straight_weights[name], resumed_weights[name]), name
 
 
+@pytest.mark.long  # a whole LoRA GRPO run with PTX + EWC: 146 s inside the parallel suite (2026-12-02)
 def test_lora_grpo_run_with_anti_forgetting(model_dir, tmp_path):
     """A LoRA actor through the whole trainer: reference = adapters off (KL loss on), EWC over the adapters only."""
     run_dir = tmp_path / "lora"

@@ -116,6 +116,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.long  # a whole run scraped while it trains: 55 s inside the parallel suite (2026-12-02)
 def test_prometheus_endpoint_during_a_run_matches_the_dashboard(model_dir, tmp_path):
     port = free_port()
     config = run_config(model_dir, tmp_path / "run", 2, "trainer.save_at_end=false", "trainer.logger=[jsonl,prometheus]",

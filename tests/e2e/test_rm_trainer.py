@@ -56,6 +56,7 @@ def test_demo_accuracy_rises_and_the_export_scores_alike(model_dir, tmp_path):
     assert all((checkpoints / f"global_step_{step}" / "reward_model" / "dcp" / ".metadata").is_file() for step in (6, 12))
 
 
+@pytest.mark.long  # three whole runs (straight, stopped, resumed): 83 s inside the parallel suite (2026-12-02)
 @pytest.mark.slow
 def test_resume_continues_the_same_run(model_dir, tmp_path):
     straight = RMTrainer(demo_config(model_dir, tmp_path / "straight", 4, "trainer.val_before_train=false")).fit()

@@ -46,6 +46,7 @@ def files_holding(root: Path, secret: str) -> list[str]:
             and not path.is_socket() and secret.encode() in path.read_bytes()]
 
 
+@pytest.mark.long  # a whole run, then every log and output file searched: 74 s inside the parallel suite
 @pytest.mark.e2e
 @pytest.mark.distributed
 def test_secrets_stay_out_of_config_metrics_output_and_logs(tmp_path, monkeypatch, caplog, capfd):
