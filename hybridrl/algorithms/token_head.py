@@ -5,9 +5,10 @@ log-softmax (:mod:`hybridrl.algorithms.logits`). Autograd then keeps the logits 
 mixed precision makes of them, and in backward an fp32 and a compute-dtype gradient of the same size: with a 150k
 vocabulary and 8k scored tokens that is ≈ 12 GB. Here the head's matmul runs ``chunk`` tokens at a time inside one
 autograd function that keeps only the hidden states, the head weight (references, not copies) and two floats per
-token; backward recomputes each chunk's logits. Peak extra memory is one chunk's ``[chunk, V]`` working set plus an
-fp32 accumulator for the weight's gradient (``[V, D]``), whatever ``M`` is. The price is the head's forward matmul a
-second time in backward (``2·M·D·V`` FLOPs, a third of the head's training FLOPs).
+token; backward recomputes each chunk's logits. Peak extra memory is one chunk's ``[chunk, V]`` working set plus,
+with several chunks, an fp32 accumulator for the weight's gradient (``[V, D]``), whatever ``M`` is. The price is the
+head's forward matmul a second time in backward (``2·M·D·V`` FLOPs, a third of the head's training FLOPs) — on the
+CPU more than repaid by the element-wise passes over ``[M, V]`` it saves (``benchmarks/fused_head.py``).
 
 Numerics follow the plain path: the matmul in the hidden states' dtype, its output cast to fp32 (fp64 for fp64
 inputs), divided by the temperature, then an exact log-softmax; gradients enter the matmul's backward in the
@@ -75,15 +76,20 @@ class _HeadLogProbs(torch.autograd.Function):
         dtype = entropy.dtype
         needs_hidden, needs_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if needs_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if needs_weight else None
-        for start in range(0, hidden.shape[0], ctx.chunk):
+        starts = range(0, hidden.shape[0], ctx.chunk)
+        # Several chunks sum their weight gradients in fp32 (a [V, D] accumulator); one chunk needs none.
+        grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) \
+            if needs_weight and len(starts) > 1 else None
+        for start in starts:
             rows = slice(start, min(start + ctx.chunk, hidden.shape[0]))
             log_p = _log_softmax(_chunk_logits(hidden[rows], weight, ctx.temperature, dtype))
             grad_logits = _chunk_logits_grad(log_p, targets[rows], entropy[rows], grad_log_probs, grad_entropy, rows)
             grad_logits = grad_logits.div_(ctx.temperature).to(hidden.dtype)  # d(x/T)/dx, then the compute dtype
             if needs_hidden:
                 grad_hidden[rows] = grad_logits @ weight
-            if needs_weight:
+            if needs_weight and grad_weight is None:
+                grad_weight = grad_logits.T @ hidden[rows]
+            elif needs_weight:
                 grad_weight += (grad_logits.T @ hidden[rows]).to(dtype)
         return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None
 
