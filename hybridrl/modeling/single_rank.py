@@ -32,6 +32,36 @@ from hybridrl.modeling.model_builder import decoder_layers
 _STATE_ATTRIBUTE = "_hybridrl_compute_casts"
 
 
+class _CastAccumulatingGrad(torch.autograd.Function):
+    """``param.to(dtype)`` whose backward adds the compute-dtype gradient straight into ``param.grad``.
+
+    Autograd's own way is two passes over every gradient per micro-batch: the cast's backward makes an fp32 copy,
+    then the leaf's accumulation adds it into ``.grad``. One mixed-dtype ``add_`` does both in one pass (the upcast is
+    exact, so the bits are the same); the first micro-batch's gradient is one cast copy, as before.
+    """
+
+    @staticmethod
+    def forward(ctx, param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        ctx.param = param
+        return param.to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        param = ctx.param
+        if param.grad is None:
+            param.grad = torch.empty_like(param).copy_(grad)
+        else:
+            param.grad.add_(grad)
+        return None, None
+
+
+def _compute_cast(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A trainable parameter's cast accumulates its gradient itself (:class:`_CastAccumulatingGrad`); others plain."""
+    if param.requires_grad and torch.is_grad_enabled() and param.dtype != dtype:
+        return _CastAccumulatingGrad.apply(param, dtype)
+    return param.to(dtype)
+
+
 class _ComputeCasts:
     """Which parameter slots of a model get a compute-dtype cast during forward, and the casts kept (if any)."""
 
@@ -50,7 +80,7 @@ class _ComputeCasts:
         casts = {}
         for _, _, param in self.slots:
             if id(param) not in casts:  # a tied parameter is cast once: both uses feed one gradient
-                casts[id(param)] = param.to(self.compute_dtype)
+                casts[id(param)] = _compute_cast(param, self.compute_dtype)
         if self.kept is not None:
             self.kept.update(casts)
         return casts
