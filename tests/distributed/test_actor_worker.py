@@ -119,6 +119,7 @@ def test_vllm_engine_in_the_colocated_worker_follows_updates(vllm_group, model_d
     assert float((changed - rollout[Fields.OLD_LOG_PROBS]).abs()[rollout[Fields.RESPONSE_MASK].bool()].max()) > 1e-3
 
 
+@pytest.mark.long  # a vLLM worker group of its own: 87 s inside the parallel suite, 18 s alone (2026-12-02)
 def test_vllm_engine_started_with_dummy_weights_gets_the_actors_on_sync(ray_runtime, model_dir):
     """``rollout.load_format=dummy`` (verl's usual setting): the engine starts from random weights, so generating
     before the first sync is refused (the trainer syncs first); one resharded sync makes its log-probs agree."""

@@ -58,6 +58,7 @@ def test_rank_advantages_against_a_hand_computed_group():
                                                                                  expected[[0, 2, 3]])
 
 
+@pytest.mark.long  # a whole GRPO run: 73 s inside the parallel suite (2026-12-02)
 def test_two_step_grpo_with_the_plugin_components(tmp_path):
     model_dir = save_tiny_model(tmp_path / "model")
     config = load_config([

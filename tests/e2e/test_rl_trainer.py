@@ -78,8 +78,8 @@ def test_resume_rejects_a_checkpoint_of_another_model(model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("variant", [
-    ["algorithm=remax", "rollout.n=1", "data.train_batch_size=4", "actor.ppo_mini_batch_size=2",
-     "actor.ppo_micro_batch_size_per_gpu=1"],
+    pytest.param(["algorithm=remax", "rollout.n=1", "data.train_batch_size=4", "actor.ppo_mini_batch_size=2",
+                  "actor.ppo_micro_batch_size_per_gpu=1"], marks=pytest.mark.long),  # 32 s in the parallel suite
     ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=20",
      "algorithm.filter_groups.metric=seq_reward", "data.gen_batch_size=8",  # DAPO's larger generation batch
      "algorithm.overlong_buffer.enable=true", "algorithm.overlong_buffer.len=2", "actor.clip_ratio_high=0.28",
@@ -88,11 +88,13 @@ def test_resume_rejects_a_checkpoint_of_another_model(model_dir, tmp_path):
      "critic.fsdp.grad_sync=micro_batch", "actor.fsdp.grad_sync=micro_batch",  # workers sync every micro-batch
      "actor.fsdp.fsdp_size=1", "critic.fsdp.fsdp_size=1"],  # HSDP: replicated over the 2 ranks, sharded over 1
     pytest.param(["actor.optim.state_precision=8bit"],  # torchao AdamW8bit on FSDP2 shards
-                 marks=pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao")),
+                 marks=[pytest.mark.long,
+                        pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao")]),
     # exactly on-policy (one mini-batch per step): the old-log-prob forward is skipped (actor.old_log_prob=auto);
     # and parameters gathered per micro-batch (every other run here uses gather_once=auto, on for CPU)
-    ["actor.ppo_mini_batch_size=4", "actor.use_kl_loss=false", "actor.fsdp.gather_once=false"],
-], ids=["remax", "dapo", "ppo_gae", "adamw_8bit", "on_policy"])
+    pytest.param(["actor.ppo_mini_batch_size=4", "actor.use_kl_loss=false", "actor.fsdp.gather_once=false"],
+                 marks=pytest.mark.long),
+], ids=["remax", "dapo", "ppo_gae", "adamw_8bit", "on_policy"])  # make test keeps dapo and ppo_gae; CI runs all
 def test_algorithm_variants_run_end_to_end(model_dir, tmp_path, variant):
     result = RLTrainer(run_config(model_dir, tmp_path / "run", 2, "trainer.save_at_end=false", *variant)).fit()
     assert result.global_step == 2

@@ -29,7 +29,8 @@ def model_dirs(tmp_path_factory):
     return policy, root / "reward"
 
 
-@pytest.mark.parametrize("rm_gpus", [0, 1], ids=["colocated", "own-pool"])
+@pytest.mark.parametrize("rm_gpus", [0, pytest.param(1, marks=pytest.mark.long)],  # own pool: in make test-long
+                         ids=["colocated", "own-pool"])
 def test_grpo_with_a_reward_model_group_and_a_fused_reward(model_dirs, tmp_path, rm_gpus):
     policy, reward = model_dirs
     config = load_config([
