@@ -16,9 +16,12 @@ Sections (each guarded: a failure is recorded in the JSON and the next section r
    token loss on random tokens; MFU = model FLOPs (6·N per token + 12·layers·hidden·seq per token for attention)
    ÷ step time ÷ peak, against the datasheet bf16 peak (when the GPU is known) and against this GPU's measured
    bf16 matmul rate.
-3. ``generate``: hybridrl's HF rollout (``HFRollout`` on the same FSDP2 module, as ``rollout.name=hf`` does), sampled,
+3. ``actor_steps``: the actor's own update path (``response_log_probs``, a policy-gradient loss, AdamW) on one
+   micro-batch of ``--actor-rows`` × ``--seq-len`` tokens each (token budgets), plain and fused LM head: MFU against
+   the measured matmul rate, and peak memory — the large micro-batches the fused head makes room for.
+4. ``generate``: hybridrl's HF rollout (``HFRollout`` on the same FSDP2 module, as ``rollout.name=hf`` does), sampled,
    tokens/s over the median of ``--repeats`` calls.
-4. ``weight_sync``: ``WeightResharder.stream()`` of the FSDP2 model to bf16 (what a vLLM sync consumes), GB/s of
+5. ``weight_sync``: ``WeightResharder.stream()`` of the FSDP2 model to bf16 (what a vLLM sync consumes), GB/s of
    bf16 bytes delivered, against one device-to-device copy of the same bytes.
 """
 
@@ -65,6 +68,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--train-steps", type=int, default=6, help="timed steps (after 2 warm-up steps)")
+    parser.add_argument("--actor-rows", default="8,16,32", help="actor_steps section: rows per micro-batch of "
+                        "--seq-len tokens (token budgets), comma-separated")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=128)
@@ -89,7 +94,7 @@ def parse_args() -> argparse.Namespace:
     if args.cpu_smoke:
         args.skip_tests = True
         args.train_batch, args.seq_len, args.train_steps, args.prompts, args.prompt_len, args.new_tokens, \
-            args.repeats, args.grpo_prompts, args.micro = 2, 16, 1, 2, 4, 4, 1, 2, 4
+            args.repeats, args.grpo_prompts, args.micro, args.actor_rows = 2, 16, 1, 2, 4, 4, 1, 2, 4, "2"
     return args
 
 
@@ -202,6 +207,54 @@ def measure_training(model: torch.nn.Module, args: argparse.Namespace, matmul_ra
             "achieved_tflops": achieved / 1e12, "mfu_vs_datasheet": achieved / peak if peak else None,
             "datasheet_bf16_tflops": peak / 1e12 if peak else None, "mfu_vs_measured_matmul": achieved / matmul_rate,
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None}
+
+
+def measure_actor_steps(model: torch.nn.Module, args: argparse.Namespace, matmul_rate: float) -> dict[str, Any]:
+    """The actor's own update path at token budgets: one micro-batch of ``rows × seq_len`` tokens (the second half
+    responses) through ``response_log_probs`` with entropy, a policy-gradient loss, backward, clip and AdamW, with
+    the plain LM head and the fused one (``model.use_fused_kernels``). MFU counts 6·N_body per token and 6·N_head per
+    scored token (the head runs on response positions only) plus attention."""
+    from hybridrl.modeling.fsdp import parameters_kept_gathered
+    from hybridrl.modeling.sequences import response_log_probs
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    config, device = model.config, next(model.parameters()).device
+    head = config.vocab_size * config.hidden_size
+    body = matmul_parameters(model) - head
+    response = args.seq_len // 2
+    results: dict[str, Any] = {}
+    for rows in (int(value) for value in args.actor_rows.split(",")):
+        tokens = torch.randint(0, config.vocab_size, (rows, args.seq_len), device=device)
+        mask = torch.ones_like(tokens)
+        advantages = torch.randn(rows, response, device=device)
+        for fused in (False, True):
+            def step() -> None:
+                with parameters_kept_gathered(model, through_backward=True):
+                    log_probs, _ = response_log_probs(model, tokens, mask, response, with_entropy=True,
+                                                      fused_head=fused)
+                    (-(log_probs * advantages).sum() / advantages.numel()).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+            name = f"{rows}x{args.seq_len}_{'fused' if fused else 'plain'}"
+            try:
+                step()
+                if torch.cuda.is_available():
+                    torch.cuda.reset_peak_memory_stats()
+                seconds = statistics.median(timed(step) for _ in range(args.train_steps))
+            except torch.OutOfMemoryError:
+                results[name] = {"error": "out of memory"}
+                release_cache()
+                continue
+            flops = (6 * body * rows * args.seq_len + 6 * head * rows * response
+                     + 12 * config.num_hidden_layers * config.hidden_size * args.seq_len * rows * args.seq_len)
+            results[name] = {"step_s": seconds, "tokens_per_s": rows * args.seq_len / seconds,
+                             "mfu_vs_measured_matmul": flops / seconds / matmul_rate,
+                             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30
+                             if torch.cuda.is_available() else None}
+            release_cache()
+    return results
 
 
 def measure_generation(model: torch.nn.Module, args: argparse.Namespace) -> dict[str, Any]:
@@ -356,6 +409,7 @@ def main() -> int:
     if models:
         model = models[0]
         sections = {"train": lambda: measure_training(model, args, report["matmul_bf16_tflops"] * 1e12),
+                    "actor_steps": lambda: measure_actor_steps(model, args, report["matmul_bf16_tflops"] * 1e12),
                     "generate": lambda: measure_generation(model, args),
                     "weight_sync": lambda: measure_weight_sync(model, 1 if args.cpu_smoke else 5),
                     "shared_prompts": lambda: measure_shared_prompts(model, args)}
@@ -367,7 +421,7 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=str))
-    failed = [name for name in ("tests", "build", "train", "generate", "weight_sync", "shared_prompts")
+    failed = [name for name in ("tests", "build", "train", "actor_steps", "generate", "weight_sync", "shared_prompts")
               if "error" in report.get(name, {})]
     print(f"[gpu_suite] {report['device']}: done in {report['total_s']:.0f} s; failed sections: {failed or 'none'}; "
           f"wrote {out}")

@@ -36,6 +36,8 @@ def test_cpu_smoke_runs_every_section(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["attn_implementation"] == "sdpa"
     assert report["train"]["step_s"] > 0 and report["train"]["matmul_parameters"] > 0
+    actor = {name: row for name, row in report["actor_steps"].items() if name != "section_s"}
+    assert set(actor) == {"2x16_plain", "2x16_fused"} and all(row["step_s"] > 0 for row in actor.values())
     prompts, n, new_tokens = 2, 4, 4  # the smoke sizes
     assert 0 < report["generate"]["generated_tokens"] <= prompts * n * new_tokens
     parameters = report["build"]["parameters"]
