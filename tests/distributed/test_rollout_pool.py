@@ -63,14 +63,15 @@ def update(actor, rollout, step: int) -> None:
     actor.call(ActorRolloutRefWorker.update_actor, rollout, step=step, temperature=1.0)
 
 
-def test_pool_greedy_tokens_equal_transformers(split, model_dir, tokenizer):
+def check_greedy_tokens_equal_transformers(split, model_dir, tokenizer):
+    """Greedy tokens of the pool, before any update, equal ``transformers``'s."""
     generation, _, _ = split
     rollout = generation.generate(prompt_batch(tokenizer), SamplingParams(max_new_tokens=MAX_NEW_TOKENS,
                                                                           do_sample=False))
     assert torch.equal(rollout[Fields.RESPONSES], transformers_greedy(model_dir, tokenizer))
 
 
-def test_pool_follows_the_trainer_through_published_weights(split, model_dir, tokenizer):
+def check_pool_follows_the_trainer_through_published_weights(split, model_dir, tokenizer):
     """After an optimizer step on the trainer, the published, checked weights reach the pool: its log-probs of its
     own samples match the trainer's again (and did not before the sync: the update was not vacuous). Each pool
     rank reads only its TP regions."""
@@ -87,7 +88,7 @@ def test_pool_follows_the_trainer_through_published_weights(split, model_dir, to
     assert log_prob_gap(actor, rollout) > 1e-3
 
 
-def test_pool_refuses_to_generate_from_weights_it_was_not_given(split, tokenizer):
+def check_pool_refuses_to_generate_from_weights_it_was_not_given(split, tokenizer):
     """The controller names the version it expects; a pool whose last load is older refuses, naming both."""
     generation, actor, _ = split
     params = SamplingParams(n=2, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=11)
@@ -100,7 +101,7 @@ def test_pool_refuses_to_generate_from_weights_it_was_not_given(split, tokenizer
     assert log_prob_gap(actor, generation.generate(prompt_batch(tokenizer), params)) < 1e-4
 
 
-def test_a_damaged_publication_is_named(split, tokenizer):
+def check_a_damaged_publication_is_named(split, tokenizer):
     """Fingerprints that do not match what the pool read (as a corrupted arena would give) stop the load with the
     parameter's name, on the rank that read it."""
     generation, actor, _ = split
@@ -109,6 +110,16 @@ def test_a_damaged_publication_is_named(split, tokenizer):
     expected[:, 3] += 1
     with pytest.raises(WorkerError, match="arrived different from what was sent: " + generation.layout.names[3]):
         generation.replicas[0].call(RolloutWorker.load_published_weights, generation.layout, expected, published[0][0])
+
+
+def test_split_pool(split, model_dir, tokenizer):
+    """The checks above, in their order, on one pool per layout. One test per layout, not four: the pool's start is
+    most of the cost (50-95 s inside the parallel suite), and work stealing split the four tests of a layout over
+    workers, each starting its own pool (5 starts instead of 2 in a clean-clone run, 2026-12-02)."""
+    check_greedy_tokens_equal_transformers(split, model_dir, tokenizer)  # first: before any update
+    check_pool_follows_the_trainer_through_published_weights(split, model_dir, tokenizer)
+    check_pool_refuses_to_generate_from_weights_it_was_not_given(split, tokenizer)
+    check_a_damaged_publication_is_named(split, tokenizer)
 
 
 @pytest.mark.long
