@@ -12,8 +12,9 @@ CPU more than repaid by the element-wise passes over ``[M, V]`` it saves (``benc
 
 Numerics follow the plain path: the matmul in the hidden states' dtype, its output cast to fp32 (fp64 for fp64
 inputs), divided by the temperature, then an exact log-softmax; gradients enter the matmul's backward in the
-compute dtype, as they do after a mixed-precision output cast. What differs is rounding: the log-softmax's order of
-operations, and the weight gradient summed chunk by chunk in fp32 (tests: within 1e-5 of the plain path in fp32).
+compute dtype, as they do after a mixed-precision output cast; the log-softmax is the plain path's own
+(``logits._log_softmax_chunk``). What differs is rounding in backward: the two gradient terms summed in one chunk, and
+the weight gradient summed chunk by chunk in fp32 (tests: within 1e-5 of the plain path in fp32).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Optional
 
 import torch
 from torch.autograd.function import once_differentiable
+
+from hybridrl.algorithms.logits import _log_softmax_chunk  # the plain path's log-softmax: the same rounding
 
 __all__ = ["DEFAULT_HEAD_CHUNK_BYTES", "head_chunk_tokens", "token_log_probs_from_hidden"]
 
@@ -42,12 +45,6 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
-def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
-    """Row-wise log-softmax in place (max subtracted first, as ``torch.log_softmax`` does)."""
-    logits.sub_(logits.amax(dim=-1, keepdim=True))
-    return logits.sub_(torch.logsumexp(logits, dim=-1, keepdim=True))
-
-
 class _HeadLogProbs(torch.autograd.Function):
     """``(log p(target), H)`` per token from ``hidden @ weight.T / T``; backward recomputes each chunk."""
 
@@ -60,12 +57,12 @@ class _HeadLogProbs(torch.autograd.Function):
         entropy = torch.zeros(num_tokens, dtype=dtype, device=hidden.device)
         for start in range(0, num_tokens, chunk):
             rows = slice(start, min(start + chunk, num_tokens))
-            log_p = _log_softmax(_chunk_logits(hidden[rows], weight, temperature, dtype))
+            log_p = _log_softmax_chunk(_chunk_logits(hidden[rows], weight, temperature, dtype))[0]
             log_probs[rows] = log_p.gather(-1, targets[rows, None]).squeeze(-1)
             if with_entropy:
                 entropy[rows] = -(log_p.exp() * log_p).sum(dim=-1)
         ctx.save_for_backward(hidden, weight, targets, entropy)
-        ctx.temperature, ctx.chunk, ctx.with_entropy = temperature, chunk, with_entropy
+        ctx.temperature, ctx.chunk = temperature, chunk
         ctx.mark_non_differentiable(*(() if with_entropy else (entropy,)))
         return log_probs, entropy
 
@@ -82,7 +79,7 @@ class _HeadLogProbs(torch.autograd.Function):
             if needs_weight and len(starts) > 1 else None
         for start in starts:
             rows = slice(start, min(start + ctx.chunk, hidden.shape[0]))
-            log_p = _log_softmax(_chunk_logits(hidden[rows], weight, ctx.temperature, dtype))
+            log_p = _log_softmax_chunk(_chunk_logits(hidden[rows], weight, ctx.temperature, dtype))[0]
             grad_logits = _chunk_logits_grad(log_p, targets[rows], entropy[rows], grad_log_probs, grad_entropy, rows)
             grad_logits = grad_logits.div_(ctx.temperature).to(hidden.dtype)  # d(x/T)/dx, then the compute dtype
             if needs_hidden:
