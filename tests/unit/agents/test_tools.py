@@ -3,12 +3,15 @@ Hermes-format tool-call parsing and formatting, the calculator and the sandboxed
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
+from dataclasses import replace
 
 import pytest
 
-from hybridrl.agents.builtin_tools import BUILTIN_TOOLS, calculator, python_tool
+from hybridrl.agents.builtin_tools import (BUILTIN_TOOLS, calculator, python_tool, run_python_program,
+                                          sandbox_timeout)
 from hybridrl.agents.tools import (MAX_CONTENT_CHARS, TRUNCATION_MARKER, ToolCall, format_tool_call, parse_tool_calls,
                                    tool_from_function)
 
@@ -319,8 +322,13 @@ def test_python_tool_reports_the_exception():
 
 def test_python_tool_kills_a_runaway_program():
     """The sandbox kills the program before the tool's own timeout: a normal error outcome, not an abandoned call.
-    (A 4 s tool: the sandbox stops at 3 s, a second for the interpreter's start and the kill even on a loaded box —
-    with 1 s / 0.75 s the margin was too thin under a parallel test run.)"""
-    outcome = python_tool(timeout_s=4.0).call({"code": "while True:\n    pass"})
+    The tool's sandbox stops a quarter (at most 1 s) before the tool's timeout; the end-to-end call below gives the
+    kill 7 s of margin (a 1 s sandbox inside an 8 s tool), because at load 10 in the parallel suite a 1 s margin
+    (3 s sandbox, 4 s tool) was once not enough to start the interpreter, kill it and return."""
+    assert python_tool(timeout_s=4.0).function.keywords["wall_timeout_s"] == sandbox_timeout(4.0) == 3.0
+    assert sandbox_timeout(40.0) == 39.0 and sandbox_timeout(2.0) == 1.5
+    tool = python_tool(timeout_s=8.0)
+    tool = replace(tool, function=functools.partial(run_python_program, wall_timeout_s=1.0))
+    outcome = tool.call({"code": "while True:\n    pass"})
     assert not outcome.timed_out
-    assert outcome.error is not None and "ran longer than 3 s and was killed" in outcome.error
+    assert outcome.error is not None and "ran longer than 1 s and was killed" in outcome.error
