@@ -16,7 +16,8 @@ counter (``tests/unit/workers/test_memory_sizing.py``: saved bytes within 0.2 %,
   repeated to q's width (``c·4q``) and each layer saves its own float copy of the mask: ``c · rows · row_length²``
   per layer. ``flash_attention_2`` (varlen) has neither. The CPU kernel of ``attn_implementation=auto`` on short
   rows (``hybridrl.modeling.attention``) saves no log-sum-exp but each head's fp32 softmax and its compute-dtype copy,
-  ``(4 + c) · a · row_length²`` per row per layer (``4 ·`` in fp32), with k and v repeated, and references the boolean mask once.
+  ``(4 + c) · a · row_length²`` per row per layer (``4 ·`` in fp32), k and v unrepeated (the query heads are folded
+  into their KV head's rows), and references the boolean mask once.
 - with activation checkpointing a layer saves only its input, ``c·h`` per token (plus one layer's full set while it
   is recomputed in backward).
 - after the layers: ``4h + 4 + c·h`` per token (final norm) and ``c·h`` per LM-head position (its input: a causal LM
@@ -210,7 +211,8 @@ def attention_layer_bytes(shape: DecoderShape, layout: ForwardLayout, compute_by
     softmax_copy = c if c != FP32 else 0  # in fp32 the weights are the softmax output itself
     scores = (FP32 + softmax_copy) * rows * shape.num_heads * length ** 2
     causal = 0 if layout.masked else length ** 2
-    return n * (layer_bytes_per_token(shape, c, masked=True) - FP32 * shape.num_heads) + scores + causal
+    # the query heads are folded into their KV head's rows: k and v are not repeated
+    return n * (layer_bytes_per_token(shape, c, masked=False) - FP32 * shape.num_heads) + scores + causal
 
 
 def logits_bytes_peaks(shape: DecoderShape, layout: ForwardLayout, *, compute_bytes: int = FP32,

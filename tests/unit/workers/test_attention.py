@@ -51,6 +51,24 @@ def test_direct_attention_equals_sdpa_values_and_gradients(case):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["per_head", "heads_only", "two_d"])
+def test_direct_attention_masks_of_every_broadcast_layout_equal_sdpa(layout):
+    """The query heads are folded into their KV head's rows, so the mask must follow them: a per-head mask
+    ``[B, H, q, k]`` (each query head its own pattern), ``[H, q, k]`` and ``[q, k]``."""
+    query, key, value = qkv(q_len=5, k_len=5)
+    generator = torch.Generator().manual_seed(3)
+    full = torch.rand(3, 4, 5, 5, generator=generator) > 0.3
+    full |= torch.eye(5, dtype=torch.bool)  # every query sees at least itself
+    mask = {"per_head": full, "heads_only": full[0], "two_d": full[0, 0]}[layout]
+    expected = sdpa_reference(query, key, value, mask)
+    actual = direct_attention(query, key, value, mask)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    weights = torch.randn(expected.shape, generator=generator)
+    for got, want in zip(torch.autograd.grad((actual * weights).sum(), (query, key, value)),
+                         torch.autograd.grad((expected * weights).sum(), (query, key, value))):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_a_query_row_with_no_visible_key_gets_finite_output():
     query, key, value = qkv(q_len=3, k_len=3)
     mask = torch.ones(3, 1, 3, 3, dtype=torch.bool).tril()
