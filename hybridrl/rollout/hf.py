@@ -1,10 +1,15 @@
-"""``rollout.name=hf``: transformers ``generate`` on the actor's own module — the debugging and small-scale path.
+"""``rollout.name=hf``: a KV-cached decode loop on the actor's own module — the debugging and small-scale path.
 
 It shares the training module (FSDP2-sharded or not), so there are no weights to sync: ``update_weights`` is a no-op
 and generation always sees the latest update. With several data-parallel ranks each layer's parameters are gathered
 once per ``generate`` and kept until it returns (:func:`~hybridrl.modeling.fsdp.parameters_kept_gathered`), not once
-per decode step; ``synced_gpus`` keeps all ranks stepping until the slowest finishes. The ``n`` samples of a prompt
-share its prefill: the prompt runs once and its KV cache is repeated ``n`` times.
+per decode step; all ranks keep stepping until the slowest finishes. The ``n`` samples of a prompt share its
+prefill: the prompt runs once and its KV cache is repeated ``n`` times.
+
+The loop is the model's forward, the sampler of :mod:`hybridrl.rollout.sampling` and nothing else: no generation
+config of the checkpoint (repetition penalties, minimum lengths, …) can change what is sampled behind the
+log-probs, which are those of ``logits / temperature`` exactly as the trainer computes them. It replaced
+transformers' ``generate``, whose ``torch.multinomial`` was 10 % of a SmolLM2 GRPO step on CPU.
 """
 
 from __future__ import annotations
@@ -15,10 +20,14 @@ from typing import Iterable, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
+from transformers import DynamicCache
 
 from hybridrl.protocol import Batch, Fields
 from hybridrl.protocol.rollout_layout import assemble_rollout, response_mask_from_eos
+from hybridrl.modeling.positions import position_ids_from_mask
+from hybridrl.modeling.sequences import accepts_logits_to_keep
 from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.sampling import next_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -63,30 +72,42 @@ class HFRollout:
         return assemble_rollout(prompts, params.n, responses, mask, log_probs, self.pad_token_id)
 
     def _generate_chunk(self, prompts: Batch, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        """``b`` prompts → ``b·n`` responses (a prompt's ``n`` consecutive) and their log-probs. Each prompt but its
-        last token is run once and its KV cache repeated ``n`` times: the ``n`` samples share the prefill."""
+        """``b`` prompts → ``b·n`` responses ``[b·n, T]`` (a prompt's ``n`` consecutive; ``T ≤ max_new_tokens``, the
+        longest) and their log-probs under ``logits / temperature`` (0 after a row's EOS). Each prompt but its last
+        token is run once and its KV cache repeated ``n`` times: the ``n`` samples share the prefill."""
         input_ids, attention_mask = prompts[Fields.INPUT_IDS], prompts[Fields.ATTENTION_MASK]
         cache = self._shared_prefill(input_ids, attention_mask, params.n)
         input_ids, attention_mask = input_ids.repeat_interleave(params.n, 0), attention_mask.repeat_interleave(params.n, 0)
-        sampling = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p,
-                        top_k=params.top_k if params.top_k > 0 else 0) if params.do_sample else dict(do_sample=False)
-        output = self.model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=params.max_new_tokens,
-            eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id, use_cache=True, past_key_values=cache,
-            return_dict_in_generate=True, output_logits=True, synced_gpus=_several_ranks(), **sampling)
-        responses = output.sequences[:, input_ids.shape[1]:]
-        logits = torch.stack(output.logits, dim=1).float() / params.effective_temperature
-        log_probs = logits.log_softmax(dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-        return responses, log_probs
+        positions = position_ids_from_mask(attention_mask)
+        if cache is None:
+            cache = DynamicCache(config=getattr(self.model, "config", None))
+        else:  # the cache holds all but the last prompt token
+            input_ids, positions = input_ids[:, -1:], positions[:, -1:]
+        head = {"logits_to_keep": 1} if accepts_logits_to_keep(self.model) else {}
+        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=input_ids.device)
+        tokens, log_probs = [], []
+        for _ in range(params.max_new_tokens):
+            logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                                past_key_values=cache, use_cache=True, **head).logits[:, -1].float()
+            scaled = logits / params.effective_temperature
+            token = next_tokens(scaled, do_sample=params.do_sample, top_k=params.top_k, top_p=params.top_p)
+            token = token.masked_fill(finished, self.pad_token_id)
+            token_log_prob = scaled.log_softmax(dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
+            tokens.append(token)
+            log_probs.append(token_log_prob.masked_fill(finished, 0.0))
+            finished |= torch.isin(token, eos)
+            if _all_finished(finished):
+                break
+            input_ids, positions = token.unsqueeze(-1), positions[:, -1:] + 1
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=1)
+        return torch.stack(tokens, dim=1), torch.stack(log_probs, dim=1)
 
     def _shared_prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int):
         """The KV cache of ``[b, P - 1]`` prompt prefixes, repeated to ``b·n`` rows (``None`` for ``n == 1`` or
-        one-token prompts: ``generate`` then prefills by itself)."""
+        one-token prompts: the decode loop's first forward then runs the whole prompt)."""
         if n == 1 or input_ids.shape[1] < 2:
             return None
-        from hybridrl.modeling.positions import position_ids_from_mask
-        from hybridrl.modeling.sequences import accepts_logits_to_keep
-
         prefix_mask = attention_mask[:, :-1]
         head = {"logits_to_keep": 1} if accepts_logits_to_keep(self.model) else {}  # no [b, P, V] logits
         cache = self.model(input_ids=input_ids[:, :-1], attention_mask=prefix_mask,
@@ -106,8 +127,13 @@ class HFRollout:
         """Nothing was released (see ``release_memory``)."""
 
 
-def _several_ranks() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+def _all_finished(finished: torch.Tensor) -> bool:
+    """Whether every row on every rank has ended. With several ranks (FSDP2) all of them keep stepping until the
+    last finishes, so that each runs the same forwards (transformers' ``synced_gpus``)."""
+    remaining = (~finished).sum()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(remaining)
+    return int(remaining) == 0
 
 
 def _pad_right(values: torch.Tensor, width: int, fill: float) -> torch.Tensor:
