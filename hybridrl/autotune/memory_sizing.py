@@ -127,7 +127,7 @@ class ForwardLayout:
     ``response_width``: columns the loss gathers from (padded: the response width ``R``; packed: none, see
     ``gathers``). ``masked``: sdpa receives an explicit mask (any padding in a padded batch, or packed sequences under
     sdpa); ``False`` for an unpadded batch (causal flag) or ``flash_attention_2`` varlen. ``head_positions``: the
-    positions the LM head runs on (``logits_to_keep``; padded: the last ``R + 1`` of each row, packed: the scored
+    positions the LM head runs on (``logits_to_keep``; padded: the ``R`` before the last of each row, packed: the scored
     tokens' sources); ``gathers``: the scored logits are a boolean-index copy (padded) rather than the head's output
     itself (packed).
     """
@@ -148,7 +148,7 @@ class ForwardLayout:
         ``attention``: the resolved kernel name (``hybridrl.modeling.attention.attention_implementation``)."""
         response = seq_len if response_length is None else response_length
         return cls(micro_batch_size, seq_len, micro_batch_size * response, response, masked=masked,
-                   head_positions=micro_batch_size * min(seq_len, response + 1),
+                   head_positions=micro_batch_size * min(seq_len, response),
                    direct_attention=computes_directly(attention, seq_len))
 
     @classmethod

@@ -25,7 +25,7 @@ from transformers import DynamicCache
 from hybridrl.protocol import Batch, Fields
 from hybridrl.protocol.rollout_layout import assemble_rollout, response_mask_from_eos
 from hybridrl.modeling.positions import position_ids_from_mask
-from hybridrl.modeling.sequences import accepts_logits_to_keep
+from hybridrl.modeling.sequences import accepts_logits_to_keep, last_positions
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.sampling import next_tokens
 
@@ -83,11 +83,12 @@ class HFRollout:
             cache = DynamicCache(config=getattr(self.model, "config", None))
         else:  # the cache holds all but the last prompt token
             input_ids, positions = input_ids[:, -1:], positions[:, -1:]
-        head = {"logits_to_keep": 1} if accepts_logits_to_keep(self.model) else {}
+        takes_keep = accepts_logits_to_keep(self.model)
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=input_ids.device)
         tokens, log_probs = [], []
         for _ in range(params.max_new_tokens):
+            head = {"logits_to_keep": last_positions(input_ids.shape[1], 1, device=input_ids.device)} if takes_keep else {}
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                                 past_key_values=cache, use_cache=True, **head).logits[:, -1].float()
             scaled = logits / params.effective_temperature
@@ -109,7 +110,9 @@ class HFRollout:
         if n == 1 or input_ids.shape[1] < 2:
             return None
         prefix_mask = attention_mask[:, :-1]
-        head = {"logits_to_keep": 1} if accepts_logits_to_keep(self.model) else {}  # no [b, P, V] logits
+        # no [b, P, V] logits (and no int: see last_positions)
+        head = {"logits_to_keep": last_positions(prefix_mask.shape[1], 1, device=input_ids.device)} \
+            if accepts_logits_to_keep(self.model) else {}
         cache = self.model(input_ids=input_ids[:, :-1], attention_mask=prefix_mask,
                            position_ids=position_ids_from_mask(prefix_mask), use_cache=True, **head).past_key_values
         cache.batch_repeat_interleave(n)
