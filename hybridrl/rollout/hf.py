@@ -72,8 +72,8 @@ class HFRollout:
         return assemble_rollout(prompts, params.n, responses, mask, log_probs, self.pad_token_id)
 
     def _generate_chunk(self, prompts: Batch, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        """``b`` prompts → ``b·n`` responses ``[b·n, T]`` (a prompt's ``n`` consecutive; ``T ≤ max_new_tokens``, the
-        longest) and their log-probs under ``logits / temperature`` (0 after a row's EOS). Each prompt but its last
+        """``b`` prompts → ``b·n`` responses ``[b·n, T]`` (a prompt's ``n`` consecutive; ``T ≤ max_new_tokens``,
+        the longest) and their log-probs under ``logits / temperature`` (0 after a row's EOS). Each prompt but its last
         token is run once and its KV cache repeated ``n`` times: the ``n`` samples share the prefill."""
         input_ids, attention_mask = prompts[Fields.INPUT_IDS], prompts[Fields.ATTENTION_MASK]
         cache = self._shared_prefill(input_ids, attention_mask, params.n)
@@ -88,7 +88,8 @@ class HFRollout:
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=input_ids.device)
         tokens, log_probs = [], []
         for _ in range(params.max_new_tokens):
-            head = {"logits_to_keep": last_positions(input_ids.shape[1], 1, device=input_ids.device)} if takes_keep else {}
+            last = last_positions(input_ids.shape[1], 1, device=input_ids.device)
+            head = {"logits_to_keep": last} if takes_keep else {}
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                                 past_key_values=cache, use_cache=True, **head).logits[:, -1].float()
             scaled = logits / params.effective_temperature
