@@ -261,7 +261,7 @@ class SamplingConfig(FreezableConfig):
 @dataclass
 class RolloutConfig(FreezableConfig):
     name: str = "hf"
-    """Generation engine: ``hf`` (transformers ``generate`` on the actor's module) | ``vllm`` (in-process vLLM)."""
+    """Generation engine: ``hf`` (a KV-cached decode loop on the actor's module) | ``vllm`` (in-process vLLM)."""
     n: int = 1
     """Responses per prompt (the group size of GRPO/RLOO)."""
     temperature: float = 1.0
