@@ -83,15 +83,13 @@ class HFRollout:
             cache = DynamicCache(config=getattr(self.model, "config", None))
         else:  # the cache holds all but the last prompt token
             input_ids, positions = input_ids[:, -1:], positions[:, -1:]
-        takes_keep = accepts_logits_to_keep(self.model)
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=input_ids.device)
         tokens, log_probs = [], []
         for _ in range(params.max_new_tokens):
-            last = last_positions(input_ids.shape[1], 1, device=input_ids.device)
-            head = {"logits_to_keep": last} if takes_keep else {}
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                                past_key_values=cache, use_cache=True, **head).logits[:, -1].float()
+                                past_key_values=cache, use_cache=True, **self._last_logits_only(input_ids)
+                                ).logits[:, -1].float()
             scaled = logits / params.effective_temperature
             token = next_tokens(scaled, do_sample=params.do_sample, top_k=params.top_k, top_p=params.top_p)
             token = token.masked_fill(finished, self.pad_token_id)
@@ -111,13 +109,19 @@ class HFRollout:
         if n == 1 or input_ids.shape[1] < 2:
             return None
         prefix_mask = attention_mask[:, :-1]
-        # no [b, P, V] logits (and no int: see last_positions)
-        head = {"logits_to_keep": last_positions(prefix_mask.shape[1], 1, device=input_ids.device)} \
-            if accepts_logits_to_keep(self.model) else {}
         cache = self.model(input_ids=input_ids[:, :-1], attention_mask=prefix_mask,
-                           position_ids=position_ids_from_mask(prefix_mask), use_cache=True, **head).past_key_values
+                           position_ids=position_ids_from_mask(prefix_mask), use_cache=True,
+                           **self._last_logits_only(input_ids[:, :-1])).past_key_values
         cache.batch_repeat_interleave(n)
         return cache
+
+    def _last_logits_only(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The forward's keyword that runs the LM head on the last position of ``input_ids [R, L]`` alone (no
+        ``[R, L, V]`` logits), as an index tensor, never an int (see ``sequences.last_positions``); ``{}`` for a
+        model without ``logits_to_keep``."""
+        if not accepts_logits_to_keep(self.model):
+            return {}
+        return {"logits_to_keep": last_positions(input_ids.shape[1], 1, device=input_ids.device)}
 
     def update_weights(self, named_tensors) -> None:
         """Nothing to do: this engine generates with the training module itself."""
