@@ -88,7 +88,7 @@ def prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "prompts": scale["prompts"], "n": scale["n"], "max_prompt_length": scale["max_prompt_length"],
             "max_response_length": scale["max_response_length"], "lr": scale["lr"], "temperature": 1.0,
             "micro_batch": args.micro, "accumulation": args.accumulation, "precision": args.precision, "seed": 1,
-            "dp": args.dp, "trl_threads": args.trl_threads, "kv_cache_mb": 64, "reward_file": str(HERE / "vs_trl_task.py"),
+            "dp": args.dp, "trl_threads": args.trl_threads, "reward_file": str(HERE / "vs_trl_task.py"),
             "hybridrl_overrides": args.hybridrl_override}
 
 

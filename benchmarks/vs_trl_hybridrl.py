@@ -26,8 +26,7 @@ def overrides(spec: dict, run_dir: Path) -> list[str]:
     if spec["micro_batch"] % dp:
         raise ValueError(f"micro_batch={spec['micro_batch']} (sequences per machine-wide micro-step) must divide by "
                          f"dp={dp}")
-    rollout = ["rollout=vllm_cpu", f"rollout.kv_cache_memory_mb={spec['kv_cache_mb']}"] \
-        if spec["rollout"] == "vllm" else ["rollout=hf"]
+    rollout = ["rollout=vllm_cpu"] if spec["rollout"] == "vllm" else ["rollout=hf"]  # the preset's KV budget: auto
     return [
         f"model.path={spec['model_path']}", f"model.dtype={_DTYPES[spec['precision']]}",
         f"data.train_files=[{spec['train_file']}]", "data.synthetic_task=null", "data.val_files=[]", "data.shuffle=false",

@@ -282,7 +282,10 @@ class RolloutConfig(FreezableConfig):
     gpu_memory_utilization: float = 0.5
     """vLLM: fraction of device memory for weights + KV cache (GPU)."""
     kv_cache_memory_mb: Optional[int] = None
-    """vLLM: explicit KV-cache budget in MiB (required on CPU, where vLLM would otherwise size it from host RAM)."""
+    """vLLM: KV-cache budget in MiB. Unset on CPU: sized to run ``rollout.max_num_seqs`` sequences of prompt + response
+    length at once (logged; at most a quarter of host memory). Unset on GPU: vLLM sizes it from
+    ``gpu_memory_utilization``. A budget that holds fewer sequences than a generation submits makes vLLM run it in
+    waves; the engine warns once with the MiB that would fit."""
     enforce_eager: bool = True
     """vLLM: disable CUDA graphs (lower start-up cost and memory)."""
     max_num_seqs: int = 256

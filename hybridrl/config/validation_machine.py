@@ -70,10 +70,6 @@ def _check_this_machine(config: TrainConfig, error: ConfigError) -> None:
     if config.trainer.device == "auto" and device == "cpu":
         _check_cpu_limits(config, error)
     _check_object_store(config, error)
-    if device == "cpu" and config.rollout.name == "vllm" and config.rollout.kv_cache_memory_mb is None:
-        error.add("rollout.kv_cache_memory_mb", None, "is required for rollout.name=vllm on CPU (vLLM would size the "
-                                                      "KV cache from host RAM): use the CPU preset rollout=vllm_cpu, "
-                                                      "or set e.g. rollout.kv_cache_memory_mb=64")
     _check_precision_here(config, device, error)
 
 

@@ -30,6 +30,8 @@ from hybridrl.config.schema import RolloutConfig
 from hybridrl.protocol import Batch, Fields
 from hybridrl.protocol.rollout_layout import assemble_rollout, response_mask_from_eos
 from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.kv_budget import (kv_bytes_per_token, kv_cache_blocks, kv_cache_mb_for, resolve_kv_cache_mb,
+                                        sequences_held, waves_warning)
 from hybridrl.rollout.vllm_extension import WORKER_EXTENSION
 from hybridrl.rollout.vllm_requests import Completion, VLLMRequests
 
@@ -109,11 +111,17 @@ class VLLMRollout:
         self.dtype = getattr(torch, dtype)
         self.device = torch.device("cpu") if self.on_cpu else torch.device("cuda", torch.cuda.current_device())
         self.tp_size = rollout.tensor_model_parallel_size
+        self.max_model_len, self.model_path = max_model_len, str(model_path)
+        self.kv_cache_mb = resolve_kv_cache_mb(rollout.kv_cache_memory_mb, model_path=self.model_path,
+                                               dtype=self.dtype, max_model_len=max_model_len,
+                                               max_num_seqs=rollout.max_num_seqs, tensor_parallel=self.tp_size,
+                                               on_cpu=self.on_cpu)
         with _process_settings_kept():
             self.llm = vllm.LLM(model=str(model_path), tokenizer=str(tokenizer_path or model_path),
                                 worker_extension_cls=WORKER_EXTENSION, logprobs_mode=LOGPROBS_MODE,
                                 **_engine_kwargs(rollout, dtype, max_model_len, default_seed=seed,
-                                                 on_cpu=self.on_cpu), **_parallel_kwargs(self.tp_size))
+                                                 on_cpu=self.on_cpu, kv_cache_mb=self.kv_cache_mb),
+                                **_parallel_kwargs(self.tp_size))
         self._asleep = False
         self._noted = set()
         self.weight_version = 0
@@ -147,6 +155,7 @@ class VLLMRollout:
                 row_params = params if row_seed is None else params.with_seed(row_seed)
                 row_ids += [self.requests.submit(prompt, row_params, request_id=f"generate-{index}-{sample}",
                                                  streamed=between_steps is not None)] * copies
+        self._warn_if_cache_runs_waves(len(set(row_ids)))
         finished = {completion.request_id: completion for completion in self._run(between_steps)}
         rows = [finished[row_id] for row_id in row_ids]
         responses, lengths, log_probs = self._collect(rows, params)
@@ -268,6 +277,22 @@ class VLLMRollout:
             if self.on_cpu:
                 _remove_cpu_shared_memory()
 
+    def _warn_if_cache_runs_waves(self, rows: int) -> None:
+        """Warn once when the KV cache cannot run all ``rows`` sequences of a generation at once (CPU budgets are
+        explicit; on GPU vLLM sizes the cache from the memory left)."""
+        blocks = kv_cache_blocks(self.llm)
+        if "waves" in self._noted or blocks is None or self.kv_cache_mb is None:
+            return
+        num_blocks, block_size = blocks
+        per_token = kv_bytes_per_token(self.model_path, self.dtype, self.tp_size)
+        needed = None if per_token is None else kv_cache_mb_for(rows, self.max_model_len, per_token, block_size)
+        message = waves_warning(rows, sequences_held(num_blocks, self.max_model_len, block_size),
+                                budget_mb=self.kv_cache_mb, num_blocks=num_blocks, block_size=block_size,
+                                max_model_len=self.max_model_len, mb_needed=needed)
+        if message:
+            self._noted.add("waves")
+            logger.warning("rollout.name=vllm: %s", message)
+
     def _note_once(self, key: str, message: str) -> None:
         if key not in self._noted:
             self._noted.add(key)
@@ -275,9 +300,6 @@ class VLLMRollout:
 
 
 def _check_engine_inputs(rollout: RolloutConfig, dtype: str, max_model_len: int, *, on_cpu: bool) -> None:
-    if on_cpu and rollout.kv_cache_memory_mb is None:
-        raise ValueError("rollout.kv_cache_memory_mb is required on CPU (vLLM would otherwise size the KV cache "
-                         "from host RAM); e.g. rollout.kv_cache_memory_mb=64")
     allowed = CPU_DTYPES if on_cpu else GPU_DTYPES
     if dtype not in allowed:
         raise ValueError(f"vLLM dtype {dtype!r} (model.dtype) is not supported on "
@@ -287,9 +309,10 @@ def _check_engine_inputs(rollout: RolloutConfig, dtype: str, max_model_len: int,
 
 
 def _engine_kwargs(rollout: RolloutConfig, dtype: str, max_model_len: int, *, default_seed: int,
-                   on_cpu: bool) -> dict:
-    """``vllm.LLM`` keyword arguments (KV budget, sleep mode and parallelism per device; the seed is ``rollout.seed``,
-    else ``default_seed``). With prefix caching (the default) the ``n`` samples of one prompt share its KV."""
+                   on_cpu: bool, kv_cache_mb: Optional[int] = None) -> dict:
+    """``vllm.LLM`` keyword arguments (KV budget — ``kv_cache_mb``, resolved by ``kv_budget.resolve_kv_cache_mb`` —,
+    sleep mode and parallelism per device; the seed is ``rollout.seed``, else ``default_seed``). With prefix caching
+    (the default) the ``n`` samples of one prompt share its KV."""
     seed = rollout.seed if rollout.seed is not None else default_seed
     kwargs = dict(dtype=dtype, seed=seed, tensor_parallel_size=rollout.tensor_model_parallel_size,
                   enforce_eager=rollout.enforce_eager, max_model_len=max_model_len,
@@ -297,8 +320,8 @@ def _engine_kwargs(rollout: RolloutConfig, dtype: str, max_model_len: int, *, de
                   enable_prefix_caching=rollout.enable_prefix_caching,
                   enable_chunked_prefill=rollout.enable_chunked_prefill, load_format=rollout.load_format,
                   use_tqdm_on_load=False)  # a progress bar per rank for a load of a second buries the trainer's own
-    if rollout.kv_cache_memory_mb is not None:
-        kwargs["kv_cache_memory_bytes"] = rollout.kv_cache_memory_mb << 20
+    if kv_cache_mb is not None:
+        kwargs["kv_cache_memory_bytes"] = kv_cache_mb << 20
     else:
         kwargs["gpu_memory_utilization"] = rollout.gpu_memory_utilization
     if not on_cpu and rollout.free_cache_engine:

@@ -16,6 +16,7 @@ from vllm_helpers import engine, hf_model, model_dir, tokenizer  # noqa: F401 (f
 from hybridrl.config.schema import RolloutConfig
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.kv_budget import kv_bytes_per_token, kv_cache_blocks, kv_cache_mb_for, sequences_held
 from hybridrl.rollout.vllm_engine import VLLMRollout
 from hybridrl.utils.tiny_model import encode_chat
 from hybridrl.modeling.sequences import response_log_probs
@@ -202,3 +203,20 @@ def test_release_and_resume_are_noops_on_cpu(engine, tokenizer):
     engine.release_memory()
     engine.resume()
     assert torch.equal(greedy(engine, tokenizer, PROMPTS), before)
+
+
+def test_an_unset_cpu_budget_holds_max_num_seqs_sequences_in_vllms_own_blocks(engine, model_dir, caplog):
+    """The module's engine leaves ``rollout.kv_cache_memory_mb`` unset: vLLM's real cache must hold
+    ``max_num_seqs`` (32) sequences of ``max_model_len`` (200) tokens, with blocks of the bytes counted here."""
+    num_blocks, block_size = kv_cache_blocks(engine.llm)
+    per_token = kv_bytes_per_token(str(model_dir), torch.float32)
+    assert engine.kv_cache_mb == kv_cache_mb_for(32, 200, per_token, block_size)
+    assert num_blocks == (engine.kv_cache_mb << 20) // (block_size * per_token)  # vLLM's page = our bytes
+    assert sequences_held(num_blocks, 200, block_size) >= 32
+    with caplog.at_level("WARNING", logger="hybridrl.rollout.vllm_engine"):
+        engine._warn_if_cache_runs_waves(32)
+        assert caplog.text == ""
+        engine._warn_if_cache_runs_waves(1000)
+    needed = kv_cache_mb_for(1000, 200, per_token, block_size)
+    assert "but this generation has 1000" in caplog.text and f"kv_cache_memory_mb >= {needed}" in caplog.text
+    engine._noted.discard("waves")

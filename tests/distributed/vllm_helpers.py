@@ -12,8 +12,9 @@ from hybridrl.utils.tiny_model import save_tiny_model
 
 
 def cpu_engine(model_dir, tokenizer, max_model_len: int = 200):
-    """An in-process fp32 vLLM engine (CPU build) on ``model_dir``: 64 MiB of KV cache, up to 32 sequences."""
-    rollout = RolloutConfig(name="vllm", kv_cache_memory_mb=64, max_num_seqs=32, max_num_batched_tokens=1024)
+    """An in-process fp32 vLLM engine (CPU build) on ``model_dir``: up to 32 sequences, the KV cache left unset (sized
+    for them by ``rollout.kv_budget``)."""
+    rollout = RolloutConfig(name="vllm", max_num_seqs=32, max_num_batched_tokens=1024)
     return build_rollout_engine("vllm", EngineInputs(
         rollout=rollout, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id],
         model_path=str(model_dir), max_model_len=max_model_len, dtype="float32"))

@@ -173,12 +173,6 @@ def critic_model_missing(tmp, model):
         "critic.model_path", "does not exist"]
 
 
-def vllm_on_cpu_without_kv_budget(tmp, model):
-    if shutil.which("nvidia-smi"):
-        pytest.skip("a GPU machine: the GPU preset is right there")
-    return ["rollout=vllm", "trainer.device=cpu"], ["rollout.kv_cache_memory_mb", "required", "rollout=vllm_cpu"]
-
-
 def prompt_with_an_unknown_character(tmp, model):
     rows = good_rows()
     rows[5]["prompt"] = [{"role": "user", "content": "1+2=☃"}]
@@ -212,7 +206,7 @@ def run_dir_under_a_file(tmp, model):
 FILE_CASES = [plugin_missing, plugin_raises, plugin_module_missing, unknown_model_type, truncated_weights,
               weights_not_safetensors, vocabulary_smaller_than_the_tokenizer, tensor_parallel_not_dividing_the_heads,
               tensor_parallel_not_fitting_the_kv_heads, tokenizer_path_not_a_directory,
-              critic_model_missing, vllm_on_cpu_without_kv_budget, prompt_with_an_unknown_character,
+              critic_model_missing, prompt_with_an_unknown_character,
               prompt_is_a_number, data_file_is_a_directory, run_dir_is_a_file, run_dir_under_a_file]
 
 

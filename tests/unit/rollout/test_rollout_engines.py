@@ -53,22 +53,21 @@ def test_a_registration_without_the_capabilities_is_refused_where_it_happens():
 
 
 def test_engine_kwargs_from_config():
-    rollout = RolloutConfig(name="vllm", kv_cache_memory_mb=32, max_num_seqs=8, max_num_batched_tokens=512)
-    kwargs = _engine_kwargs(rollout, "float32", 96, default_seed=7, on_cpu=True)
+    rollout = RolloutConfig(name="vllm", max_num_seqs=8, max_num_batched_tokens=512)
+    kwargs = _engine_kwargs(rollout, "float32", 96, default_seed=7, on_cpu=True, kv_cache_mb=32)
     assert (kwargs["kv_cache_memory_bytes"], kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"]) == (
         32 << 20, 8, 512)
     assert kwargs["seed"] == 7 and kwargs["max_model_len"] == 96 and kwargs["dtype"] == "float32"
-    assert _engine_kwargs(RolloutConfig(seed=3, kv_cache_memory_mb=32), "float32", 96, default_seed=7,
-                          on_cpu=True)["seed"] == 3
+    assert _engine_kwargs(RolloutConfig(seed=3), "float32", 96, default_seed=7, on_cpu=True,
+                          kv_cache_mb=32)["seed"] == 3
 
 
 @pytest.mark.parametrize("change, dtype, max_model_len, message", [
-    (dict(kv_cache_memory_mb=None), "bfloat16", 64, "rollout.kv_cache_memory_mb is required on CPU"),
     ({}, "float16", 64, "not supported on CPU"),
     ({}, "bfloat16", 0, "max_model_len=0"),
 ])
 def test_cpu_settings_refused_with_the_key(change, dtype, max_model_len, message):
-    rollout = RolloutConfig(name="vllm", **{**dict(kv_cache_memory_mb=64), **change})
+    rollout = RolloutConfig(name="vllm", **change)
     with pytest.raises(ValueError, match=message):
         _check_engine_inputs(rollout, dtype, max_model_len, on_cpu=True)
 
@@ -90,7 +89,7 @@ def test_gpu_settings_allowed_and_sleep_mode():
 
 
 def test_cpu_engine_kwargs_use_the_kv_budget():
-    kwargs = _engine_kwargs(RolloutConfig(kv_cache_memory_mb=64), "bfloat16", 64, default_seed=0, on_cpu=True)
+    kwargs = _engine_kwargs(RolloutConfig(), "bfloat16", 64, default_seed=0, on_cpu=True, kv_cache_mb=64)
     assert kwargs["kv_cache_memory_bytes"] == 64 << 20 and "enable_sleep_mode" not in kwargs
     assert kwargs["max_model_len"] == 64 and kwargs["enable_prefix_caching"]
 

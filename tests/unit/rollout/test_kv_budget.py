@@ -1,0 +1,73 @@
+"""Sizing vLLM's KV cache on CPU (``rollout.kv_budget``), checked against hand-counted bytes; the real engine's
+cache is checked in ``tests/distributed/test_vllm_rollout.py``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hybridrl.rollout.kv_budget import (CPU_BLOCK_SIZE, kv_bytes_per_token, kv_cache_mb_for, resolve_kv_cache_mb,
+                                        sequences_held, waves_warning)
+
+SMOLLM2 = dict(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+
+
+def checkpoint(tmp_path, **config):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+def test_bytes_per_token_count_keys_and_values_of_every_layer(tmp_path):
+    path = checkpoint(tmp_path, **SMOLLM2)
+    assert kv_bytes_per_token(path, torch.bfloat16) == 2 * 30 * 3 * 64 * 2 == 23040
+    assert kv_bytes_per_token(path, torch.float32) == 46080
+    assert kv_bytes_per_token(path, torch.bfloat16, tensor_parallel=3) == 2 * 30 * 1 * 64 * 2
+    assert kv_bytes_per_token(path, torch.bfloat16, tensor_parallel=2) == 2 * 30 * 2 * 64 * 2  # 3 heads on 2 ranks
+
+
+def test_bytes_per_token_reads_head_dim_and_nested_text_configs(tmp_path):
+    path = checkpoint(tmp_path, text_config=dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64,
+                                                 head_dim=32))
+    assert kv_bytes_per_token(path, torch.float32) == 2 * 2 * 4 * 32 * 4  # no KV-head count: one per query head
+
+
+def test_bytes_per_token_unknown_for_latent_attention_or_no_config(tmp_path):
+    assert kv_bytes_per_token(str(tmp_path), torch.float32) is None
+    path = checkpoint(tmp_path, **SMOLLM2, kv_lora_rank=512)
+    assert kv_bytes_per_token(path, torch.float32) is None
+
+
+def test_budget_rounds_each_sequence_up_to_whole_blocks_plus_the_null_block():
+    # 32 sequences of 77 tokens: one 128-token block each, and the null block: 33 · 128 · 23040 bytes = 92.8 MiB
+    assert kv_cache_mb_for(32, 77, 23040) == 93
+    assert kv_cache_mb_for(32, 129, 23040, block_size=128) == 183  # two blocks each: 65 · 128 · 23040 = 182.8 MiB
+    assert sequences_held(22, 77, 128) == 21  # the 64 MiB budget that made vs_trl's generation run in waves
+    assert sequences_held(65, 129, 128) == 32 and sequences_held(1, 77, 128) == 0
+
+
+def test_unset_budget_is_sized_on_cpu_only(tmp_path, caplog):
+    path = checkpoint(tmp_path, **SMOLLM2)
+    common = dict(model_path=path, dtype=torch.bfloat16, max_model_len=77, max_num_seqs=32)
+    assert resolve_kv_cache_mb(64, **common, on_cpu=True) == 64  # explicit: as given
+    assert resolve_kv_cache_mb(None, **common, on_cpu=False) is None  # GPU: vLLM's gpu_memory_utilization
+    with caplog.at_level("INFO", logger="hybridrl.rollout.kv_budget"):
+        assert resolve_kv_cache_mb(None, **common, on_cpu=True) == 93
+        assert "93 MiB: 32 sequences (rollout.max_num_seqs) × 128 tokens (77 rounded up" in caplog.text
+        assert resolve_kv_cache_mb(None, **{**common, "max_num_seqs": 10**6}, on_cpu=True) < 93 * 10**6 // 32
+    assert "capped at a quarter of this machine's memory" in caplog.text
+
+
+def test_unset_budget_for_a_model_without_head_counts_names_the_key(tmp_path):
+    with pytest.raises(ValueError, match="rollout.kv_cache_memory_mb: cannot size vLLM's KV cache"):
+        resolve_kv_cache_mb(None, model_path=str(tmp_path), dtype=torch.float32, max_model_len=64, max_num_seqs=8,
+                            on_cpu=True)
+
+
+def test_waves_warning_says_how_many_and_what_fits():
+    assert waves_warning(21, 21, budget_mb=64, num_blocks=22, block_size=128, max_model_len=77, mb_needed=62) is None
+    message = waves_warning(32, 21, budget_mb=64, num_blocks=22, block_size=128, max_model_len=77, mb_needed=93)
+    assert "kv_cache_memory_mb=64: 22 blocks of 128 tokens" in message and "runs 21 sequences" in message
+    assert "has 32: vLLM runs it in 2 waves" in message and ">= 93" in message
+    assert CPU_BLOCK_SIZE == 128
