@@ -53,7 +53,7 @@ def test_the_adamw_step_is_the_textbook_update():
     reference = param.detach().double().clone()
     optimizer = build_adamw([param], lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, state_precision="fp32",
                             device_type="cpu")
-    assert optimizer.defaults["foreach"]
+    assert optimizer.defaults["fused"]
     first, second = torch.zeros_like(reference), torch.zeros_like(reference)
     for step in range(1, 4):
         grad = torch.randn(257)
