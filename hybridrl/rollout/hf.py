@@ -6,6 +6,9 @@ once per ``generate`` and kept until it returns (:func:`~hybridrl.modeling.fsdp.
 per decode step; all ranks keep stepping until the slowest finishes. The ``n`` samples of a prompt share its
 prefill: the prompt runs once and its KV cache is repeated ``n`` times.
 
+On a CPU with native bf16, the linear layers multiply against weights packed once per ``generate`` for oneDNN
+(:mod:`hybridrl.modeling.prepacked`: the same bits, without a weight reorder in every decode-step product).
+
 The loop is the model's forward, the sampler of :mod:`hybridrl.rollout.sampling` and nothing else: no generation
 config of the checkpoint (repetition penalties, minimum lengths, …) can change what is sampled behind the
 log-probs, which are those of ``logits / temperature`` exactly as the trainer computes them. It replaced
@@ -25,6 +28,7 @@ from transformers import DynamicCache
 from hybridrl.protocol import Batch, Fields
 from hybridrl.protocol.rollout_layout import assemble_rollout, response_mask_from_eos
 from hybridrl.modeling.positions import position_ids_from_mask
+from hybridrl.modeling.prepacked import linears_prepacked
 from hybridrl.modeling.sequences import accepts_logits_to_keep, last_positions
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.sampling import next_tokens
@@ -62,7 +66,8 @@ class HFRollout:
         from hybridrl.modeling.fsdp import parameters_kept_gathered
 
         prompts_per_chunk = max((self.micro_batch_size or len(prompts) * params.n) // params.n, 1)
-        with parameters_kept_gathered(self.model):  # one all-gather per layer, not one per decode step
+        # one all-gather (and bf16 cast) per layer, not one per decode step; on CPU each weight packed once for oneDNN
+        with parameters_kept_gathered(self.model), linears_prepacked(self.model):
             pieces = [self._generate_chunk(chunk, params) for chunk in prompts.split_every(prompts_per_chunk)]
         self.model.train(was_training)
         width = params.max_new_tokens
