@@ -106,21 +106,32 @@ def direct_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     groups = heads // kv_heads
     scale = dim ** -0.5 if scaling is None else scaling
     folded = query.reshape(batch, kv_heads, groups * q_length, dim)
-    scores = torch.matmul(folded, key.transpose(-1, -2)).float() * scale
-    scores = scores.view(batch, kv_heads, groups, q_length, k_length)
+    scores = torch.matmul(folded, key.transpose(-1, -2)).view(batch, kv_heads, groups, q_length, k_length)
     if mask is None and q_length > 1:
         mask = torch.ones(q_length, k_length, dtype=torch.bool, device=scores.device).tril(k_length - q_length)
-    if mask is not None:
-        mask = _grouped_mask(mask, kv_heads, groups)
-        if mask.dtype == torch.bool:  # where() saves the mask itself for backward, not a per-layer inverted copy
-            scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
-        else:
-            scores = scores + mask.float()
+    if mask is None:
+        scores = scores.float() * scale
+    elif mask.dtype == torch.bool:
+        scores = _scaled_and_masked(scores, _grouped_mask(mask, kv_heads, groups), scale)
+    else:
+        scores = scores.float() * scale + _grouped_mask(mask, kv_heads, groups).float()
     weights = torch.softmax(scores, dim=-1).to(value.dtype)
     if dropout > 0:
         weights = nn.functional.dropout(weights, p=dropout, training=True)
     output = torch.matmul(weights.view(batch, kv_heads, groups * q_length, k_length), value)
     return output.view(batch, heads, q_length, dim).transpose(1, 2).contiguous()
+
+
+def _scaled_and_masked(scores: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """``where(mask, float(scores) · scale, finfo.min)`` in one pass over the score matrix: ``bias + scale · scores``
+    with ``bias`` 0 where ``mask`` and fp32's minimum elsewhere, built at the mask's (unrepeated) size. The same
+    values bit for bit: ``0 + x`` is ``x``, and the minimum absorbs any score (it moves only past ``|x| ≈ 1e31``);
+    fully masked rows get uniform weights as before (a gradient into such a row's scores, which a model never sends,
+    now flows as through eager attention's additive mask). It replaces a cast, a multiply and a ``where`` over
+    ``[B, H_kv, g, q, k]`` fp32: forward + backward of SmolLM2's attention over 2 × 174 tokens (bf16, 9 heads over
+    3 KV heads, 2-core AMD EPYC, alternated in one process) 6.3 → 5.1 ms; decode steps unchanged (0.30–0.41 ms)."""
+    bias = torch.where(mask, 0.0, torch.finfo(torch.float32).min)
+    return torch.add(bias, scores, alpha=scale)
 
 
 def _grouped_mask(mask: torch.Tensor, kv_heads: int, groups: int) -> torch.Tensor:

@@ -69,6 +69,37 @@ def test_direct_attention_masks_of_every_broadcast_layout_equal_sdpa(layout):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def masked_by_where_reference(query, key, value, mask):
+    """The kernel's previous masking, kept as the reference of its one-pass form: cast the scores to fp32, scale,
+    ``where`` the masked ones to fp32's minimum; KV heads repeated per query head."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    scores = torch.matmul(query, key.transpose(-1, -2)).float() * query.shape[-1] ** -0.5
+    scores = torch.where(mask, scores, torch.finfo(torch.float32).min)
+    weights = torch.softmax(scores, dim=-1).to(value.dtype)
+    return torch.matmul(weights, value).transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_one_pass_scale_and_mask_is_the_where_bit_for_bit(dtype):
+    """Values and query gradients the same bits as scale-then-``where`` (bf16 is what the actor runs on CPU), with
+    left padding; a pad query with no visible key gets uniform weights in both. Such a query's output feeds nothing in
+    a model, so no gradient reaches it; if one did, it would now flow into its scores as through eager attention's
+    additive mask (``where`` stopped it). (Key and value gradients are summed over a KV head's query heads in another
+    order, see ``direct_attention``; they match within rounding.)"""
+    query, key, value = (tensor.detach().to(dtype).requires_grad_() for tensor in qkv(q_len=6, k_len=6, dim=64))
+    mask = torch.ones(3, 1, 6, 6, dtype=torch.bool).tril()
+    mask[0, :, 1:, :2] = False  # row 0: two pad tokens, the first sees itself, the second nothing
+    mask[1, :, 0, :] = False  # row 1's first query sees nothing
+    actual, expected = direct_attention(query, key, value, mask), masked_by_where_reference(query, key, value, mask)
+    assert torch.equal(actual, expected)
+    upstream = torch.randn(expected.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    upstream[~mask.any(-1).squeeze(1)] = 0  # [B, q] queries that see no key: their outputs feed nothing
+    (actual_q,) = torch.autograd.grad((actual * upstream).sum(), (query,))
+    (expected_q,) = torch.autograd.grad((expected * upstream).sum(), (query,))
+    assert torch.equal(actual_q, expected_q)
+
+
 def test_a_query_row_with_no_visible_key_gets_finite_output():
     query, key, value = qkv(q_len=3, k_len=3)
     mask = torch.ones(3, 1, 3, 3, dtype=torch.bool).tril()
