@@ -45,9 +45,11 @@ def start_split(runtime, config, name: str):
     return actor, replicas
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["pool1", "pool2_tp2"])
+@pytest.fixture(scope="module", params=[1, pytest.param(2, marks=pytest.mark.long)], ids=["pool1", "pool2_tp2"])
 def split(request, ray_runtime, model_dir):
-    """1 trainer rank + one replica of ``t_g = M`` on a pool of ``M``."""
+    """1 trainer rank + one replica of ``t_g = M`` on a pool of ``M``. The ``t_g = 2`` pool runs with ``make
+    test-long`` (its start took 116 s inside the parallel suite, 2026-12-02; ``test_vllm_tensor_parallel`` keeps a
+    ``t_g = 2`` engine in ``make test``)."""
     pool_size = request.param
     actor, replicas = start_split(ray_runtime, split_config(model_dir, pool_size, pool_size), f"split{pool_size}")
     yield Generation(actor, "vllm", replicas), actor, pool_size

@@ -180,6 +180,7 @@ def test_split_placement_uses_separate_pools_and_processes(hybrid_and_critic):
 # --- the serial executor (local mode) ---------------------------------------------------------------------------------
 
 
+@pytest.mark.long  # a fresh 2-rank group beside a local-mode one: 93 s inside the parallel suite (2026-12-02)
 def test_local_mode_matches_ray(hybrid_and_critic, echo4):
     hybrid, _ = hybrid_and_critic
     local = start_ray(ray_config(local_mode=True))
