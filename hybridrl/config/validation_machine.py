@@ -16,6 +16,7 @@ from hybridrl.config.errors import ConfigError
 from hybridrl.config.precision import check_precision_on_device
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH
+from hybridrl.utils.memory import host_memory_mb
 
 DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json")
 TRACKER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard",
@@ -78,7 +79,7 @@ def _check_object_store(config: TrainConfig, error: ConfigError) -> None:
     wanted = config.trainer.ray.object_store_memory_mb
     if config.trainer.ray.address != "local" or wanted is None:
         return
-    total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    total_mb = host_memory_mb()
     if wanted >= total_mb:
         error.add("trainer.ray.object_store_memory_mb", wanted,
                   f"is more than this machine's memory ({total_mb} MiB); a few hundred MiB to a few GiB is usual")

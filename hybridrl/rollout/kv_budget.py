@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from pathlib import Path
 from typing import Optional
 
 import torch
+
+from hybridrl.utils.memory import host_memory_mb
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def resolve_kv_cache_mb(explicit_mb: Optional[int], *, model_path: str, dtype: t
         raise ValueError(f"rollout.kv_cache_memory_mb: cannot size vLLM's KV cache for {model_path} (its "
                          "config.json names no layer and head counts); set it, e.g. rollout.kv_cache_memory_mb=256")
     wanted = kv_cache_mb_for(max_num_seqs, max_model_len, per_token)
-    ceiling = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4 // 2**20
+    ceiling = host_memory_mb() // 4
     budget = min(wanted, ceiling)
     logger.info("rollout.kv_cache_memory_mb unset on CPU → %d MiB: %d sequences (rollout.max_num_seqs) × %d tokens "
                 "(%d rounded up to vLLM's %d-token blocks) × %.1f KiB per token%s", budget, max_num_seqs,

@@ -284,14 +284,15 @@ class VLLMRollout:
         if "waves" in self._noted or blocks is None or self.kv_cache_mb is None:
             return
         num_blocks, block_size = blocks
+        held = sequences_held(num_blocks, self.max_model_len, block_size)
+        if rows <= held:  # the usual case: nothing to read or say
+            return
         per_token = kv_bytes_per_token(self.model_path, self.dtype, self.tp_size)
         needed = None if per_token is None else kv_cache_mb_for(rows, self.max_model_len, per_token, block_size)
-        message = waves_warning(rows, sequences_held(num_blocks, self.max_model_len, block_size),
-                                budget_mb=self.kv_cache_mb, num_blocks=num_blocks, block_size=block_size,
-                                max_model_len=self.max_model_len, mb_needed=needed)
-        if message:
-            self._noted.add("waves")
-            logger.warning("rollout.name=vllm: %s", message)
+        self._noted.add("waves")
+        logger.warning("rollout.name=vllm: %s", waves_warning(
+            rows, held, budget_mb=self.kv_cache_mb, num_blocks=num_blocks, block_size=block_size,
+            max_model_len=self.max_model_len, mb_needed=needed))
 
     def _note_once(self, key: str, message: str) -> None:
         if key not in self._noted:

@@ -14,6 +14,11 @@ CUDA_MEMORY_KEYS = (("memory/device_allocated_gib", "memory_allocated"),
                     ("memory/device_peak_allocated_gib", "max_memory_allocated"))
 
 
+def host_memory_mb() -> int:
+    """This machine's physical memory in MiB."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+
+
 def host_rss_bytes() -> int:
     """Resident set size of this process now (Linux ``/proc/self/statm``; the peak where it is unavailable)."""
     try:
