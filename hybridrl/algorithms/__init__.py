@@ -22,7 +22,7 @@ from hybridrl.algorithms.kl_controllers import (
     ScheduledKLController,
     build_kl_controller,
 )
-from hybridrl.algorithms.logits import entropy_from_logits, log_probs_from_logits
+from hybridrl.algorithms.logits import entropy_from_logits, log_probs_from_logits, token_log_probs_and_entropy
 from hybridrl.algorithms.losses import POLICY_LOSSES, value_loss
 from hybridrl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from hybridrl.algorithms.off_policy import decoupled_ppo_token_loss, masked_importance, truncated_importance_weights
@@ -42,6 +42,7 @@ __all__ = [
     "build_kl_controller",
     "entropy_from_logits",
     "log_probs_from_logits",
+    "token_log_probs_and_entropy",
     "POLICY_LOSSES",
     "value_loss",
     "masked_mean",

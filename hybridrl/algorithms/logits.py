@@ -15,11 +15,13 @@ the logits gradient in the logits dtype.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Optional
 
 import torch
 from torch.autograd.function import once_differentiable
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "entropy_from_logits", "log_probs_from_logits"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "entropy_from_logits", "log_probs_and_entropy_from_logits", "log_probs_from_logits",
+           "token_log_probs_and_entropy"]
 
 DEFAULT_CHUNK_SIZE = 1024  # tokens per chunk; × vocab × 4 bytes is the working set (~600 MB at a 150k vocab)
 
@@ -71,26 +73,38 @@ def _recompute_log_probs(chunk: torch.Tensor, shift: torch.Tensor, log_sum: torc
     return (chunk - shift.unsqueeze(-1)).sub_(log_sum.unsqueeze(-1))
 
 
+def _chunk_entropy(log_probs: torch.Tensor) -> torch.Tensor:
+    """``-sum_v p_v log p_v`` per token of a ``[tokens, vocab]`` chunk of log-probs."""
+    return -(torch.exp(log_probs) * log_probs).sum(dim=-1)
+
+
 class _TokenLogProbs(torch.autograd.Function):
-    """``log p(label)`` chunk by chunk; backward ``grad * (onehot(label) - softmax)``, recomputed per chunk."""
+    """``log p(label)`` chunk by chunk; backward ``grad * (onehot(label) - softmax)``, recomputed per chunk. With
+    ``with_entropy`` also each token's entropy from the same log-softmax (one pass over the logits fewer than a
+    separate :func:`entropy_from_logits`, the same bits); that output is not differentiable."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, chunk_size: int, with_entropy: bool):
         rows = _as_rows(logits)
         label_rows = labels.reshape(rows.shape[:2])
         dtype = _compute_dtype(logits.dtype)
         shifts, log_sums, out = (torch.empty(rows.shape[:2], dtype=dtype, device=logits.device) for _ in range(3))
+        entropy = torch.empty(rows.shape[:2] if with_entropy else (0,), dtype=dtype, device=logits.device)
         for group, tokens in _chunks(rows, chunk_size):
             chunk = rows[group, tokens].to(dtype)
             log_probs, shifts[group, tokens], log_sums[group, tokens] = _log_softmax_chunk(chunk)
             out[group, tokens] = log_probs.gather(-1, label_rows[group, tokens].unsqueeze(-1)).squeeze(-1)
+            if with_entropy:
+                entropy[group, tokens] = _chunk_entropy(log_probs)
         ctx.save_for_backward(logits, label_rows, shifts, log_sums)
         ctx.chunk_size = chunk_size
-        return out.view(labels.shape)
+        entropy = entropy.view(labels.shape) if with_entropy else entropy
+        ctx.mark_non_differentiable(entropy)
+        return out.view(labels.shape), entropy
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out: torch.Tensor):
+    def backward(ctx, grad_out: torch.Tensor, _grad_entropy: torch.Tensor):
         logits, label_rows, shifts, log_sums = ctx.saved_tensors
         rows = _as_rows(logits)
         grad_rows = grad_out.reshape(rows.shape[:2]).to(shifts.dtype)
@@ -101,7 +115,7 @@ class _TokenLogProbs(torch.autograd.Function):
             grad_chunk = grad_rows[group, tokens].unsqueeze(-1)
             grad = probs.mul_(-grad_chunk).scatter_add_(-1, label_rows[group, tokens].unsqueeze(-1), grad_chunk)
             grad_logits[group, tokens] = grad
-        return grad_logits.view(logits.shape), None, None
+        return grad_logits.view(logits.shape), None, None, None
 
 
 class _Entropy(torch.autograd.Function):
@@ -115,7 +129,7 @@ class _Entropy(torch.autograd.Function):
         for group, tokens in _chunks(rows, chunk_size):
             chunk = rows[group, tokens].to(dtype)
             log_probs, shifts[group, tokens], log_sums[group, tokens] = _log_softmax_chunk(chunk)
-            entropy[group, tokens] = -(torch.exp(log_probs) * log_probs).sum(dim=-1)
+            entropy[group, tokens] = _chunk_entropy(log_probs)
         ctx.save_for_backward(logits, shifts, log_sums, entropy)
         ctx.chunk_size = chunk_size
         return entropy.view(logits.shape[:-1])
@@ -150,9 +164,22 @@ def log_probs_from_logits(
         ``[...]`` log-probs in fp32 (fp64 for fp64 logits); differentiable w.r.t. ``logits``. Equals
         ``logits.float().log_softmax(-1).gather(-1, labels[..., None])[..., 0]``.
     """
+    _check_labels(logits, labels)
+    return _TokenLogProbs.apply(logits, labels.long(), chunk_size, False)[0]
+
+
+def log_probs_and_entropy_from_logits(logits: torch.Tensor, labels: torch.Tensor,
+                                      chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log_probs [...], entropy [...])``: :func:`log_probs_from_logits` and, from the same log-softmax, the
+    entropy :func:`entropy_from_logits` gives (the same bits, one pass over the logits fewer). The entropy is not
+    differentiable (a metric); for an entropy bonus use :func:`entropy_from_logits`."""
+    _check_labels(logits, labels)
+    return _TokenLogProbs.apply(logits, labels.long(), chunk_size, True)
+
+
+def _check_labels(logits: torch.Tensor, labels: torch.Tensor) -> None:
     if tuple(labels.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"labels {tuple(labels.shape)} must match logits {tuple(logits.shape)} without the vocab dim")
-    return _TokenLogProbs.apply(logits, labels.long(), chunk_size)
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
@@ -161,3 +188,15 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SI
     Differentiable w.r.t. ``logits`` (for an entropy bonus); fp32 output (fp64 for fp64 logits).
     """
     return _Entropy.apply(logits, chunk_size)
+
+
+def token_log_probs_and_entropy(logits: torch.Tensor, labels: torch.Tensor, *, with_entropy: bool,
+                                entropy_grad: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``(log_probs, entropy or None)`` of ``logits [..., vocab]`` at ``labels [...]``: the log-probs differentiable,
+    the entropy (``with_entropy``) only when ``entropy_grad`` and grad mode is on (an entropy bonus); a metric
+    entropy comes from the log-probs' own log-softmax (:func:`log_probs_and_entropy_from_logits`)."""
+    if not with_entropy:
+        return log_probs_from_logits(logits, labels), None
+    if entropy_grad and torch.is_grad_enabled():
+        return log_probs_from_logits(logits, labels), entropy_from_logits(logits)
+    return log_probs_and_entropy_from_logits(logits, labels)

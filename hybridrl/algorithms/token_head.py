@@ -8,7 +8,7 @@ autograd function that keeps only the hidden states, the head weight (references
 token; backward recomputes each chunk's logits. Peak extra memory is one chunk's ``[chunk, V]`` working set plus,
 with several chunks, an fp32 accumulator for the weight's gradient (``[V, D]``), whatever ``M`` is. The price is the
 head's forward matmul a second time in backward (``2·M·D·V`` FLOPs, a third of the head's training FLOPs) — on the
-CPU more than repaid by the element-wise passes over ``[M, V]`` it saves (``benchmarks/fused_head.py``).
+CPU more than repaid by the element-wise passes over ``[M, V]`` it saves (``benchmarks/lm_head.py``).
 
 Numerics follow the plain path: the matmul in the hidden states' dtype, its output cast to fp32 (fp64 for fp64
 inputs), divided by the temperature, then an exact log-softmax; gradients enter the matmul's backward in the

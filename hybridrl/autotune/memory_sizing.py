@@ -26,6 +26,8 @@ counter (``tests/unit/workers/test_memory_sizing.py``: saved bytes within 0.2 %,
 - logits (:func:`logits_bytes_peaks`): ``[N_head, V]`` logits and the ``[M, V]`` response logits the loss saves in
   forward; in backward up to ``[M, V] + 2·[G, V]`` (the boolean gather's out-of-place ``index_put``) or ``[N, V]``
   plus the LM head's ``[V, h]`` weight gradient. At a 150k vocabulary this, not the layers, is often what overflows.
+  These are the reference head path's (``hybridrl.modeling.scored_head``); the default path on pass-through model
+  types runs the head on the ``M`` scored positions in the compute dtype and holds less, so they bound it above.
 - model states per rank under FSDP2 over ``W`` ranks: fp32 master parameters, fp32 gradients and AdamW's two fp32
   moments, each ``/ W``; plus the all-gathered compute-dtype parameters in flight (the root group and two layers —
   the current one and the prefetched one) and their unsharded gradients; plus, **while accumulating with

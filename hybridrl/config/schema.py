@@ -78,7 +78,9 @@ class ModelConfig(FreezableConfig):
     """Actor and reference log-probs with the LM head fused into the log-softmax, chunk by chunk: no
     ``[tokens, vocab]`` logits are kept (with a 150k vocabulary and 8k scored tokens, ≈ 12 GB fewer at the peak),
     for the head's matmul once more in backward (a third more of the head's FLOPs). Same numbers within rounding.
-    verl's ``actor_rollout_ref.model.use_fused_kernels``. Causal LMs with a bias-free head only."""
+    verl's ``actor_rollout_ref.model.use_fused_kernels``. Causal LMs with a bias-free head whose type returns the
+    head's output unchanged (``hybridrl.modeling.scored_head.PASS_THROUGH_MODEL_TYPES``); others are refused. With it
+    off, such models still run the head on the scored positions alone, as a plain matmul."""
 
 
 @dataclass

@@ -23,13 +23,14 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import nn
 
-from hybridrl.algorithms import entropy_from_logits, log_probs_from_logits
-from hybridrl.modeling.fused_head import fused_head_log_probs
+from hybridrl.algorithms import token_log_probs_and_entropy
 from hybridrl.modeling.positions import position_ids_from_mask
+from hybridrl.modeling.scored_head import runs_head_on_scored_positions, scored_head_log_probs
 from hybridrl.modeling.shared_prompts import (TrimmedRows, attention_takes_custom_mask, grouped_call, grouping_pays,
                                              prompt_groups, trim_padding)
 
@@ -160,13 +161,16 @@ def _forward_takes_logits_to_keep(model_class: type) -> bool:
 
 def response_log_probs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
                        *, temperature: float = 1.0, packed: bool = False, share_prompts: bool = False,
-                       with_entropy: bool = False, entropy_grad: bool = False,
-                       fused_head: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       with_entropy: bool = False, entropy_grad: bool = False, fused_head: bool = False,
+                       head_on_scored: Optional[bool] = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (nats) of the response tokens under ``model``, and optionally the policy entropy.
 
     Logits are divided by ``temperature`` first, so the numbers match the distribution the rollout sampled from.
-    ``fused_head``: the LM head runs fused with the log-softmax, chunk by chunk, so no ``[tokens, vocab]`` logits are
-    kept (``hybridrl.modeling.fused_head``); the same numbers within rounding.
+    The LM head runs on the scored positions alone (``hybridrl.modeling.scored_head``): ``fused_head`` fused with
+    the log-softmax chunk by chunk, so no ``[tokens, vocab]`` logits are kept; otherwise, where the model allows it
+    (``head_on_scored=None``: :func:`runs_head_on_scored_positions`), as a plain matmul on the selected hidden states.
+    ``head_on_scored=False`` keeps the reference path: the head on every position ``logits_to_keep`` names, then the
+    selection. All give the same numbers within rounding.
 
     Returns:
         ``(log_probs [B, R], entropy [B, R] or None)``, zero at invalid positions. The entropy keeps its graph only
@@ -174,20 +178,20 @@ def response_log_probs(model: nn.Module, input_ids: torch.Tensor, attention_mask
     """
     tokens = response_tokens(input_ids, attention_mask, response_length)
     call = head_call(model, input_ids, attention_mask, response_length, packed=packed, share_prompts=share_prompts)
-    if fused_head:
-        log_probs, entropy = fused_head_log_probs(model, call.inputs, call.select, tokens.targets,
-                                                  temperature=temperature, with_entropy=with_entropy,
-                                                  entropy_grad=entropy_grad and torch.is_grad_enabled())
+    if head_on_scored is None:
+        head_on_scored = runs_head_on_scored_positions(model)
+    if fused_head or head_on_scored:
+        log_probs, entropy = scored_head_log_probs(model, call.inputs, call.select, tokens.targets,
+                                                   temperature=temperature, with_entropy=with_entropy,
+                                                   entropy_grad=entropy_grad and torch.is_grad_enabled(),
+                                                   fused=fused_head)
         return tokens.scatter(log_probs), (tokens.scatter(entropy) if with_entropy else None)
     logits = call.select(model(**call.inputs).logits)
     if temperature != 1.0:
         logits = logits / temperature
-    log_probs = tokens.scatter(log_probs_from_logits(logits, tokens.targets))
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = tokens.scatter(entropy_from_logits(logits))
-    return log_probs, entropy
+    log_probs, entropy = token_log_probs_and_entropy(logits, tokens.targets, with_entropy=with_entropy,
+                                                     entropy_grad=entropy_grad)
+    return tokens.scatter(log_probs), (tokens.scatter(entropy) if with_entropy else None)
 
 
 def response_values(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,

@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridrl.algorithms import entropy_from_logits, log_probs_from_logits
+from hybridrl.algorithms import entropy_from_logits, log_probs_from_logits, token_log_probs_and_entropy
+from hybridrl.algorithms.logits import log_probs_and_entropy_from_logits
 
 FAST = settings(max_examples=30, deadline=None)
 
@@ -118,6 +119,37 @@ def test_backward_keeps_no_vocab_sized_intermediates():
     # the detector does detect the naive version's saved fp32 copy / softmax
     assert _vocab_sized_saved_tensors(lambda x: naive_log_probs(x.float(), labels), logits) != []
     assert _vocab_sized_saved_tensors(lambda x: naive_entropy(x.float()), logits) != []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_size", [3, 4096])
+def test_log_probs_with_entropy_are_the_separate_functions_bits(dtype, chunk_size):
+    """One log-softmax for both: the same log-probs, log-prob gradient and entropy bits as the two separate calls;
+    the entropy is a metric (no gradient)."""
+    logits, labels = make(5, (4, 6), 40, dtype)
+    logits = logits[:, 1:]  # a non-contiguous slice, chunked within rows
+    labels = labels[:, 1:]
+    weights = torch.randn(labels.shape, generator=torch.Generator().manual_seed(2))
+    separate = logits.detach().requires_grad_()
+    (log_probs_from_logits(separate, labels, chunk_size) * weights).sum().backward()
+    together = logits.detach().requires_grad_()
+    log_probs, entropy = log_probs_and_entropy_from_logits(together, labels, chunk_size)
+    (log_probs * weights).sum().backward()
+    assert torch.equal(log_probs, log_probs_from_logits(logits, labels, chunk_size))
+    assert torch.equal(entropy, entropy_from_logits(logits, chunk_size))
+    assert torch.equal(together.grad, separate.grad)
+    assert not entropy.requires_grad and entropy.shape == labels.shape
+
+
+def test_token_log_probs_and_entropy_gives_the_entropy_a_gradient_only_for_a_bonus():
+    logits, labels = make(6, (2, 5), 30)
+    logits.requires_grad_()
+    assert token_log_probs_and_entropy(logits, labels, with_entropy=False, entropy_grad=True)[1] is None
+    assert not token_log_probs_and_entropy(logits, labels, with_entropy=True, entropy_grad=False)[1].requires_grad
+    log_probs, entropy = token_log_probs_and_entropy(logits, labels, with_entropy=True, entropy_grad=True)
+    assert log_probs.requires_grad and entropy.requires_grad
+    with torch.no_grad():
+        assert not token_log_probs_and_entropy(logits, labels, with_entropy=True, entropy_grad=True)[1].requires_grad
 
 
 def test_argument_errors():
