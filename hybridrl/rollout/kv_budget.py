@@ -65,16 +65,20 @@ def sequences_held(num_blocks: int, max_model_len: int, block_size: int) -> int:
     return max(num_blocks - _NULL_BLOCKS, 0) // blocks_per_sequence(max_model_len, block_size)
 
 
-def waves_warning(rows: int, held: int, *, budget_mb: int, num_blocks: int, block_size: int, max_model_len: int,
-                  mb_needed: Optional[int]) -> Optional[str]:
-    """The warning for a generation of ``rows`` sequences on a cache that runs ``held`` at once; ``None`` if it fits."""
-    if rows <= held:
+def waves_warning(rows: int, held: int, *, max_num_seqs: int, budget_mb: int, num_blocks: int, block_size: int,
+                  max_model_len: int, mb_needed: Optional[int]) -> Optional[str]:
+    """The warning for a generation of ``rows`` sequences on a cache that runs ``held`` at once; ``None`` when the
+    cache is not what splits it: all rows fit, or the cache holds ``max_num_seqs`` — vLLM's scheduler runs at most
+    that many at once whatever the cache, by the user's choice. ``mb_needed``: the budget for
+    ``min(rows, max_num_seqs)`` sequences."""
+    if rows <= held or held >= max_num_seqs:
         return None
+    at_once = min(rows, max_num_seqs)
     advice = f"set rollout.kv_cache_memory_mb >= {mb_needed}" if mb_needed else "raise rollout.kv_cache_memory_mb"
     return (f"vLLM's KV cache (rollout.kv_cache_memory_mb={budget_mb}: {num_blocks} blocks of {block_size} tokens) "
             f"runs {held} sequences of up to {max_model_len} tokens at once, but this generation has {rows}: vLLM "
-            f"runs it in {math.ceil(rows / max(held, 1))} waves, with more, smaller decode steps; {advice} (or leave "
-            "it unset on CPU, which sizes it for rollout.max_num_seqs sequences)")
+            f"runs it in {math.ceil(rows / max(held, 1))} waves, with more, smaller decode steps; {advice} to run "
+            f"{at_once} at once (or leave it unset on CPU, which sizes it for rollout.max_num_seqs sequences)")
 
 
 def resolve_kv_cache_mb(explicit_mb: Optional[int], *, model_path: str, dtype: torch.dtype, max_model_len: int,

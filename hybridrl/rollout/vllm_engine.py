@@ -278,21 +278,22 @@ class VLLMRollout:
                 _remove_cpu_shared_memory()
 
     def _warn_if_cache_runs_waves(self, rows: int) -> None:
-        """Warn once when the KV cache cannot run all ``rows`` sequences of a generation at once (CPU budgets are
-        explicit; on GPU vLLM sizes the cache from the memory left)."""
+        """Warn once when the KV cache, not ``rollout.max_num_seqs``, keeps a generation of ``rows`` sequences from
+        running at once (CPU budgets are explicit; on GPU vLLM sizes the cache from the memory left)."""
         blocks = kv_cache_blocks(self.llm)
         if "waves" in self._noted or blocks is None or self.kv_cache_mb is None:
             return
         num_blocks, block_size = blocks
-        held = sequences_held(num_blocks, self.max_model_len, block_size)
-        if rows <= held:  # the usual case: nothing to read or say
+        held, max_num_seqs = sequences_held(num_blocks, self.max_model_len, block_size), self.rollout.max_num_seqs
+        if rows <= held or held >= max_num_seqs:  # the usual case: nothing to read or say
             return
         per_token = kv_bytes_per_token(self.model_path, self.dtype, self.tp_size)
-        needed = None if per_token is None else kv_cache_mb_for(rows, self.max_model_len, per_token, block_size)
+        at_once = min(rows, max_num_seqs)
+        needed = None if per_token is None else kv_cache_mb_for(at_once, self.max_model_len, per_token, block_size)
         self._noted.add("waves")
         logger.warning("rollout.name=vllm: %s", waves_warning(
-            rows, held, budget_mb=self.kv_cache_mb, num_blocks=num_blocks, block_size=block_size,
-            max_model_len=self.max_model_len, mb_needed=needed))
+            rows, held, max_num_seqs=max_num_seqs, budget_mb=self.kv_cache_mb, num_blocks=num_blocks,
+            block_size=block_size, max_model_len=self.max_model_len, mb_needed=needed))
 
     def _note_once(self, key: str, message: str) -> None:
         if key not in self._noted:

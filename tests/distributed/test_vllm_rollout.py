@@ -6,7 +6,9 @@ restore the original ones before they end.
 
 from __future__ import annotations
 
+
 import copy
+import dataclasses
 import os
 
 import pytest
@@ -215,8 +217,15 @@ def test_an_unset_cpu_budget_holds_max_num_seqs_sequences_in_vllms_own_blocks(en
     assert sequences_held(num_blocks, 200, block_size) >= 32
     with caplog.at_level("WARNING", logger="hybridrl.rollout.vllm_engine"):
         engine._warn_if_cache_runs_waves(32)
-        assert caplog.text == ""
-        engine._warn_if_cache_runs_waves(1000)
+        engine._warn_if_cache_runs_waves(1000)  # split by max_num_seqs (32), which the cache holds: not its fault
+    assert caplog.text == "" and "waves" not in engine._noted
+    configured = engine.rollout  # the same engine under a scheduler cap above what its cache holds: the cache splits
+    engine.rollout = dataclasses.replace(configured, max_num_seqs=2000)
+    try:
+        with caplog.at_level("WARNING", logger="hybridrl.rollout.vllm_engine"):
+            engine._warn_if_cache_runs_waves(1000)
+    finally:
+        engine.rollout = configured
+        engine._noted.discard("waves")
     needed = kv_cache_mb_for(1000, 200, per_token, block_size)
     assert "but this generation has 1000" in caplog.text and f"kv_cache_memory_mb >= {needed}" in caplog.text
-    engine._noted.discard("waves")

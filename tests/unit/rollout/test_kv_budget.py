@@ -66,8 +66,18 @@ def test_unset_budget_for_a_model_without_head_counts_names_the_key(tmp_path):
 
 
 def test_waves_warning_says_how_many_and_what_fits():
-    assert waves_warning(21, 21, budget_mb=64, num_blocks=22, block_size=128, max_model_len=77, mb_needed=62) is None
-    message = waves_warning(32, 21, budget_mb=64, num_blocks=22, block_size=128, max_model_len=77, mb_needed=93)
+    cache = dict(budget_mb=64, num_blocks=22, block_size=128, max_model_len=77)
+    assert waves_warning(21, 21, max_num_seqs=64, mb_needed=62, **cache) is None
+    message = waves_warning(32, 21, max_num_seqs=64, mb_needed=93, **cache)
     assert "kv_cache_memory_mb=64: 22 blocks of 128 tokens" in message and "runs 21 sequences" in message
-    assert "has 32: vLLM runs it in 2 waves" in message and ">= 93" in message
+    assert "has 32: vLLM runs it in 2 waves" in message and ">= 93 to run 32 at once" in message
+    # more rows than max_num_seqs: the budget that would help holds max_num_seqs, not every row
+    assert ">= 90 to run 30 at once" in waves_warning(128, 21, max_num_seqs=30, mb_needed=90, **cache)
+
+
+def test_no_waves_warning_when_the_scheduler_cap_splits_the_generation():
+    """The demo's case: 128 rows, ``max_num_seqs`` 64 and a cache auto-sized for 64 (holding 73). vLLM runs 64 at a
+    time because the user capped it there; a bigger cache would change nothing, so nothing is said."""
+    assert waves_warning(128, 73, max_num_seqs=64, budget_mb=7, num_blocks=74, block_size=128, max_model_len=20,
+                         mb_needed=13) is None
     assert CPU_BLOCK_SIZE == 128
