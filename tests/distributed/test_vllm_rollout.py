@@ -6,7 +6,6 @@ restore the original ones before they end.
 
 from __future__ import annotations
 
-
 import copy
 import dataclasses
 import os
