@@ -16,7 +16,7 @@ from hybridrl.config.errors import ConfigError
 from hybridrl.config.precision import check_precision_on_device
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH
-from hybridrl.utils.memory import host_memory_mb
+from hybridrl.utils.host_memory import host_memory_mb
 
 DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json")
 TRACKER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard",

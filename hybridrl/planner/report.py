@@ -11,7 +11,7 @@ from hybridrl.config.sizes import world_size
 from hybridrl.planner.hardware import GpuSpec
 from hybridrl.planner.known_models import model_shape
 from hybridrl.planner.memory_plan import MemoryPlan, Shapes, kv_bytes_per_token, plan_memory
-from hybridrl.planner.recommend import Recommendation, recommend
+from hybridrl.planner.recommendation import Recommendation, recommend
 from hybridrl.planner.time_plan import StepTime, roofline_step_time, run_cost
 from hybridrl.autotune.memory_sizing import DecoderShape
 

@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from hybridrl.utils.memory import host_memory_mb
+from hybridrl.utils.host_memory import host_memory_mb
 
 logger = logging.getLogger(__name__)
 

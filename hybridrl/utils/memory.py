@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import resource
 
 import torch
+
+from hybridrl.utils.host_memory import host_rss_bytes
 
 GIB = 2**30
 # CUDA allocator figures (metric key, torch.cuda function name); the peak counter is reset after each read.
 CUDA_MEMORY_KEYS = (("memory/device_allocated_gib", "memory_allocated"),
                     ("memory/device_reserved_gib", "memory_reserved"),
                     ("memory/device_peak_allocated_gib", "max_memory_allocated"))
-
-
-def host_memory_mb() -> int:
-    """This machine's physical memory in MiB."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
-
-
-def host_rss_bytes() -> int:
-    """Resident set size of this process now (Linux ``/proc/self/statm``; the peak where it is unavailable)."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def memory_metrics(device: torch.device) -> dict[str, float]:

@@ -213,7 +213,7 @@ def test_micro_batch_grad_sync_holds_only_the_gradient_shard():
 
 
 def test_recommender_tries_micro_batch_grad_sync_first_within_a_node():
-    from hybridrl.planner.recommend import saver_ladder
+    from hybridrl.planner.recommendation import saver_ladder
 
     device = gpu_spec("a100-80").memory_bytes
     one_node = recommend(big_job("algorithm=gae"), Shapes(QWEN_7B), device)
