@@ -115,6 +115,9 @@ def scored_head_log_probs(model: nn.Module, inputs: dict, select: Callable[[torc
     ``entropy_grad`` (an entropy bonus in the loss). fp32 outputs, as the plain path's.
     """
     head = fused_output_head(model) if fused else _bias_free_head(model)
+    if head is None:
+        raise ValueError(f"the LM head on the scored positions needs a bias-free nn.Linear head; "
+                         f"{type(model).__name__} has none (see runs_head_on_scored_positions)")
 
     def log_probs_head(hidden: torch.Tensor) -> torch.Tensor:
         if fused:

@@ -177,3 +177,15 @@ def test_a_head_with_bias_is_refused_naming_the_key(model_dirs):
     input_ids, attention_mask = grouped_batch(**UNEVEN)
     with pytest.raises(ValueError, match="model.use_fused_kernels=false"):
         response_log_probs(model, input_ids, attention_mask, RESPONSE, fused_head=True)
+
+
+def test_asking_for_the_selected_path_without_a_bias_free_head_is_a_clear_error(model_dirs):
+    model = build_model(ModelConfig(path=model_dirs["llama"], dtype="float32"), "actor")
+    head = fused_output_head(model)
+    model.set_output_embeddings(torch.nn.Linear(head.in_features, head.out_features, bias=True))
+    assert not runs_head_on_scored_positions(model)
+    input_ids, attention_mask = grouped_batch(**UNEVEN)
+    with pytest.raises(ValueError, match="needs a bias-free nn.Linear head"):
+        response_log_probs(model, input_ids, attention_mask, RESPONSE, head_on_scored=True)
+    log_probs, _ = response_log_probs(model, input_ids, attention_mask, RESPONSE)  # the default: the reference path
+    assert torch.isfinite(log_probs).all()
