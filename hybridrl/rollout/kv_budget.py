@@ -65,13 +65,19 @@ def sequences_held(num_blocks: int, max_model_len: int, block_size: int) -> int:
     return max(num_blocks - _NULL_BLOCKS, 0) // blocks_per_sequence(max_model_len, block_size)
 
 
+def cache_splits(rows: int, held: int, max_num_seqs: int) -> bool:
+    """Whether a cache that runs ``held`` sequences at once is what splits a generation of ``rows`` into waves: not
+    when all rows fit, nor when it holds ``max_num_seqs`` — vLLM's scheduler runs at most that many at once whatever
+    the cache, by the user's choice."""
+    return rows > held and held < max_num_seqs
+
+
 def waves_warning(rows: int, held: int, *, max_num_seqs: int, budget_mb: int, num_blocks: int, block_size: int,
                   max_model_len: int, mb_needed: Optional[int]) -> Optional[str]:
     """The warning for a generation of ``rows`` sequences on a cache that runs ``held`` at once; ``None`` when the
-    cache is not what splits it: all rows fit, or the cache holds ``max_num_seqs`` — vLLM's scheduler runs at most
-    that many at once whatever the cache, by the user's choice. ``mb_needed``: the budget for
-    ``min(rows, max_num_seqs)`` sequences."""
-    if rows <= held or held >= max_num_seqs:
+    cache is not what splits it (:func:`cache_splits`). ``mb_needed``: the budget for ``min(rows, max_num_seqs)``
+    sequences."""
+    if not cache_splits(rows, held, max_num_seqs):
         return None
     at_once = min(rows, max_num_seqs)
     advice = f"set rollout.kv_cache_memory_mb >= {mb_needed}" if mb_needed else "raise rollout.kv_cache_memory_mb"

@@ -30,8 +30,8 @@ from hybridrl.config.schema import RolloutConfig
 from hybridrl.protocol import Batch, Fields
 from hybridrl.protocol.rollout_layout import assemble_rollout, response_mask_from_eos
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.rollout.kv_budget import (kv_bytes_per_token, kv_cache_blocks, kv_cache_mb_for, resolve_kv_cache_mb,
-                                        sequences_held, waves_warning)
+from hybridrl.rollout.kv_budget import (cache_splits, kv_bytes_per_token, kv_cache_blocks, kv_cache_mb_for,
+                                        resolve_kv_cache_mb, sequences_held, waves_warning)
 from hybridrl.rollout.vllm_extension import WORKER_EXTENSION
 from hybridrl.rollout.vllm_requests import Completion, VLLMRequests
 
@@ -285,7 +285,7 @@ class VLLMRollout:
             return
         num_blocks, block_size = blocks
         held, max_num_seqs = sequences_held(num_blocks, self.max_model_len, block_size), self.rollout.max_num_seqs
-        if rows <= held or held >= max_num_seqs:  # the usual case: nothing to read or say
+        if not cache_splits(rows, held, max_num_seqs):  # the usual case: nothing to read or say
             return
         per_token = kv_bytes_per_token(self.model_path, self.dtype, self.tp_size)
         at_once = min(rows, max_num_seqs)
