@@ -16,7 +16,7 @@ packed twice. fp32 is left alone: its prepacked kernel is faster too but not the
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,16 @@ def prepacking_available() -> bool:
     mkldnn_ops = getattr(torch.ops, "mkldnn", None)
     return (torch.backends.mkldnn.is_available() and hasattr(mkldnn_ops, "_reorder_linear_weight")
             and hasattr(mkldnn_ops, "_linear_pointwise") and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 CPU weight ``[out, in]`` reordered once into oneDNN's layout for :func:`packed_linear`."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, _DECODE_ROWS_HINT)
+
+
+def packed_linear(input: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``F.linear(input, weight, bias)`` against ``pack_linear_weight(weight)``: the same bits."""
+    return torch.ops.mkldnn._linear_pointwise(input, packed, bias, "none", [], "")
 
 
 class _PackedLinear:
@@ -50,8 +60,8 @@ class _PackedLinear:
             if self.weight is not None:  # its weight changed between calls: packing would repeat every call
                 self.unstable, self.weight, self.packed = True, None, None
                 return F.linear(input, weight, bias)
-            self.weight, self.packed = weight, torch.ops.mkldnn._reorder_linear_weight(weight, _DECODE_ROWS_HINT)
-        return torch.ops.mkldnn._linear_pointwise(input, self.packed, bias, "none", [], "")
+            self.weight, self.packed = weight, pack_linear_weight(weight)
+        return packed_linear(input, self.packed, bias)
 
     def _packable(self, input: torch.Tensor, weight: torch.Tensor) -> bool:
         return (not self.unstable and not torch.is_grad_enabled() and type(weight) in (torch.Tensor, nn.Parameter)

@@ -188,3 +188,19 @@ def casts_kept(model: nn.Module) -> Iterator[None]:
         casts.kept = None
         if casts.depth:  # a forward did not unwind (it cannot, short of a bug): never leave the casts swapped in
             casts.restore()
+
+
+@contextmanager
+def compute_parameters_in_place(model: nn.Module) -> Iterator[None]:
+    """Inside, each parameter slot of ``model`` holds its compute-dtype cast, as during a forward (the casts kept by
+    an enclosing :func:`casts_kept`, else made here): for code that reads the weights outside a forward, such as
+    :class:`hybridrl.modeling.decode_step.DecodeStep`. A model without :func:`apply_compute_dtype` passes through."""
+    casts: Optional[_ComputeCasts] = getattr(model, _STATE_ATTRIBUTE, None)
+    if casts is None:
+        yield
+        return
+    casts.enter(model)
+    try:
+        yield
+    finally:
+        casts.exit(model)

@@ -6,7 +6,10 @@ once per ``generate`` and kept until it returns (:func:`~hybridrl.modeling.fsdp.
 per decode step; all ranks keep stepping until the slowest finishes. The ``n`` samples of a prompt share its
 prefill: the prompt runs once and its KV cache is repeated ``n`` times.
 
-On a CPU with native bf16, the linear layers multiply against weights packed once per ``generate`` for oneDNN
+Prompts run through the module's forward. Decode steps of the model types :mod:`hybridrl.modeling.decode_step`
+covers run straight on the weights (``rollout.hf_fast_decode``, on by default: the same logits bit for bit on CPU,
+without the modules' per-step dispatch); other models run the module's forward every step. On a CPU with native
+bf16 either way multiplies against weights packed once per ``generate`` for oneDNN
 (:mod:`hybridrl.modeling.prepacked`: the same bits, without a weight reorder in every decode-step product).
 
 The loop is the model's forward, the sampler of :mod:`hybridrl.rollout.sampling` and nothing else: no generation
@@ -27,9 +30,11 @@ from transformers import DynamicCache
 
 from hybridrl.protocol import Batch, Fields
 from hybridrl.protocol.rollout_layout import assemble_rollout, response_mask_from_eos
+from hybridrl.modeling.decode_step import DecodeStep, fast_decode_unsupported
 from hybridrl.modeling.positions import position_ids_from_mask
 from hybridrl.modeling.prepacked import linears_prepacked
 from hybridrl.modeling.sequences import accepts_logits_to_keep, last_positions
+from hybridrl.modeling.single_rank import compute_parameters_in_place
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.sampling import next_tokens
 
@@ -47,15 +52,21 @@ class HFRollout:
         if inputs.model is None:
             raise ValueError("rollout.name=hf generates with the actor's module: EngineInputs.model is required")
         return cls(inputs.model, pad_token_id=inputs.pad_token_id, eos_token_ids=inputs.eos_token_ids,
-                   micro_batch_size=inputs.micro_batch_size)
+                   micro_batch_size=inputs.micro_batch_size, fast_decode=inputs.rollout.hf_fast_decode)
 
     def __init__(self, model: nn.Module, *, pad_token_id: int, eos_token_ids: Iterable[int],
-                 micro_batch_size: Optional[int] = None) -> None:
+                 micro_batch_size: Optional[int] = None, fast_decode: bool = True) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
         self.micro_batch_size = micro_batch_size
+        self.fast_decode_unsupported = (fast_decode_unsupported(model) if fast_decode
+                                        else "rollout.hf_fast_decode=false")
+        """Why decode steps run the module's forward (``None``: :class:`DecodeStep` runs them)."""
+        self.decode_path = None
+        """What ran the last ``generate``'s decode steps: ``"fast"`` or ``"module"`` (``None`` before any)."""
         self._noted_no_sleep = False
+        self._noted_path = False
 
     @torch.no_grad()
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
@@ -66,17 +77,21 @@ class HFRollout:
         from hybridrl.modeling.fsdp import parameters_kept_gathered
 
         prompts_per_chunk = max((self.micro_batch_size or len(prompts) * params.n) // params.n, 1)
+        forwards = _Forwards(self.model, fast=self.fast_decode_unsupported is None)
         # one all-gather (and bf16 cast) per layer, not one per decode step; on CPU each weight packed once for oneDNN
-        with parameters_kept_gathered(self.model), linears_prepacked(self.model):
-            pieces = [self._generate_chunk(chunk, params) for chunk in prompts.split_every(prompts_per_chunk)]
+        # (the fast step packs its own: the module's products then run once per prompt, not worth a packed copy)
+        with parameters_kept_gathered(self.model), linears_prepacked(self.model, enabled=not forwards.fast):
+            pieces = [self._generate_chunk(chunk, params, forwards) for chunk in prompts.split_every(prompts_per_chunk)]
         self.model.train(was_training)
+        self._note_decode_path(forwards)
         width = params.max_new_tokens
         responses = torch.cat([_pad_right(ids, width, self.pad_token_id) for ids, _ in pieces])
         log_probs = torch.cat([_pad_right(lp, width, 0.0) for _, lp in pieces])
         mask = response_mask_from_eos(responses, self.eos_token_ids)
         return assemble_rollout(prompts, params.n, responses, mask, log_probs, self.pad_token_id)
 
-    def _generate_chunk(self, prompts: Batch, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    def _generate_chunk(self, prompts: Batch, params: SamplingParams,
+                        forwards: "_Forwards") -> tuple[torch.Tensor, torch.Tensor]:
         """``b`` prompts → ``b·n`` responses ``[b·n, T]`` (a prompt's ``n`` consecutive; ``T ≤ max_new_tokens``,
         the longest) and their log-probs under ``logits / temperature`` (0 after a row's EOS). Each prompt but its last
         token is run once and its KV cache repeated ``n`` times: the ``n`` samples share the prefill."""
@@ -92,9 +107,7 @@ class HFRollout:
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=input_ids.device)
         tokens, log_probs = [], []
         for _ in range(params.max_new_tokens):
-            logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                                past_key_values=cache, use_cache=True, **self._last_logits_only(input_ids)
-                                ).logits[:, -1].float()
+            logits, cache = forwards(input_ids, attention_mask, positions, cache, self._last_logits_only(input_ids))
             scaled = logits / params.effective_temperature
             token = next_tokens(scaled, do_sample=params.do_sample, top_k=params.top_k, top_p=params.top_p)
             token = token.masked_fill(finished, self.pad_token_id)
@@ -128,6 +141,17 @@ class HFRollout:
             return {}
         return {"logits_to_keep": last_positions(input_ids.shape[1], 1, device=input_ids.device)}
 
+    def _note_decode_path(self, forwards: "_Forwards") -> None:
+        self.decode_path = "fast" if forwards.step is not None else "module"
+        if self._noted_path:
+            return
+        self._noted_path = True
+        if self.decode_path == "fast":
+            logger.info("rollout.name=hf: decode steps run on the weights directly (rollout.hf_fast_decode)")
+        else:
+            logger.info("rollout.name=hf: decode steps run the module's forward: %s",
+                        self.fast_decode_unsupported or forwards.failure or "no decode step ran")
+
     def update_weights(self, named_tensors) -> None:
         """Nothing to do: this engine generates with the training module itself."""
 
@@ -138,6 +162,38 @@ class HFRollout:
 
     def resume(self) -> None:
         """Nothing was released (see ``release_memory``)."""
+
+
+class _Forwards:
+    """The decode loop's forwards within one ``generate``: the module's for prompts, then, if ``fast``, a
+    :class:`DecodeStep` built at its first one-token step (after a module forward has gathered the parameters) and
+    reused by every chunk; if it cannot be built (``failure``) the module's forward runs on."""
+
+    def __init__(self, model: nn.Module, *, fast: bool) -> None:
+        self.model, self.fast = model, fast
+        self.step: Optional[DecodeStep] = None
+        self.failure: Optional[str] = None
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, cache,
+                 head_kwargs: dict) -> tuple[torch.Tensor, object]:
+        """Next-token logits ``[R, V]`` (fp32) of ``input_ids [R, q]`` after ``cache``, and the cache: a
+        ``DynamicCache``, or once the fast step has taken over its per-layer ``[keys, values]`` lists."""
+        if isinstance(cache, list) or (input_ids.shape[1] == 1 and cache.get_seq_length() > 0 and self._ready()):
+            if not isinstance(cache, list):
+                cache = DecodeStep.cache_from(cache)
+            return self.step(input_ids, positions, attention_mask, cache).float(), cache
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                            past_key_values=cache, use_cache=True, **head_kwargs).logits[:, -1].float()
+        return logits, cache
+
+    def _ready(self) -> bool:
+        if self.step is None and self.fast and self.failure is None:
+            try:
+                with compute_parameters_in_place(self.model):
+                    self.step = DecodeStep(self.model)
+            except ValueError as error:
+                self.failure = str(error)
+        return self.step is not None
 
 
 def _all_finished(finished: torch.Tensor) -> bool:

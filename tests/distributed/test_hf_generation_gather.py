@@ -1,5 +1,6 @@
-"""HF generation on an FSDP2-sharded actor gathers each layer once per ``generate`` (not once per decode step) and
-produces exactly what the unsharded model produces; afterwards the parameters are sharded again as configured."""
+"""HF generation on an FSDP2-sharded actor gathers each layer once per ``generate`` (not once per decode step), runs
+the fast decode step on the gathered weights, and produces exactly what the unsharded model produces; afterwards the
+parameters are sharded again as configured."""
 
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ def prompts() -> Batch:
     return Batch(tensors={"input_ids": ids, "attention_mask": torch.ones_like(ids)})
 
 
-def greedy(model) -> Batch:
-    engine = HFRollout(model, pad_token_id=0, eos_token_ids=[1])
-    return engine.generate(prompts(), SamplingParams(n=1, max_new_tokens=NEW_TOKENS, do_sample=False))
+def greedy(model, fast_decode: bool = True) -> tuple[Batch, str]:
+    """Greedy responses, and what ran the decode steps (``HFRollout.decode_path``)."""
+    engine = HFRollout(model, pad_token_id=0, eos_token_ids=[1], fast_decode=fast_decode)
+    return engine.generate(prompts(), SamplingParams(n=1, max_new_tokens=NEW_TOKENS, do_sample=False)), engine.decode_path
 
 
 def generate_counting_all_gathers(rank, world, model_dir, out_path):
@@ -42,12 +44,12 @@ def generate_counting_all_gathers(rank, world, model_dir, out_path):
 
     dist.all_gather_single = counted
     results = {}
-    for reshard in (True, False):
+    for reshard, fast in ((True, True), (False, True), (True, False)):
         model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor")
         shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions(reshard_after_forward=reshard))
         groups = sum(1 for _ in filter(lambda m: hasattr(m, "reshard"), model.modules()))
         calls.clear()
-        out = greedy(model)
+        out, path = greedy(model, fast)
         gathers = len(calls)
         sharded = all(isinstance(p, DTensor) for p in model.parameters())   # freed again after generate
         with parameters_kept_gathered(model):   # the setting is restored on exit: another forward behaves as before
@@ -55,9 +57,9 @@ def generate_counting_all_gathers(rank, world, model_dir, out_path):
         calls.clear()
         model(input_ids=prompts()["input_ids"])
         model(input_ids=prompts()["input_ids"])
-        results[reshard] = dict(responses=out["responses"], log_probs=out["rollout_log_probs"], gathers=gathers,
-                                groups=groups, gathers_two_forwards=len(calls),
-                                sharded=sharded)
+        results[reshard, fast] = dict(responses=out["responses"], log_probs=out["rollout_log_probs"],
+                                      gathers=gathers, groups=groups, gathers_two_forwards=len(calls),
+                                      sharded=sharded, path=path)
     dist.all_gather_single = original
     if rank == 0:
         torch.save(results, out_path)
@@ -67,12 +69,13 @@ def test_generation_gathers_once_per_group_and_matches_the_unsharded_model(tmp_p
     model_dir = save_tiny_model(tmp_path / "model")
     run_on_gloo(2, generate_counting_all_gathers, model_dir, tmp_path / "out.pt")
     results = torch.load(tmp_path / "out.pt", weights_only=True)
-    reference = greedy(build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor"))
-    for reshard, result in results.items():
+    reference, _ = greedy(build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor"))
+    for (reshard, fast), result in results.items():
         assert torch.equal(result["responses"], reference["responses"]), reshard
         assert torch.allclose(result["log_probs"], reference["rollout_log_probs"], atol=1e-5), reshard
         assert result["gathers"] == result["groups"], (reshard, result)   # once per FSDP group, not per token
         assert result["sharded"]
+        assert result["path"] == ("fast" if fast else "module")   # the fast step runs on the gathered shards
     # reshard_after_forward restored: True re-gathers every group on each forward, False keeps them after the first
-    assert results[True]["gathers_two_forwards"] == 2 * results[True]["groups"]
-    assert results[False]["gathers_two_forwards"] == results[False]["groups"]
+    assert results[True, True]["gathers_two_forwards"] == 2 * results[True, True]["groups"]
+    assert results[False, True]["gathers_two_forwards"] == results[False, True]["groups"]
