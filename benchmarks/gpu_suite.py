@@ -20,7 +20,8 @@ Sections (each guarded: a failure is recorded in the JSON and the next section r
    micro-batch of ``--actor-rows`` × ``--seq-len`` tokens each (token budgets), plain and fused LM head: MFU against
    the measured matmul rate, and peak memory — the large micro-batches the fused head makes room for.
 4. ``generate``: hybridrl's HF rollout (``HFRollout`` on the same FSDP2 module, as ``rollout.name=hf`` does), sampled,
-   tokens/s over the median of ``--repeats`` calls.
+   tokens/s over the median of ``--repeats`` calls; the fast decode step (``rollout.hf_fast_decode``, the default)
+   against the module's forward, alternated.
 5. ``weight_sync``: ``WeightResharder.stream()`` of the FSDP2 model to bf16 (what a vLLM sync consumes), GB/s of
    bf16 bytes delivered, against one device-to-device copy of the same bytes.
 """
@@ -268,18 +269,22 @@ def measure_generation(model: torch.nn.Module, args: argparse.Namespace) -> dict
     ids = torch.randint(0, vocab - 2, (args.prompts, args.prompt_len))
     prompts = Batch(tensors={Fields.INPUT_IDS: ids, Fields.ATTENTION_MASK: torch.ones_like(ids)},
                     non_tensors={Fields.UID: [str(i) for i in range(args.prompts)]}).to(next(model.parameters()).device)
-    engine = HFRollout(model, pad_token_id=pad, eos_token_ids=[eos])
+    engines = {fast: HFRollout(model, pad_token_id=pad, eos_token_ids=[eos], fast_decode=fast) for fast in (True, False)}
     params = SamplingParams(n=args.n, max_new_tokens=args.new_tokens, temperature=1.0, seed=0)
-    engine.generate(prompts, params)  # warm-up
-    times, generated = [], 0
-    for repeat in range(args.repeats):
-        rollouts = []
-        times.append(timed(lambda: rollouts.append(engine.generate(prompts, params.with_seed(repeat + 1)))))
-        generated = int(rollouts[0][Fields.RESPONSE_MASK].sum())
-    seconds = statistics.median(times)
-    profile_call(args.profile_dir, "generate", lambda: engine.generate(prompts, params))
+    times, generated = {True: [], False: []}, 0
+    for fast, engine in engines.items():
+        engine.generate(prompts, params)  # warm-up
+    for repeat in range(args.repeats):  # the fast decode step and the module's forward, alternated
+        for fast, engine in engines.items():
+            rollouts = []
+            times[fast].append(timed(lambda: rollouts.append(engine.generate(prompts, params.with_seed(repeat + 1)))))
+            generated = int(rollouts[0][Fields.RESPONSE_MASK].sum())
+    seconds = statistics.median(times[True])
+    profile_call(args.profile_dir, "generate", lambda: engines[True].generate(prompts, params))
     return {"sequences": args.prompts * args.n, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-            "median_s": seconds, "generated_tokens": generated, "tokens_per_s": generated / seconds}
+            "median_s": seconds, "generated_tokens": generated, "tokens_per_s": generated / seconds,
+            "decode_path": engines[True].decode_path, "module_forward_median_s": statistics.median(times[False]),
+            "fast_decode_speedup": statistics.median(times[False]) / seconds}
 
 
 def measure_weight_sync(model: torch.nn.Module, repeats: int = 5) -> dict[str, Any]:
