@@ -7,11 +7,11 @@ import logging
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, GemmaConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from decode_parity import decode_both_ways
+from transformers import AutoModelForCausalLM, GemmaConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from hybridrl.modeling.attention import attention_implementation
 from hybridrl.modeling.decode_step import DecodeStep, fast_decode_unsupported
-from hybridrl.modeling.positions import position_ids_from_mask
 from hybridrl.modeling.prepacked import linears_prepacked, prepacking_available
 from hybridrl.modeling.single_rank import apply_compute_dtype, casts_kept, compute_parameters_in_place
 from hybridrl.protocol import Batch, Fields
@@ -56,23 +56,13 @@ def test_same_logits_as_the_module_every_step(kind, dtype):
     model = tiny(kind, dtype)
     assert fast_decode_unsupported(model) is None
     ids, mask = left_padded_prompts()
-    with torch.no_grad(), linears_prepacked(model):
-        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                    past_key_values=DynamicCache(config=model.config), use_cache=True)
-        reference_cache = out.past_key_values
-        cache = [[keys.clone(), values.clone()] for keys, values in DecodeStep.cache_from(reference_cache)]
-        step = DecodeStep(model)
-        token, positions = out.logits[:, -1].argmax(-1, keepdim=True), position_ids_from_mask(mask)[:, -1:] + 1
-        for _ in range(5):
-            mask = torch.cat([mask, torch.ones_like(token)], dim=1)
-            expected = model(input_ids=token, attention_mask=mask, position_ids=positions,
-                             past_key_values=reference_cache, use_cache=True).logits[:, -1]
-            got = step(token, positions, mask, cache)
-            assert got.dtype == dtype and got.shape == expected.shape
-            assert torch.equal(got, expected), (got - expected).abs().max()
-            token, positions = expected.argmax(-1, keepdim=True), positions + 1
+    with linears_prepacked(model):
+        pairs, cache, reference_cache = decode_both_ways(model, ids, mask, steps=5)
+    for got, expected in pairs:
+        assert got.dtype == dtype and got.shape == expected.shape
+        assert torch.equal(got, expected), (got - expected).abs().max()
     assert all(torch.equal(mine[0], theirs[0]) and torch.equal(mine[1], theirs[1])
-               for mine, theirs in zip(cache, DecodeStep.cache_from(reference_cache)))
+               for mine, theirs in zip(cache, reference_cache))
 
 
 def test_bf16_products_are_packed_where_the_cpu_has_native_bf16():
