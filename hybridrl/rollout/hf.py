@@ -191,8 +191,8 @@ class _Forwards:
             try:
                 with compute_parameters_in_place(self.model):
                     self.step = DecodeStep(self.model)
-            except ValueError as error:
-                self.failure = str(error)
+            except (ValueError, AttributeError) as error:  # e.g. shards not gathered; a renamed module attribute
+                self.failure = f"the fast decode step could not be built ({error})"
         return self.step is not None
 
 

@@ -134,3 +134,21 @@ def test_compute_parameters_in_place_swaps_the_casts_in_and_back():
         with compute_parameters_in_place(model):   # the same kept cast, not a second one
             assert model.model.layers[0].mlp.down_proj.weight is inside
     assert inside.dtype == torch.bfloat16 and model.model.layers[0].mlp.down_proj.weight.dtype == torch.float32
+
+
+def test_a_step_that_cannot_be_built_falls_back_to_the_module(monkeypatch, caplog):
+    """If building the step fails at run time (e.g. FSDP2 shards that were not gathered), generation goes on through
+    the module's forward, with the same tokens, and the log names the failure."""
+    import hybridrl.rollout.hf as hf
+
+    def refuse(model):
+        raise ValueError("the fast decode step needs gathered parameters (simulated)")
+
+    model = tiny("llama")
+    params = SamplingParams(n=2, max_new_tokens=4, do_sample=False)
+    expected, _ = engine_rollouts(model, True, params)
+    monkeypatch.setattr(hf, "DecodeStep", refuse)
+    with caplog.at_level(logging.INFO, logger="hybridrl.rollout.hf"):
+        out, engine = engine_rollouts(model, True, params)
+    assert engine.decode_path == "module" and "could not be built" in caplog.text and "(simulated)" in caplog.text
+    assert torch.equal(out[Fields.RESPONSES], expected[Fields.RESPONSES])
