@@ -89,8 +89,10 @@ def test_no_subprocess_escape_to_the_network(listener, mode):
 
 def test_wall_clock_timeout_kills_the_process_group():
     code = "import os, time\npid = os.fork()\nif pid:\n    print(pid, flush=True)\ntime.sleep(600)"
-    result = run_untrusted_python(code, limits=SandboxLimits(timeout_s=1.0))
-    assert result.status == "timeout" and result.seconds < 15
+    # 5 s, not 1: inside the parallel suite the sandboxed interpreter once took over 1 s to reach its print (CI)
+    result = run_untrusted_python(code, limits=SandboxLimits(timeout_s=5.0))
+    assert result.status == "timeout" and result.seconds < 20
+    assert result.stdout.split(), result  # the parent printed its child's pid before the timeout
     child = int(result.stdout.split()[0])  # in a namespace this is the pid the child sees; check it from outside too
 
     def leftovers():
