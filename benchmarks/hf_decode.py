@@ -8,7 +8,8 @@ step's logits are the module's bit for bit on CPU).
 
 Workloads (built from configs, random weights, nothing read or downloaded):
 - ``smollm2``: SmolLM2-135M's shapes (30 layers, 576 wide, vocab 49152), prompts of 30–44 tokens, 32 new tokens;
-- ``tiny``: the demo's model shape (``hybridrl.demo.DEMO_MODEL``: 3 layers, 256 wide, vocab 80), prompts of 6–12 tokens, 16 new tokens.
+- ``tiny``: the demo's model shape (``hybridrl.demo.DEMO_MODEL``: 3 layers, 256 wide, vocab 80), prompts of 6–12
+  tokens, 16 new tokens.
 
     PYTHONPATH=. python benchmarks/hf_decode.py [--workloads smollm2,tiny] [--repeats 7]
 """

@@ -8,9 +8,10 @@ and one for gate and up (their bf16 weights concatenated and packed once for one
 :func:`~hybridrl.modeling.prepacked.prepacking_available`), the model's own rotary module and activation, and
 :func:`~hybridrl.modeling.attention.direct_attention` on the cache. Logits are the module forward's bit for bit on
 CPU with the default attention (bf16 and fp32; ``tests/unit/workers/test_decode_step.py``). Measured on the 2-core
-AMD EPYC (AVX-512 BF16), bf16, both prepacked, alternated in one process: one step of 32 rows, SmolLM2-135M 92–110 →
-75–81 ms, the demo's tiny model 7.0–9.4 → 3.4–3.8 ms; a whole ``generate`` of 8 prompts × 4 samples (prefill and
-sampling included), SmolLM2 × 32 tokens 2.58 → 2.24 s, tiny × 16 tokens 72 → 54 ms (medians of 5).
+AMD EPYC (AVX-512 BF16), bf16, both prepacked, alternated in one process: one step of 32 rows, SmolLM2-135M
+92–110 → 75–81 ms, the demo's tiny model 7.0–9.4 → 3.4–3.8 ms; a whole ``generate`` of 8 prompts × 4 samples
+(prefill and sampling included, ``benchmarks/hf_decode.py``), SmolLM2's shapes × 32 tokens 3.20 → 2.68 s, tiny
+× 16 tokens 72 → 54 ms.
 
 Only what the types listed share is covered: pre-norm decoder layers of RMSNorm, attention with rotary positions
 (Qwen3's per-head q/k norms included) and a gated MLP, no sliding window, plain ``nn.Linear`` products (no LoRA
@@ -47,8 +48,9 @@ def fast_decode_unsupported(model: nn.Module) -> Optional[str]:
         return f"{type(model).__name__} does not have transformers' decoder structure (a wrapped or adapted model)"
     if type(head) is not nn.Linear or head.bias is not None or type(inner.embed_tokens) is not nn.Embedding:
         return "the head is not a bias-free nn.Linear or the embedding not an nn.Embedding (adapters?)"
+    layer_types = getattr(config, "layer_types", None) or []
     if getattr(config, "sliding_window", None) is not None and (
-            model_type == "mistral" or any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or [])):
+            model_type == "mistral" or any(kind != "full_attention" for kind in layer_types)):
         return f"sliding-window attention (sliding_window={config.sliding_window})"
     for index, layer in enumerate(inner.layers):
         modules = [layer.get_submodule(name) for name in _LINEARS]

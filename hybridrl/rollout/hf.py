@@ -81,7 +81,8 @@ class HFRollout:
         # one all-gather (and bf16 cast) per layer, not one per decode step; on CPU each weight packed once for oneDNN
         # (the fast step packs its own: the module's products then run once per prompt, not worth a packed copy)
         with parameters_kept_gathered(self.model), linears_prepacked(self.model, enabled=not forwards.fast):
-            pieces = [self._generate_chunk(chunk, params, forwards) for chunk in prompts.split_every(prompts_per_chunk)]
+            chunks = prompts.split_every(prompts_per_chunk)
+            pieces = [self._generate_chunk(chunk, params, forwards) for chunk in chunks]
         self.model.train(was_training)
         self._note_decode_path(forwards)
         width = params.max_new_tokens
