@@ -1,17 +1,21 @@
-"""The HF engine's ``generate`` with its decode steps run by the fast step (``rollout.hf_fast_decode``, the default)
-and by the module's forward, alternated in one process on the same prompts and seeds.
+"""The HF engine's ``generate`` three ways, alternated in one process on the same prompts and seeds: as it runs by
+default (``fast``: decode steps on the weights, ``rollout.hf_fast_decode``, rows that have ended dropped from the
+decode batch), ``fast_keep`` (the same without dropping ended rows) and ``module`` (every decode step through the
+module's forward, ended rows dropped).
 
-Per workload: 8 left-padded prompts × 4 samples (the vs_trl batch), sampled at temperature 1 to a fixed length (no
-EOS), bf16 compute over fp32 master weights on one rank (``single_rank`` casts, as the actor runs), 2 threads. Prints
-the median seconds of each side, the ratio, and whether both sides sampled the same tokens (they must: the fast
-step's logits are the module's bit for bit on CPU).
+Per workload: 8 left-padded prompts × 4 samples (the vs_trl batch), sampled at temperature 1, bf16 compute over fp32
+master weights on one rank (``single_rank`` casts, as the actor runs), 2 threads. With ``--ending F`` (default
+0.035) a fraction ``F`` of the vocabulary ends a response, so rows end at spread-out steps (0.035 at 32 new tokens:
+a mean length of ≈ 20, as SmolLM2's in ``vs_trl.py``; 0: every row runs to the maximum). Prints the median seconds of
+each side, the ratios, the rows × forwards each ran, and whether all sampled the same tokens (they must: in bf16 on
+CPU the fast step's logits are the module's bit for bit, and a row's do not depend on the rows beside it).
 
 Workloads (built from configs, random weights, nothing read or downloaded):
 - ``smollm2``: SmolLM2-135M's shapes (30 layers, 576 wide, vocab 49152), prompts of 30–44 tokens, 32 new tokens;
 - ``tiny``: the demo's model shape (``hybridrl.demo.DEMO_MODEL``: 3 layers, 256 wide, vocab 80), prompts of 6–12
   tokens, 16 new tokens.
 
-    PYTHONPATH=. python benchmarks/hf_decode.py [--workloads smollm2,tiny] [--repeats 7]
+    PYTHONPATH=. python benchmarks/hf_decode.py [--workloads smollm2,tiny] [--repeats 7] [--ending 0.035]
 """
 
 from __future__ import annotations
@@ -57,41 +61,55 @@ def build(workload: dict) -> tuple[torch.nn.Module, Batch]:
     return model, prompts
 
 
-def measure(name: str, repeats: int) -> dict:
+SIDES = {"module": dict(fast_decode=False), "fast": dict(), "fast_keep": dict(drop_ended_rows=False)}
+
+
+def measure(name: str, repeats: int, ending: float) -> dict:
     workload = WORKLOADS[name]
     model, prompts = build(workload)
-    engines = {side: HFRollout(model, pad_token_id=0, eos_token_ids=[-1], fast_decode=side == "fast")
-               for side in ("module", "fast")}
+    vocab = workload["config"]["vocab_size"]
+    endings = list(range(2, 2 + round(ending * vocab))) or [-1]
+    engines = {side: HFRollout(model, pad_token_id=0, eos_token_ids=endings, **options)
+               for side, options in SIDES.items()}
     params = SamplingParams(n=SAMPLES, max_new_tokens=workload["new_tokens"], temperature=1.0, seed=0)
     times = {side: [] for side in engines}
-    same_tokens = True
-    for repeat in range(repeats + 1):  # the first round warms both up and is not counted
-        order = list(engines) if repeat % 2 else list(reversed(engines))
+    same_tokens, rows_run, lengths = True, {}, []
+    for repeat in range(repeats + 1):  # the first round warms all up and is not counted
+        order = list(engines)[repeat % 3:] + list(engines)[:repeat % 3]  # each side first, second and last in turn
         responses = {}
         for side in order:
             started = time.perf_counter()
-            responses[side] = engines[side].generate(prompts, params.with_seed(repeat))[Fields.RESPONSES]
+            output = engines[side].generate(prompts, params.with_seed(repeat))
             if repeat:
                 times[side].append(time.perf_counter() - started)
-        same_tokens &= torch.equal(responses["module"], responses["fast"])
+                rows_run[side] = rows_run.get(side, 0) + engines[side].decode_rows_run
+            responses[side] = output[Fields.RESPONSES]
+        lengths += output[Fields.RESPONSE_MASK].sum(1).tolist()
+        same_tokens &= all(torch.equal(responses["fast"], other) for other in responses.values())
     medians = {side: statistics.median(values) for side, values in times.items()}
-    return {"workload": name, "module_s": medians["module"], "fast_s": medians["fast"],
-            "speedup": medians["module"] / medians["fast"], "same_tokens": same_tokens,
-            "decode_path": engines["fast"].decode_path, "times": times}
+    return {"workload": name, **{f"{side}_s": medians[side] for side in SIDES},
+            "fast_over_module": medians["module"] / medians["fast"],
+            "dropping_speedup": medians["fast_keep"] / medians["fast"], "same_tokens": same_tokens,
+            "rows_run": rows_run, "mean_length": statistics.mean(lengths), "decode_path": engines["fast"].decode_path,
+            "times": times}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workloads", default="smollm2,tiny")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--ending", type=float, default=0.035, help="fraction of the vocabulary that ends a response")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    results = [measure(name, args.repeats) for name in args.workloads.split(",")]
-    rows = [[r["workload"], f"{r['module_s']:.3f} s", f"{r['fast_s']:.3f} s", f"{r['speedup']:.2f}×",
-             r["same_tokens"], r["decode_path"]] for r in results]
-    print(markdown_table(["workload", "module forward", "fast step", "module ÷ fast", "same tokens", "path"], rows))
+    results = [measure(name, args.repeats, args.ending) for name in args.workloads.split(",")]
+    rows = [[r["workload"], f"{r['mean_length']:.1f}", f"{r['module_s']:.3f} s", f"{r['fast_keep_s']:.3f} s",
+             f"{r['fast_s']:.3f} s", f"{r['fast_over_module']:.2f}×", f"{r['dropping_speedup']:.2f}×",
+             f"{r['rows_run']['fast_keep']} → {r['rows_run']['fast']}", r["same_tokens"], r["decode_path"]]
+            for r in results]
+    print(markdown_table(["workload", "mean length", "module forward", "fast, all rows", "fast (default)",
+                          "module ÷ fast", "all rows ÷ fast", "rows × forwards", "same tokens", "path"], rows))
     write_json("hf_decode", {"benchmark": "hf_decode", "machine": machine_info(), "repeats": args.repeats,
-                             "results": results})
+                             "ending": args.ending, "results": results})
 
 
 if __name__ == "__main__":

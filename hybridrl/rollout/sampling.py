@@ -9,6 +9,8 @@ filters removed (probability 0) can never be drawn.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
@@ -30,20 +32,25 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
     return logits
 
 
-def sample_rows(probs: torch.Tensor) -> torch.Tensor:
-    """One token id per row of ``probs [R, V]`` (non-negative, each row summing to ≈ 1), drawn with torch's global
-    generator → ``[R]``. Inverse-CDF: the first token whose cumulative probability exceeds ``u · total``."""
+def sample_rows(probs: torch.Tensor, uniforms: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One token id per row of ``probs [R, V]`` (non-negative, each row summing to ≈ 1) → ``[R]``. Inverse-CDF: the
+    first token whose cumulative probability exceeds ``u · total``, with ``u`` from ``uniforms [R, 1]`` (in
+    ``[0, 1)``, the dtype of ``probs``) or drawn here with torch's global generator."""
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:]
-    target = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device) * total
+    if uniforms is None:
+        uniforms = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device)
+    target = uniforms * total
     # strictly below the total, so the search never runs past the last token with probability > 0
     target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True).squeeze(-1)
 
 
-def next_tokens(scaled_logits: torch.Tensor, *, do_sample: bool, top_k: int, top_p: float) -> torch.Tensor:
+def next_tokens(scaled_logits: torch.Tensor, *, do_sample: bool, top_k: int, top_p: float,
+                uniforms: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The next token of each row from its last position's ``scaled_logits [R, V]`` (fp32, already divided by the
-    temperature): greedy (``argmax``) or a sample of ``softmax(filter(scaled_logits))`` → ``[R]``."""
+    temperature): greedy (``argmax``) or a sample of ``softmax(filter(scaled_logits))`` → ``[R]``, drawn at
+    ``uniforms [R, 1]`` when given (see :func:`sample_rows`)."""
     if not do_sample:
         return scaled_logits.argmax(dim=-1)
-    return sample_rows(filter_top_k_top_p(scaled_logits, top_k, top_p).softmax(dim=-1))
+    return sample_rows(filter_top_k_top_p(scaled_logits, top_k, top_p).softmax(dim=-1), uniforms)

@@ -79,3 +79,42 @@ def test_generation_gathers_once_per_group_and_matches_the_unsharded_model(tmp_p
     # reshard_after_forward restored: True re-gathers every group on each forward, False keeps them after the first
     assert results[True, True]["gathers_two_forwards"] == 2 * results[True, True]["groups"]
     assert results[False, True]["gathers_two_forwards"] == results[False, True]["groups"]
+
+
+ENDINGS = list(range(1, 9))   # eight EOS ids: sampled rows end at spread-out steps
+
+
+def sample_with_ending_rows(rank, world, model_dir, out_path):
+    """Each rank samples its own prompts on the sharded model; rows that end leave the decode batch on one rank while
+    the other rank's keep stepping (both ranks run until every row of both has ended)."""
+    results = {}
+    for fast in (True, False):
+        model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor")
+        shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions(reshard_after_forward=True))
+        engine = HFRollout(model, pad_token_id=0, eos_token_ids=ENDINGS, fast_decode=fast)
+        out = engine.generate(rank_prompts(rank), SamplingParams(n=2, max_new_tokens=12, temperature=1.0, seed=5))
+        results[fast] = dict(responses=out["responses"], log_probs=out["rollout_log_probs"],
+                             rows_run=engine.decode_rows_run, path=engine.decode_path)
+    torch.save(results, f"{out_path}.{rank}")
+
+
+def rank_prompts(rank: int) -> Batch:
+    ids = torch.randint(10, 60, (4, 5), generator=torch.Generator().manual_seed(10 + rank))
+    return Batch(tensors={"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+
+
+def test_ranks_drop_their_own_ended_rows_and_sample_what_one_process_samples(tmp_path):
+    model_dir = save_tiny_model(tmp_path / "model")
+    run_on_gloo(2, sample_with_ending_rows, model_dir, tmp_path / "out.pt")
+    model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor")
+    dropped_somewhere = False
+    for rank in range(2):
+        results = torch.load(f"{tmp_path / 'out.pt'}.{rank}", weights_only=True)
+        engine = HFRollout(model, pad_token_id=0, eos_token_ids=ENDINGS, drop_ended_rows=False)
+        reference = engine.generate(rank_prompts(rank), SamplingParams(n=2, max_new_tokens=12, temperature=1.0, seed=5))
+        for fast, result in results.items():
+            assert result["path"] == ("fast" if fast else "module")
+            assert torch.equal(result["responses"], reference["responses"]), (rank, fast)
+            torch.testing.assert_close(result["log_probs"], reference["rollout_log_probs"], atol=1e-5, rtol=0)
+            dropped_somewhere |= result["rows_run"] < engine.decode_rows_run
+    assert dropped_somewhere
