@@ -36,6 +36,7 @@ def test_default_config_is_valid_and_local():
     assert ray_init_kwargs(config) == {
         "address": "local", "logging_level": "WARNING", "log_to_driver": True, "num_cpus": None, "num_gpus": None,
         "object_store_memory": 200 * 2**20, "include_dashboard": False,
+        "_system_config": {"enable_worker_prestart": False, "prestart_worker_first_driver": False},
     }
     # attaching passes no resource settings (Ray refuses them for an existing cluster)
     assert ray_init_kwargs(RayConfig(address="auto")) == {"address": "auto", "logging_level": "WARNING",
