@@ -63,12 +63,22 @@ def matmul_parameters(model_path: str) -> int:
 
 
 class TreeMemorySampler:
-    """Peak resident memory (RSS summed over a process and all its descendants, e.g. Ray's raylet and workers),
-    sampled every ``interval_s`` on a thread while the process runs. ``peak_mib`` after ``stop()``; ``seen``: every
+    """Peak memory of a process and all its descendants (e.g. Ray's raylet and workers), sampled on a thread while the
+    process runs, two ways:
+
+    - ``peak_mib``: the peak of the tree's summed RSS (every ``interval_s``). Pages several processes share (the
+      torch libraries each Python process maps) count once per process, so a tree of many processes reads high;
+    - ``peak_pss_mib``: the peak of the summed PSS (every ``pss_every``-th sample: reading ``smaps`` costs more),
+      which splits each shared page among the processes that map it: what the tree takes from the machine.
+
+    ``rss_by_role_mib``: the RSS peak split into the measured process itself (``driver``), Ray's actors (``workers``),
+    Ray's own daemons (``ray``) and anything else (``other``: e.g. reward-scoring subprocesses). ``seen``: every
     process of the tree it sampled."""
 
-    def __init__(self, pid: int, interval_s: float = 0.2) -> None:
-        self.pid, self.interval_s, self.peak_bytes = pid, interval_s, 0
+    def __init__(self, pid: int, interval_s: float = 0.2, pss_every: int = 5) -> None:
+        self.pid, self.interval_s, self.pss_every = pid, interval_s, pss_every
+        self.peak_bytes = self.peak_pss_bytes = 0
+        self.rss_by_role_mib: dict[str, float] = {}
         self.seen: dict[int, Any] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -77,36 +87,73 @@ class TreeMemorySampler:
     def _run(self) -> None:
         import psutil
 
+        samples = 0
         while not self._stop.is_set():
             try:
                 root = psutil.Process(self.pid)
-                total = 0
-                for process in [root, *root.children(recursive=True)]:
-                    self.seen.setdefault(process.pid, process)
-                    try:
-                        total += process.memory_info().rss
-                    except psutil.Error:
-                        pass
-                self.peak_bytes = max(self.peak_bytes, total)
+                tree = [root, *root.children(recursive=True)]
             except psutil.Error:
                 return
+            self._sample(tree, with_pss=samples % self.pss_every == 0)
+            samples += 1
             self._stop.wait(self.interval_s)
+
+    def _sample(self, tree: list[Any], *, with_pss: bool) -> None:
+        import psutil
+
+        by_role: dict[str, int] = {}
+        pss = 0
+        for process in tree:
+            self.seen.setdefault(process.pid, process)
+            try:
+                memory = process.memory_full_info() if with_pss else process.memory_info()
+                role = _role_of(process, self.pid)
+            except psutil.Error:
+                continue
+            by_role[role] = by_role.get(role, 0) + memory.rss
+            pss += getattr(memory, "pss", 0)
+        if sum(by_role.values()) > self.peak_bytes:
+            self.peak_bytes = sum(by_role.values())
+            self.rss_by_role_mib = {role: size / 2**20 for role, size in sorted(by_role.items())}
+        self.peak_pss_bytes = max(self.peak_pss_bytes, pss)
 
     def stop(self) -> float:
         self._stop.set()
         self._thread.join()
-        return self.peak_bytes / 2**20
+        return self.peak_mib
 
     @property
     def peak_mib(self) -> float:
         return self.peak_bytes / 2**20
 
+    @property
+    def peak_pss_mib(self) -> float:
+        return self.peak_pss_bytes / 2**20
 
-def run_measured(command: Sequence[str], timeout_s: float, env: Optional[dict[str, str]] = None) -> tuple[int, float,
-                                                                                                           str]:
-    """Run ``command``; returns (exit code, peak tree RSS in MiB, the last 3000 characters of its output). Returns
-    once every process of its tree has exited (up to 60 s: Ray's daemons outlive the driver by a moment), so the
-    next side measured does not share the cores with this one's leftovers."""
+    def summary(self) -> dict[str, Any]:
+        """The figures a benchmark reports: ``peak_rss_mib``, ``peak_pss_mib``, ``rss_by_role_mib``."""
+        return {"peak_rss_mib": self.peak_mib, "peak_pss_mib": self.peak_pss_mib,
+                "rss_by_role_mib": self.rss_by_role_mib}
+
+
+_RAY_DAEMONS = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def _role_of(process: Any, root_pid: int) -> str:
+    """``driver`` (the measured process), ``workers`` (Ray actors), ``ray`` (Ray's own processes) or ``other``."""
+    if process.pid == root_pid:
+        return "driver"
+    command = " ".join(process.cmdline())
+    if command.startswith("ray::") and not command.startswith(_RAY_DAEMONS):
+        return "workers"
+    return "ray" if "/ray/" in command or command.startswith("ray::") else "other"
+
+
+def run_measured(command: Sequence[str], timeout_s: float,
+                 env: Optional[dict[str, str]] = None) -> tuple[int, dict[str, Any], str]:
+    """Run ``command``; returns (exit code, its tree's memory figures (:meth:`TreeMemorySampler.summary`), the last
+    3000 characters of its output). Returns once every process of its tree has exited (up to 60 s: Ray's daemons
+    outlive the driver by a moment), so the next side measured does not share the cores with this one's leftovers."""
     process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, **(env or {})})
     sampler = TreeMemorySampler(process.pid)
@@ -116,9 +163,9 @@ def run_measured(command: Sequence[str], timeout_s: float, env: Optional[dict[st
         process.kill()
         output, _ = process.communicate()
         output += f"\n[timed out after {timeout_s:.0f} s]"
-    peak_mib = sampler.stop()
+    sampler.stop()
     _wait_for_exit(list(sampler.seen.values()), timeout_s=60.0)
-    return process.returncode, peak_mib, output[-3000:]
+    return process.returncode, sampler.summary(), output[-3000:]
 
 
 def _wait_for_exit(processes: list[Any], timeout_s: float) -> None:

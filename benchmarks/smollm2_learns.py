@@ -82,14 +82,14 @@ def run_hybridrl(config: Any, workdir: Path, timeout: float) -> dict[str, Any]:
                f"trainer.total_training_steps={config.trainer.total_training_steps}",
                f"trainer.default_local_dir={run_dir}", "trainer.logger=[console,jsonl]", "trainer.resume_mode=disable"]
     started = time.perf_counter()
-    code, peak_mib, tail = common.run_measured(command, timeout)
+    code, memory, tail = common.run_measured(command, timeout)
     minutes = (time.perf_counter() - started) / 60
     if code != 0:
         sys.exit(f"[smollm2_learns] hybridrl failed (exit {code}):\n{tail}")
     subprocess.run([str(REPO / ".venv/bin/hybridrl"), "export", str(run_dir), str(export_dir)], check=True,
                    capture_output=True)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"minutes": minutes, "peak_rss_mib": peak_mib, "model_dir": export_dir,
+    return {"minutes": minutes, "peak_rss_mib": memory["peak_rss_mib"], "model_dir": export_dir,
             "reward": [row["critic/score/mean"] for row in rows if "critic/score/mean" in row],
             "validation": [(row["step"], row["val/accuracy"]) for row in rows if "val/accuracy" in row]}
 
@@ -111,12 +111,12 @@ def run_trl(config: Any, workdir: Path, args: argparse.Namespace) -> dict[str, A
     spec_path, out = workdir / "trl_spec.json", workdir / "trl.json"
     spec_path.write_text(json.dumps(spec))
     started = time.perf_counter()
-    code, peak_mib, tail = common.run_measured([args.trl_python, str(HERE / "vs_trl_trl.py"), str(spec_path),
+    code, memory, tail = common.run_measured([args.trl_python, str(HERE / "vs_trl_trl.py"), str(spec_path),
                                                 str(out)], args.timeout)
     if code != 0 or not out.is_file():
         sys.exit(f"[smollm2_learns] TRL failed (exit {code}):\n{tail}")
     result = json.loads(out.read_text())
-    return {"minutes": (time.perf_counter() - started) / 60, "peak_rss_mib": peak_mib,
+    return {"minutes": (time.perf_counter() - started) / 60, "peak_rss_mib": memory["peak_rss_mib"],
             "model_dir": workdir / "trl-hf", "reward": result["reward"], "versions": result.get("versions")}
 
 

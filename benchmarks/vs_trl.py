@@ -18,7 +18,8 @@ precision (``--precision bf16``: bf16 compute with fp32 master weights on both).
 Each configuration runs in its own subprocess (hybridrl in the project's venv, TRL in ``.venv-trl``), ``--rounds``
 times, alternating the order each round, for ``--steps`` steps; the first ``--warmup`` steps of each run are dropped.
 Reported per side: median wall time per step, generated and trained tokens/s (per-step token counts ÷ the median),
-peak memory (RSS of the whole process tree, Ray's processes included), the mean reward at the last step (over rounds),
+peak memory of the whole process tree, Ray's processes included (summed RSS, which counts the pages processes share
+once per process, and summed PSS, which splits them; the RSS peak's split by role is in the JSON), the mean reward at the last step (over rounds),
 ``TRL ÷ side`` (step-time speed-up over TRL: > 1 means faster than TRL), and ``floor``: the step's minimum FLOPs
 (2·N per generated token + 6·N per trained token, N = matmul parameters) over this machine's matmul rate in the
 precision used (measured here, best of 7). Writes ``benchmarks/results/vs_trl_<scale>.json``.
@@ -100,13 +101,14 @@ def run_side(side: str, spec: dict[str, Any], workdir: Path, tag: str, args: arg
         command = [args.trl_python, str(HERE / "vs_trl_trl.py"), str(spec_path), str(out)]
     else:
         command = [sys.executable, str(HERE / "vs_trl_hybridrl.py"), str(spec_path), str(out)]
-    code, peak_mib, tail = common.run_measured(command, args.timeout)
+    code, memory, tail = common.run_measured(command, args.timeout)
     if code != 0 or not out.is_file():
         print(f"[vs_trl] {tag} failed (exit {code}):\n{tail}", file=sys.stderr)
         return {"side": side, "failed": tail}
-    result = json.loads(out.read_text())
-    result["peak_rss_mib"] = peak_mib
-    print(f"[vs_trl] {tag}: steps {[round(s, 2) for s in result['step_s']]} s, peak {peak_mib:.0f} MiB", flush=True)
+    result = {**json.loads(out.read_text()), **memory}
+    roles = ", ".join(f"{role} {mib:.0f}" for role, mib in memory["rss_by_role_mib"].items())
+    print(f"[vs_trl] {tag}: steps {[round(s, 2) for s in result['step_s']]} s, peak RSS {memory['peak_rss_mib']:.0f} "
+          f"MiB ({roles}), peak PSS {memory['peak_pss_mib']:.0f} MiB", flush=True)
     return result
 
 
@@ -123,6 +125,8 @@ def summarise(runs: list[dict[str, Any]], warmup: int, floor_s: dict[str, float]
     floor = floor_s["per_generated_token"] * mean_generated + floor_s["per_trained_token"] * mean_trained
     return {"median_step_s": step, "steps_measured": len(steps), "generated_tokens_per_s": mean_generated / step,
             "trained_tokens_per_s": mean_trained / step, "peak_rss_mib": max(run["peak_rss_mib"] for run in ok),
+            "peak_pss_mib": max(run["peak_pss_mib"] for run in ok),
+            "rss_by_role_mib": max(ok, key=lambda run: run["peak_rss_mib"])["rss_by_role_mib"],
             "reward_first_step": sum(run["reward"][0] for run in ok) / len(ok),
             "reward_last_step": sum(run["reward"][-1] for run in ok) / len(ok),
             "floor_s": floor, "step_over_floor": step / floor, "precision": ok[0]["precision"],
@@ -179,14 +183,15 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace, spec: dict[st
             continue
         speedup = f"{trl_step / figures['median_step_s']:.2f}" if trl_step else "n/a"
         rows.append([side, f"{figures['median_step_s']:.2f} s", f"{figures['generated_tokens_per_s']:.0f}",
-                     f"{figures['trained_tokens_per_s']:.0f}", f"{figures['peak_rss_mib']:.0f}", speedup,
+                     f"{figures['trained_tokens_per_s']:.0f}",
+                     f"{figures['peak_rss_mib']:.0f} / {figures['peak_pss_mib']:.0f}", speedup,
                      f"{figures['reward_first_step']:.3f} → {figures['reward_last_step']:.3f}",
                      f"{figures['floor_s']:.3f} s", f"{figures['step_over_floor']:.2f}×"])
     print(f"\nvs_trl, scale {args.scale}: {spec['prompts']} prompts × {spec['n']} responses × "
           f"{spec['max_response_length']} tokens, {args.precision}, micro {args.micro} × accumulation "
           f"{args.accumulation}, hybridrl dp={args.dp}, {args.rounds} rounds × {args.steps} steps (warm-up "
           f"{args.warmup} dropped)")
-    print(common.markdown_table(["side", "step (median)", "generated tok/s", "trained tok/s", "peak RSS MiB",
+    print(common.markdown_table(["side", "step (median)", "generated tok/s", "trained tok/s", "peak RSS / PSS MiB",
                                  "TRL ÷ side", f"reward step 1 → {args.steps}", "floor", "step ÷ floor"], rows))
     trl_vllm, ours = (summary.get(side, {}).get("median_step_s") for side in ("trl-vllm", "hybridrl-vllm"))
     if trl_vllm and ours:
