@@ -139,7 +139,7 @@ def ray_init_kwargs(config: RayConfig) -> dict[str, Any]:
             num_cpus=config.num_cpus, num_gpus=config.num_gpus,
             object_store_memory=config.object_store_memory_mb * 2**20,
             include_dashboard=config.include_dashboard,
-            _system_config=LOCAL_SYSTEM_CONFIG,
+            _system_config=dict(LOCAL_SYSTEM_CONFIG),  # a copy: ray.init adds its own keys to the dict it is given
         )
     return kwargs
 
