@@ -19,7 +19,8 @@ Each configuration runs in its own subprocess (hybridrl in the project's venv, T
 times, alternating the order each round, for ``--steps`` steps; the first ``--warmup`` steps of each run are dropped.
 Reported per side: median wall time per step, generated and trained tokens/s (per-step token counts ÷ the median),
 peak memory of the whole process tree, Ray's processes included (summed RSS, which counts the pages processes share
-once per process, and summed PSS, which splits them; the RSS peak's split by role is in the JSON), the mean reward at the last step (over rounds),
+once per process, and summed PSS, which splits them; the RSS peak's split by role is in the JSON), the mean reward
+at the last step (over rounds),
 ``TRL ÷ side`` (step-time speed-up over TRL: > 1 means faster than TRL), and ``floor``: the step's minimum FLOPs
 (2·N per generated token + 6·N per trained token, N = matmul parameters) over this machine's matmul rate in the
 precision used (measured here, best of 7). Writes ``benchmarks/results/vs_trl_<scale>.json``.
