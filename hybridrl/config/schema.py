@@ -260,6 +260,11 @@ class SamplingConfig(FreezableConfig):
     """Top-k sampling when ``do_sample`` is true (-1 disables)."""
 
 
+CPU_KV_BLOCK_SIZE = 32
+"""``rollout.block_size`` when unset on CPU, and what a vLLM KV block on CPU must be a multiple of (its CPU attention
+backend's constraint, vLLM 0.32)."""
+
+
 @dataclass
 class RolloutConfig(FreezableConfig):
     name: str = "hf"
@@ -300,6 +305,11 @@ class RolloutConfig(FreezableConfig):
     """vLLM: split long prompt prefills into chunks batched with decode steps (vLLM's ``enable_chunked_prefill``)."""
     enable_prefix_caching: bool = True
     """vLLM: reuse the KV cache of shared prompt prefixes (the ``n`` responses to one prompt share its prefill)."""
+    block_size: Optional[int] = None
+    """vLLM: tokens per KV-cache block. Prefix caching shares whole blocks, so the ``n`` responses to a prompt share
+    its prefill up to its last full block. ``null``: 32 on CPU (the smallest block vLLM's CPU attention takes; its own
+    CPU default, 128, shares nothing of a prompt shorter than 128 tokens, and each of the ``n`` copies is prefilled),
+    vLLM's default on GPU. On CPU a multiple of 32."""
     load_format: str = "auto"
     """vLLM: how the engine reads ``model.path`` at start-up: ``auto`` | ``safetensors`` | ``pt`` (the files) or
     ``dummy`` (random weights, replaced by the actor's before the first generation: a faster start)."""

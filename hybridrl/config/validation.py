@@ -91,7 +91,7 @@ def _check_sizes(config: TrainConfig, error: ConfigError) -> None:
         ("critic.ppo_max_token_len_per_gpu", critic.ppo_max_token_len_per_gpu), ("critic.ppo_epochs", critic.ppo_epochs),
         ("rollout.n", rollout.n), ("rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size),
         ("rollout.max_num_seqs", rollout.max_num_seqs), ("rollout.max_num_batched_tokens", rollout.max_num_batched_tokens),
-        ("rollout.kv_cache_memory_mb", rollout.kv_cache_memory_mb),
+        ("rollout.kv_cache_memory_mb", rollout.kv_cache_memory_mb), ("rollout.block_size", rollout.block_size),
         ("rollout.weight_sync_bucket_mb", rollout.weight_sync_bucket_mb), ("rollout.val_kwargs.n", rollout.val_kwargs.n),
         ("reward_model.micro_batch_size_per_gpu", config.reward_model.micro_batch_size_per_gpu),
         ("trainer.nnodes", trainer.nnodes), ("trainer.n_gpus_per_node", trainer.n_gpus_per_node),

@@ -14,7 +14,7 @@ from typing import Optional
 from hybridrl.config.checks import _require, critic_enabled
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.precision import check_precision_on_device
-from hybridrl.config.schema import TrainConfig
+from hybridrl.config.schema import CPU_KV_BLOCK_SIZE, TrainConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH
 from hybridrl.utils.host_memory import host_memory_mb
 
@@ -24,11 +24,16 @@ TRACKER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensor
 
 
 def _check_cpu_limits(config: TrainConfig, error: ConfigError) -> None:
-    """What a CPU run cannot do: float16 training, fp8 compute, or ``auto`` micro-batches without a budget."""
+    """What a CPU run cannot do: float16 training, fp8 compute, ``auto`` micro-batches without a budget, or vLLM KV
+    blocks its CPU attention does not take."""
     if config.model.dtype == "float16":
         error.add("model.dtype", "float16", "float16 training is not supported on CPU; use bfloat16 or float32")
     if config.model.fp8_compute:
         error.add("model.fp8_compute", True, "fp8 compute needs a Hopper GPU (compute capability >= 9.0), not a CPU")
+    block_size = config.rollout.block_size
+    if config.rollout.name == "vllm" and block_size is not None and block_size > 0 and block_size % CPU_KV_BLOCK_SIZE:
+        error.add("rollout.block_size", block_size, f"vLLM's CPU attention takes blocks of a multiple of "
+                  f"{CPU_KV_BLOCK_SIZE} tokens (or leave it null: {CPU_KV_BLOCK_SIZE} on CPU)")
     for role in ["actor"] + (["critic"] if critic_enabled(config) else []):
         role_config = getattr(config, role)
         if role_config.ppo_micro_batch_size_per_gpu == AUTO_MICRO_BATCH and not role_config.use_dynamic_bsz \

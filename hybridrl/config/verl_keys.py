@@ -216,8 +216,8 @@ RULES: tuple[Rule, ...] = (
                 "user turns are not read", ("null",)),
     Unsupported(ARR + "rollout.agent.", "agent loops are not implemented yet"),
     Unsupported(ARR + "rollout.engine_kwargs.", "vLLM's arguments are set through rollout.* keys (gpu_memory_"
-                "utilization, max_num_seqs, max_num_batched_tokens, enforce_eager, enable_chunked_prefill, ...)",
-                ("{}",)),
+                "utilization, max_num_seqs, max_num_batched_tokens, block_size, enforce_eager, "
+                "enable_chunked_prefill, ...)", ("{}",)),
     Unsupported(ARR + "rollout.log_prob_micro_batch_size", "set actor_rollout_ref.rollout."
                 "log_prob_micro_batch_size_per_gpu", ("null",)),
     Moved(ARR + "rollout.", "rollout."),

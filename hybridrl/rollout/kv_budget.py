@@ -21,12 +21,13 @@ from typing import Optional
 
 import torch
 
+from hybridrl.config.schema import CPU_KV_BLOCK_SIZE
 from hybridrl.utils.host_memory import host_memory_mb
 
 logger = logging.getLogger(__name__)
 
 CPU_BLOCK_SIZE = 128
-"""vLLM's KV block size on CPU when none is asked for (``vllm.platforms.cpu``: 128 tokens)."""
+"""vLLM's own KV block size on CPU when none is asked for (``vllm.platforms.cpu``: 128 tokens)."""
 
 _NULL_BLOCKS = 1
 
@@ -46,6 +47,17 @@ def kv_bytes_per_token(model_path: str, dtype: torch.dtype, tensor_parallel: int
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     return 2 * layers * math.ceil(kv_heads / tensor_parallel) * head_dim * dtype.itemsize
+
+
+def resolve_block_size(explicit: Optional[int], *, on_cpu: bool) -> Optional[int]:
+    """The KV block size a vLLM engine is started with: ``explicit`` (``rollout.block_size``) if set; else on CPU
+    :data:`~hybridrl.config.schema.CPU_KV_BLOCK_SIZE` (32), so that with prefix caching the ``n`` samples of a prompt
+    share its whole 32-token blocks — at vLLM's CPU default of 128 a prompt shorter than 128 tokens shares nothing
+    and is prefilled ``n`` times (SmolLM2-135M, 8 prompts of 44 tokens × 4 samples × 32 tokens: generation
+    2.7–3.1 → 2.0–2.2 s, the same tokens); on GPU ``None`` (vLLM's default)."""
+    if explicit is not None:
+        return explicit
+    return CPU_KV_BLOCK_SIZE if on_cpu else None
 
 
 def blocks_per_sequence(max_model_len: int, block_size: int) -> int:
@@ -88,22 +100,24 @@ def waves_warning(rows: int, held: int, *, max_num_seqs: int, budget_mb: int, nu
 
 
 def resolve_kv_cache_mb(explicit_mb: Optional[int], *, model_path: str, dtype: torch.dtype, max_model_len: int,
-                        max_num_seqs: int, tensor_parallel: int = 1, on_cpu: bool) -> Optional[int]:
+                        max_num_seqs: int, tensor_parallel: int = 1, on_cpu: bool,
+                        block_size: int = CPU_BLOCK_SIZE) -> Optional[int]:
     """The KV budget a vLLM engine is started with: ``explicit_mb`` if set; on GPU ``None`` (vLLM sizes it from
-    ``gpu_memory_utilization``); on CPU enough for ``max_num_seqs`` sequences of ``max_model_len`` tokens at once,
-    each tensor-parallel rank holding its share of the KV heads — at most a quarter of this machine's memory."""
+    ``gpu_memory_utilization``); on CPU enough for ``max_num_seqs`` sequences of ``max_model_len`` tokens at once in
+    blocks of ``block_size`` tokens, each tensor-parallel rank holding its share of the KV heads — at most a quarter
+    of this machine's memory."""
     if explicit_mb is not None or not on_cpu:
         return explicit_mb
     per_token = kv_bytes_per_token(model_path, dtype, tensor_parallel)
     if per_token is None:
         raise ValueError(f"rollout.kv_cache_memory_mb: cannot size vLLM's KV cache for {model_path} (its "
                          "config.json names no layer and head counts); set it, e.g. rollout.kv_cache_memory_mb=256")
-    wanted = kv_cache_mb_for(max_num_seqs, max_model_len, per_token)
+    wanted = kv_cache_mb_for(max_num_seqs, max_model_len, per_token, block_size)
     ceiling = host_memory_mb() // 4
     budget = min(wanted, ceiling)
     logger.info("rollout.kv_cache_memory_mb unset on CPU → %d MiB: %d sequences (rollout.max_num_seqs) × %d tokens "
-                "(%d rounded up to vLLM's %d-token blocks) × %.1f KiB per token%s", budget, max_num_seqs,
-                blocks_per_sequence(max_model_len, CPU_BLOCK_SIZE) * CPU_BLOCK_SIZE, max_model_len, CPU_BLOCK_SIZE,
+                "(%d rounded up to %d-token blocks) × %.1f KiB per token%s", budget, max_num_seqs,
+                blocks_per_sequence(max_model_len, block_size) * block_size, max_model_len, block_size,
                 per_token / 1024, f", capped at a quarter of this machine's memory (wanted {wanted} MiB)"
                 if budget < wanted else "")
     return budget

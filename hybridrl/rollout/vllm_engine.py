@@ -30,8 +30,9 @@ from hybridrl.config.schema import RolloutConfig
 from hybridrl.protocol import Batch, Fields
 from hybridrl.protocol.rollout_layout import assemble_rollout, response_mask_from_eos
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.rollout.kv_budget import (cache_splits, kv_bytes_per_token, kv_cache_blocks, kv_cache_mb_for,
-                                        resolve_kv_cache_mb, sequences_held, waves_warning)
+from hybridrl.rollout.kv_budget import (CPU_BLOCK_SIZE, cache_splits, kv_bytes_per_token, kv_cache_blocks,
+                                        kv_cache_mb_for, resolve_block_size, resolve_kv_cache_mb, sequences_held,
+                                        waves_warning)
 from hybridrl.rollout.vllm_extension import WORKER_EXTENSION
 from hybridrl.rollout.vllm_requests import Completion, VLLMRequests
 
@@ -112,15 +113,17 @@ class VLLMRollout:
         self.device = torch.device("cpu") if self.on_cpu else torch.device("cuda", torch.cuda.current_device())
         self.tp_size = rollout.tensor_model_parallel_size
         self.max_model_len, self.model_path = max_model_len, str(model_path)
+        self.block_size = resolve_block_size(rollout.block_size, on_cpu=self.on_cpu)
         self.kv_cache_mb = resolve_kv_cache_mb(rollout.kv_cache_memory_mb, model_path=self.model_path,
                                                dtype=self.dtype, max_model_len=max_model_len,
                                                max_num_seqs=rollout.max_num_seqs, tensor_parallel=self.tp_size,
-                                               on_cpu=self.on_cpu)
+                                               on_cpu=self.on_cpu, block_size=self.block_size or CPU_BLOCK_SIZE)
         with _process_settings_kept():
             self.llm = vllm.LLM(model=str(model_path), tokenizer=str(tokenizer_path or model_path),
                                 worker_extension_cls=WORKER_EXTENSION, logprobs_mode=LOGPROBS_MODE,
                                 **_engine_kwargs(rollout, dtype, max_model_len, default_seed=seed,
-                                                 on_cpu=self.on_cpu, kv_cache_mb=self.kv_cache_mb),
+                                                 on_cpu=self.on_cpu, kv_cache_mb=self.kv_cache_mb,
+                                                 block_size=self.block_size),
                                 **_parallel_kwargs(self.tp_size))
         self._asleep = False
         self._noted = set()
@@ -311,10 +314,11 @@ def _check_engine_inputs(rollout: RolloutConfig, dtype: str, max_model_len: int,
 
 
 def _engine_kwargs(rollout: RolloutConfig, dtype: str, max_model_len: int, *, default_seed: int,
-                   on_cpu: bool, kv_cache_mb: Optional[int] = None) -> dict:
+                   on_cpu: bool, kv_cache_mb: Optional[int] = None, block_size: Optional[int] = None) -> dict:
     """``vllm.LLM`` keyword arguments (KV budget — ``kv_cache_mb``, resolved by ``kv_budget.resolve_kv_cache_mb`` —,
-    sleep mode and parallelism per device; the seed is ``rollout.seed``, else ``default_seed``). With prefix caching
-    (the default) the ``n`` samples of one prompt share its KV."""
+    block size — ``kv_budget.resolve_block_size``; ``None``: vLLM's —, sleep mode and parallelism per device; the
+    seed is ``rollout.seed``, else ``default_seed``). With prefix caching (the default) the ``n`` samples of one
+    prompt share its KV blocks."""
     seed = rollout.seed if rollout.seed is not None else default_seed
     kwargs = dict(dtype=dtype, seed=seed, tensor_parallel_size=rollout.tensor_model_parallel_size,
                   enforce_eager=rollout.enforce_eager, max_model_len=max_model_len,
@@ -322,6 +326,8 @@ def _engine_kwargs(rollout: RolloutConfig, dtype: str, max_model_len: int, *, de
                   enable_prefix_caching=rollout.enable_prefix_caching,
                   enable_chunked_prefill=rollout.enable_chunked_prefill, load_format=rollout.load_format,
                   use_tqdm_on_load=False)  # a progress bar per rank for a load of a second buries the trainer's own
+    if block_size is not None:
+        kwargs["block_size"] = block_size
     if kv_cache_mb is not None:
         kwargs["kv_cache_memory_bytes"] = kv_cache_mb << 20
     else:

@@ -45,7 +45,8 @@ PAUSE_MODES = ("abort", "wait", "keep")
 class Completion:
     """One request's tokens so far. ``log_probs[k]`` and ``weight_versions[k]`` belong to ``token_ids[k]``;
     ``finish_reason`` is ``"stop"`` (a stop token, kept as the last token), ``"length"``, ``"abort"`` or ``None``
-    while it runs."""
+    while it runs. ``cached_prompt_tokens``: prompt tokens whose KV came from vLLM's prefix cache (whole blocks
+    another request computed) instead of this request's prefill."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -56,6 +57,7 @@ class Completion:
     finish_reason: Optional[str] = None
     resubmissions: int = 0
     streamed: bool = True
+    cached_prompt_tokens: int = 0
 
     @property
     def finished(self) -> bool:
@@ -132,6 +134,7 @@ class VLLMRequests:
             completion = self._running.get(output.request_id)
             if completion is None:  # aborted meanwhile
                 continue
+            completion.cached_prompt_tokens = max(completion.cached_prompt_tokens, output.num_cached_tokens or 0)
             for piece in output.outputs:
                 new_ids = list(piece.token_ids)
                 completion.token_ids += new_ids

@@ -14,7 +14,7 @@ import pytest
 import torch
 from vllm_helpers import engine, hf_model, model_dir, tokenizer  # noqa: F401 (fixtures)
 
-from hybridrl.config.schema import RolloutConfig
+from hybridrl.config.schema import CPU_KV_BLOCK_SIZE, RolloutConfig
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.kv_budget import kv_bytes_per_token, kv_cache_blocks, kv_cache_mb_for, sequences_held
@@ -26,8 +26,10 @@ pytest.importorskip("vllm", reason="needs vLLM (pip install 'hybridrl[cpu]')")
 pytestmark = pytest.mark.distributed
 
 PROMPTS = ["12+34=", "what is 7*8?", "hello there", "x"]
-# Longer than one KV block (128 tokens on CPU), so the prefix cache really holds prompt KV between calls.
+# Longer than one KV block (32 tokens on CPU; 128 at vLLM's own default), so the prefix cache holds prompt KV.
 LONG_PROMPTS = ["the quick brown fox jumps over the lazy dog " * 3 + f"number {i}" for i in range(3)]
+# Between one and four 32-token blocks: shared by a prompt's samples at hybridrl's CPU block size, not at vLLM's.
+MEDIUM_PROMPTS = [f"the quick brown fox number {i} jumps over the lazy dog" for i in range(3)]
 MAX_NEW_TOKENS = 12
 LD_PRELOAD_BEFORE = os.environ.get("LD_PRELOAD")  # read before the module's engine starts
 LOG_PROB_TOLERANCE = 1e-4  # fp32 engine vs fp32 trainer; measured max ≈ 5e-7 nats
@@ -93,6 +95,29 @@ def test_rollout_log_probs_match_trainer(engine, tokenizer, hf_model, temperatur
     mask = rollout[Fields.RESPONSE_MASK].bool()
     gap = (trainer - rollout[Fields.ROLLOUT_LOG_PROBS]).abs()[mask]
     print(f"T={temperature}: |rollout - trainer| max {gap.max():.2e} mean {gap.mean():.2e} over {mask.sum()} tokens")
+    assert float(gap.max()) < LOG_PROB_TOLERANCE
+
+
+def test_samples_of_a_prompt_share_its_whole_kv_blocks_and_match_the_trainer(engine, tokenizer, hf_model):
+    """On CPU the engine's KV blocks are 32 tokens (``rollout.block_size`` unset; vLLM's own CPU default, 128, would
+    share nothing of these prompts): each prompt's first sample prefills it, the other three take its whole blocks
+    from the prefix cache — and their log-probs still match the trainer's (the numerics gate)."""
+    assert kv_cache_blocks(engine.llm)[1] == CPU_KV_BLOCK_SIZE
+    prompts = prompt_batch(tokenizer, MEDIUM_PROMPTS)
+    lengths = [len(ids) for ids in encode_chat(tokenizer, MEDIUM_PROMPTS)]
+    assert all(CPU_KV_BLOCK_SIZE < length < 128 for length in lengths), lengths
+    engine.llm.reset_prefix_cache()
+    ids = [[engine.requests.submit(encode_chat(tokenizer, [text])[0], SamplingParams(max_new_tokens=4, seed=sample),
+                                   request_id=f"shared-{index}-{sample}") for sample in range(4)]
+           for index, text in enumerate(MEDIUM_PROMPTS)]
+    cached = {completion.request_id: completion.cached_prompt_tokens for completion in engine.requests.run()}
+    for prompt_ids, length in zip(ids, lengths):
+        whole_blocks = length // CPU_KV_BLOCK_SIZE * CPU_KV_BLOCK_SIZE
+        assert cached[prompt_ids[0]] == 0, cached
+        assert [cached[request] for request in prompt_ids[1:]] == [whole_blocks] * 3, (length, cached)
+    rollout = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=9))
+    mask = rollout[Fields.RESPONSE_MASK].bool()
+    gap = (trainer_log_probs(hf_model, rollout, 1.0) - rollout[Fields.ROLLOUT_LOG_PROBS]).abs()[mask]
     assert float(gap.max()) < LOG_PROB_TOLERANCE
 
 

@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
-from hybridrl.rollout.kv_budget import (CPU_BLOCK_SIZE, kv_bytes_per_token, kv_cache_mb_for, resolve_kv_cache_mb,
-                                        sequences_held, waves_warning)
+from hybridrl.config.schema import CPU_KV_BLOCK_SIZE
+from hybridrl.rollout.kv_budget import (CPU_BLOCK_SIZE, kv_bytes_per_token, kv_cache_mb_for, resolve_block_size,
+                                        resolve_kv_cache_mb, sequences_held, waves_warning)
 
 SMOLLM2 = dict(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
 
@@ -57,6 +58,20 @@ def test_unset_budget_is_sized_on_cpu_only(tmp_path, caplog):
         assert "93 MiB: 32 sequences (rollout.max_num_seqs) × 128 tokens (77 rounded up" in caplog.text
         assert resolve_kv_cache_mb(None, **{**common, "max_num_seqs": 10**6}, on_cpu=True) < 93 * 10**6 // 32
     assert "capped at a quarter of this machine's memory" in caplog.text
+
+
+def test_block_size_is_32_on_cpu_unless_set_and_vllms_on_gpu():
+    assert resolve_block_size(None, on_cpu=True) == CPU_KV_BLOCK_SIZE == 32
+    assert resolve_block_size(None, on_cpu=False) is None
+    assert resolve_block_size(128, on_cpu=True) == 128 and resolve_block_size(16, on_cpu=False) == 16
+
+
+def test_unset_budget_counts_whole_blocks_of_the_engines_size(tmp_path, caplog):
+    path = checkpoint(tmp_path, **SMOLLM2)
+    with caplog.at_level("INFO", logger="hybridrl.rollout.kv_budget"):  # 77 tokens: three 32-token blocks each
+        assert resolve_kv_cache_mb(None, model_path=path, dtype=torch.bfloat16, max_model_len=77, max_num_seqs=32,
+                                   on_cpu=True, block_size=32) == kv_cache_mb_for(32, 77, 23040, block_size=32) == 69
+    assert "× 96 tokens (77 rounded up to 32-token blocks)" in caplog.text
 
 
 def test_unset_budget_for_a_model_without_head_counts_names_the_key(tmp_path):

@@ -88,10 +88,11 @@ def test_gpu_settings_allowed_and_sleep_mode():
     assert "kv_cache_memory_bytes" not in kwargs and kwargs["tensor_parallel_size"] == 2
 
 
-def test_cpu_engine_kwargs_use_the_kv_budget():
-    kwargs = _engine_kwargs(RolloutConfig(), "bfloat16", 64, default_seed=0, on_cpu=True, kv_cache_mb=64)
+def test_cpu_engine_kwargs_use_the_kv_budget_and_block_size():
+    kwargs = _engine_kwargs(RolloutConfig(), "bfloat16", 64, default_seed=0, on_cpu=True, kv_cache_mb=64, block_size=32)
     assert kwargs["kv_cache_memory_bytes"] == 64 << 20 and "enable_sleep_mode" not in kwargs
-    assert kwargs["max_model_len"] == 64 and kwargs["enable_prefix_caching"]
+    assert kwargs["max_model_len"] == 64 and kwargs["enable_prefix_caching"] and kwargs["block_size"] == 32
+    assert "block_size" not in _engine_kwargs(RolloutConfig(), "bfloat16", 64, default_seed=0, on_cpu=False)
 
 
 def test_buckets_bound_their_size():
