@@ -32,7 +32,7 @@ def _check_cpu_limits(config: TrainConfig, error: ConfigError) -> None:
         error.add("model.fp8_compute", True, "fp8 compute needs a Hopper GPU (compute capability >= 9.0), not a CPU")
     block_size = config.rollout.block_size
     if config.rollout.name == "vllm" and block_size is not None and block_size > 0 and block_size % CPU_KV_BLOCK_SIZE:
-        error.add("rollout.block_size", block_size, f"vLLM's CPU attention takes blocks of a multiple of "
+        error.add("rollout.block_size", block_size, "vLLM's CPU attention takes blocks of a multiple of "
                   f"{CPU_KV_BLOCK_SIZE} tokens (or leave it null: {CPU_KV_BLOCK_SIZE} on CPU)")
     for role in ["actor"] + (["critic"] if critic_enabled(config) else []):
         role_config = getattr(config, role)
