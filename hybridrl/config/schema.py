@@ -20,10 +20,10 @@ from hybridrl.config.frozen import FreezableConfig
 from hybridrl.config.faults import FaultInjectionConfig
 from hybridrl.config.monitoring import MonitoringConfig
 from hybridrl.config.async_schema import AsyncTrainingConfig
-from hybridrl.config.multi_turn_schema import MultiTurnConfig
 from hybridrl.config.health import HealthConfig
 from hybridrl.config.ray import RayConfig
 from hybridrl.config.reward_schema import CustomRewardConfig, RewardFusionConfig, RewardModelConfig
+from hybridrl.config.rollout_schema import RolloutConfig
 
 
 @dataclass
@@ -244,96 +244,6 @@ class ReferenceConfig(FreezableConfig):
     """Sequences per reference forward on one device; ``null`` = ``actor.log_prob_micro_batch_size_per_gpu``."""
     param_offload: bool = False
     """Keep reference parameters on CPU between uses."""
-
-
-@dataclass
-class SamplingConfig(FreezableConfig):
-    n: int = 1
-    """Responses per prompt during validation."""
-    do_sample: bool = False
-    """Sample (true) or decode greedily (false) during validation."""
-    temperature: float = 1.0
-    """Sampling temperature when ``do_sample`` is true."""
-    top_p: float = 1.0
-    """Nucleus sampling mass when ``do_sample`` is true."""
-    top_k: int = -1
-    """Top-k sampling when ``do_sample`` is true (-1 disables)."""
-
-
-CPU_KV_BLOCK_SIZE = 32
-"""``rollout.block_size`` when unset on CPU, and what a vLLM KV block on CPU must be a multiple of (its CPU attention
-backend's constraint, vLLM 0.32)."""
-
-
-@dataclass
-class RolloutConfig(FreezableConfig):
-    name: str = "hf"
-    """Generation engine: ``hf`` (a KV-cached decode loop on the actor's module) | ``vllm`` (in-process vLLM)."""
-    n: int = 1
-    """Responses per prompt (the group size of GRPO/RLOO)."""
-    temperature: float = 1.0
-    """Sampling temperature for training rollouts (> 0)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass, in (0, 1]."""
-    top_k: int = -1
-    """Top-k sampling (-1 disables)."""
-    seed: Optional[int] = None
-    """Base sampling seed, combined with the step and the rank so every step samples afresh; ``null`` = ``trainer.seed``."""
-    tensor_model_parallel_size: int = 1
-    """Tensor-parallel size t_g of the generation layout; must divide the number of devices."""
-    n_gpus: int = 0
-    """Devices of a standalone rollout pool (split placement): ``0`` (default) generates on the actor's devices (the
-    hybrid engine, weights resharded in place); ``M > 0`` runs ``M / tensor_model_parallel_size`` vLLM replicas on
-    ``M`` devices of their own beside the trainer's ``trainer.n_gpus_per_node`` (on the trainer's host: weights go
-    through host shared memory, checked). What asynchronous training overlaps; on its own it only adds devices."""
-    gpu_memory_utilization: float = 0.5
-    """vLLM: fraction of device memory for weights + KV cache (GPU)."""
-    kv_cache_memory_mb: Optional[int] = None
-    """vLLM: KV-cache budget in MiB. Unset on CPU: sized to run ``rollout.max_num_seqs`` sequences of prompt + response
-    length at once (logged; at most a quarter of host memory). Unset on GPU: vLLM sizes it from
-    ``gpu_memory_utilization``. A budget that holds fewer sequences than a generation submits makes vLLM run it in
-    waves; the engine warns once with the MiB that would fit."""
-    enforce_eager: bool = True
-    """vLLM: disable CUDA graphs (lower start-up cost and memory)."""
-    max_num_seqs: int = 256
-    """vLLM: maximum sequences per engine step."""
-    max_num_batched_tokens: int = 8192
-    """vLLM: maximum tokens per engine step."""
-    free_cache_engine: bool = True
-    """Release the engine's KV cache during training and restore it before generation (vLLM sleep/wake on GPU)."""
-    enable_chunked_prefill: bool = True
-    """vLLM: split long prompt prefills into chunks batched with decode steps (vLLM's ``enable_chunked_prefill``)."""
-    enable_prefix_caching: bool = True
-    """vLLM: reuse the KV cache of shared prompt prefixes (the ``n`` responses to one prompt share its prefill)."""
-    block_size: Optional[int] = None
-    """vLLM: tokens per KV-cache block. Prefix caching shares whole blocks, so the ``n`` responses to a prompt share
-    its prefill up to its last full block. ``null``: 32 on CPU (the smallest block vLLM's CPU attention takes; its own
-    CPU default, 128, shares nothing of a prompt shorter than 128 tokens, and each of the ``n`` copies is prefilled),
-    vLLM's default on GPU. On CPU a multiple of 32."""
-    load_format: str = "auto"
-    """vLLM: how the engine reads ``model.path`` at start-up: ``auto`` | ``safetensors`` | ``pt`` (the files) or
-    ``dummy`` (random weights, replaced by the actor's before the first generation: a faster start)."""
-    weight_sync_bucket_mb: int = 256
-    """Size of one bucket of streamed weights when resharding training weights into the engine."""
-    weight_sync_method: str = "auto"
-    """How weights reach an engine holding its own copy (vLLM): ``shared`` (CPU, all ranks on one host: each rank
-    casts its FSDP shard into one host-shared copy of the model — one per host, in ``/dev/shm`` — and each engine
-    reads its slices in place), ``plan`` (point-to-point messages of exactly each rank's slices: gloo on CPU, NCCL
-    on GPU), ``gather`` (all-gathers, ``tensor_model_parallel_size=1`` only) or ``auto`` (``shared`` on CPU when the
-    ranks can map one buffer, else ``plan``)."""
-    verify_weight_sync: bool = True
-    """Check every weight sync into an engine holding its own copy (vLLM): each piece is fingerprinted before it moves
-    and again as the engine receives it, and a mismatch stops the run naming the parameter. Costs two passes of
-    integer sums over this rank's slices (``benchmarks/weight_sync.py`` prints the share of a sync)."""
-    val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
-    """Sampling parameters used for validation."""
-    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
-    """Multi-turn agent episodes (``rollout.multi_turn.enable``)."""
-    hf_fast_decode: bool = True
-    """``rollout.name=hf``: run each decode step of a llama / mistral / qwen2 / qwen3 model straight on its weights
-    (fused q/k/v and gate/up products, no module dispatch): the module forward's logits bit for bit on CPU, and
-    generation 1.2× (SmolLM2-135M's shapes) to 1.3× (the demo's tiny model) faster there. Other models, and ``false``, run the module's
-    forward every step (the log says which)."""
 
 
 @dataclass

@@ -14,7 +14,8 @@ from typing import Optional
 from hybridrl.config.checks import _require, critic_enabled
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.precision import check_precision_on_device
-from hybridrl.config.schema import CPU_KV_BLOCK_SIZE, TrainConfig
+from hybridrl.config.rollout_schema import CPU_KV_BLOCK_SIZE
+from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH
 from hybridrl.utils.host_memory import host_memory_mb
 

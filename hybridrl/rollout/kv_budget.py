@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from hybridrl.config.schema import CPU_KV_BLOCK_SIZE
+from hybridrl.config.rollout_schema import CPU_KV_BLOCK_SIZE
 from hybridrl.utils.host_memory import host_memory_mb
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from hybridrl.agents.environment import ENVIRONMENTS, resolve_tools
 from hybridrl.agents.loop import AgentLoop, LoopLimits
 from hybridrl.agents.tool_config import load_tool_config
 from hybridrl.agents.trajectory import ChatRenderer, supports_tools
-from hybridrl.config.schema import MultiTurnConfig
+from hybridrl.config.multi_turn_schema import MultiTurnConfig
 from hybridrl.data.loader import DataFields
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams

@@ -14,7 +14,8 @@ import pytest
 import torch
 from vllm_helpers import engine, hf_model, model_dir, tokenizer  # noqa: F401 (fixtures)
 
-from hybridrl.config.schema import CPU_KV_BLOCK_SIZE, RolloutConfig
+from hybridrl.config.rollout_schema import CPU_KV_BLOCK_SIZE
+from hybridrl.config.schema import RolloutConfig
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.kv_budget import kv_bytes_per_token, kv_cache_blocks, kv_cache_mb_for, sequences_held

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from hybridrl.config.schema import CPU_KV_BLOCK_SIZE
+from hybridrl.config.rollout_schema import CPU_KV_BLOCK_SIZE
 from hybridrl.rollout.kv_budget import (CPU_BLOCK_SIZE, kv_bytes_per_token, kv_cache_mb_for, resolve_block_size,
                                         resolve_kv_cache_mb, sequences_held, waves_warning)
 
