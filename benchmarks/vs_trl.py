@@ -24,12 +24,18 @@ at the last step (over rounds),
 ``TRL ÷ side`` (step-time speed-up over TRL: > 1 means faster than TRL), and ``floor``: the step's minimum FLOPs
 (2·N per generated token + 6·N per trained token, N = matmul parameters) over this machine's matmul rate in the
 precision used (measured here, best of 7). Writes ``benchmarks/results/vs_trl_<scale>.json``.
+
+``--cpu-isa avx2`` measures an AVX2-only CPU on an AVX-512 one: every process (this one's floor, TRL, hybridrl and
+its Ray workers) runs with oneDNN, MKL and torch's own kernels capped at AVX2, so bf16 matmuls are emulated there
+as on such a CPU (0.9 against 439 GFLOP/s here; fp32 ≈ 200 either way). vLLM's own compiled CPU kernels are not
+capped. ``--precision auto`` runs what ``model.dtype: auto`` picks under that ISA: fp32 there, bf16 natively.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -45,6 +51,12 @@ SCALES = {
     "smollm2": dict(prompts=8, n=4, max_prompt_length=64, max_response_length=32, lr=1e-5, style="question",
                     max_operand=9),
 }
+# Caps every library's kernels at one instruction-set level, set before any process imports torch.
+CPU_ISA_ENVIRONMENTS = {
+    "native": {},
+    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
+    "avx512_core_vnni": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
+}
 SIDES = ("trl", "trl-vllm", "hybridrl-hf", "hybridrl-vllm")
 DEFAULT_SIDES = ("trl", "hybridrl-hf", "hybridrl-vllm")  # trl-vllm needs vLLM in .venv-trl (setup_trl_env.sh --vllm)
 
@@ -57,7 +69,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    parser.add_argument("--precision", choices=("bf16", "fp32", "auto"), default="bf16",
+                        help="auto: what model.dtype=auto picks on this CPU (under --cpu-isa)")
+    parser.add_argument("--cpu-isa", choices=sorted(CPU_ISA_ENVIRONMENTS), default="native",
+                        help="cap every process's kernels at this ISA, e.g. avx2 to measure an AVX2-only CPU here")
     parser.add_argument("--micro", type=int, default=8, help="sequences per machine-wide micro-step")
     parser.add_argument("--accumulation", type=int, default=4)
     parser.add_argument("--dp", type=int, default=1,
@@ -147,7 +162,13 @@ def main() -> None:
         sys.exit(f"--sides: unknown {unknown}; choose from {SIDES}")
     if any(side.startswith("trl") for side in sides) and not Path(args.trl_python).is_file():
         sys.exit(f"--trl-python {args.trl_python} not found: run `bash benchmarks/setup_trl_env.sh` first")
-    machine = common.machine_info()
+    os.environ.update(CPU_ISA_ENVIRONMENTS[args.cpu_isa])  # inherited by every subprocess and Ray worker
+    if args.precision == "auto":
+        from hybridrl.config.auto_dtype import resolve_dtype
+
+        args.precision = "bf16" if resolve_dtype("auto", "cpu", log=False) == "bfloat16" else "fp32"
+        print(f"[vs_trl] --precision auto → {args.precision} (--cpu-isa {args.cpu_isa})", flush=True)
+    machine = {**common.machine_info(), "cpu_isa": args.cpu_isa, **CPU_ISA_ENVIRONMENTS[args.cpu_isa]}
     dtype = "bfloat16" if args.precision == "bf16" else "float32"
     rates = [common.matmul_flops_per_s(dtype)]
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
@@ -189,7 +210,8 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace, spec: dict[st
                      f"{figures['reward_first_step']:.3f} → {figures['reward_last_step']:.3f}",
                      f"{figures['floor_s']:.3f} s", f"{figures['step_over_floor']:.2f}×"])
     print(f"\nvs_trl, scale {args.scale}: {spec['prompts']} prompts × {spec['n']} responses × "
-          f"{spec['max_response_length']} tokens, {args.precision}, micro {args.micro} × accumulation "
+          f"{spec['max_response_length']} tokens, {args.precision}, CPU ISA {args.cpu_isa}, micro {args.micro} × "
+          f"accumulation "
           f"{args.accumulation}, hybridrl dp={args.dp}, {args.rounds} rounds × {args.steps} steps (warm-up "
           f"{args.warmup} dropped)")
     print(common.markdown_table(["side", "step (median)", "generated tok/s", "trained tok/s", "peak RSS / PSS MiB",

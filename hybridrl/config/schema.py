@@ -49,7 +49,8 @@ class ModelConfig(FreezableConfig):
     dtype: str = "auto"
     """Compute dtype of forward/backward passes: ``auto`` | ``float32`` | ``bfloat16`` | ``float16``. Master weights
     stay fp32. ``auto``: bf16 on accelerators and on CPUs with native bf16 (AVX-512 BF16 / AMX), fp32 on other CPUs
-    (where bf16 matmuls are emulated, ~100× slower) — decided when the config is validated and said in one log line."""
+    (where bf16 matmuls are emulated, ~100× slower) and under an ``ONEDNN_MAX_CPU_ISA`` below ``AVX512_CORE_BF16`` —
+    decided when the config is validated and said in one log line."""
     attn_implementation: str = "auto"
     """``auto`` | ``sdpa`` | ``eager`` | ``flex_attention`` | ``flash_attention_2`` (GPU with flash-attn installed
     only). ``auto``: on GPU flash-attn 2 when installed and the dtype is bf16/fp16, else ``sdpa``; on CPU direct
