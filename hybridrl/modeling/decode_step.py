@@ -4,10 +4,11 @@ A decode step multiplies a few rows (the sequences being sampled) through every 
 time outside the products is the modules' dispatch: hooks, keyword plumbing, mask construction and a dozen small
 ops per norm and rotary. :class:`DecodeStep` runs the same arithmetic as transformers' forward for the model types
 of :data:`FAST_DECODE_MODEL_TYPES` with none of that: per layer one RMSNorm kernel, one product for q, k and v
-and one for gate and up (their bf16 weights concatenated and packed once for oneDNN where
-:func:`~hybridrl.modeling.prepacked.prepacking_available`), the model's own rotary module and activation, and
+and one for gate and up (their weights concatenated and packed once for oneDNN where
+:func:`~hybridrl.modeling.prepacked.prepacking_available`: bf16 on CPUs with native bf16, fp32 on every x86 CPU), the model's own rotary module and activation, and
 :func:`~hybridrl.modeling.attention.direct_attention` on the cache. Logits are the module forward's bit for bit on
-CPU with the default attention (bf16 and fp32; ``tests/unit/workers/test_decode_step.py``). Measured on the 2-core
+CPU with the default attention (bf16 and fp32, the module's linears packed alike;
+``tests/unit/workers/test_decode_step.py``). Measured on the 2-core
 AMD EPYC (AVX-512 BF16), bf16, both prepacked, alternated in one process: one step of 32 rows, SmolLM2-135M
 92–110 → 75–81 ms, the demo's tiny model 7.0–9.4 → 3.4–3.8 ms; a whole ``generate`` of 8 prompts × 4 samples
 (prefill and sampling included, ``benchmarks/hf_decode.py``), SmolLM2's shapes × 32 tokens 3.20 → 2.68 s, tiny
@@ -121,10 +122,10 @@ class DecodeStep:
 
     Build it where ``model``'s parameters are the tensors its forward computes with (gathered, in the compute
     dtype: :func:`hybridrl.modeling.single_rank.compute_parameters_in_place`); it keeps them (and packed copies)
-    until dropped, so build one per ``generate``.
+    until dropped, so build one per ``generate``. ``prepack=False``: plain products (for A/B checks).
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, prepack: bool = True) -> None:
         reason = fast_decode_unsupported(model)
         if reason is not None:
             raise ValueError(f"the fast decode step cannot run this model: {reason}")
@@ -132,8 +133,7 @@ class DecodeStep:
         self.embedding = inner.embed_tokens.weight
         if type(self.embedding) not in (torch.Tensor, nn.Parameter):  # a DTensor: not gathered
             raise ValueError("the fast decode step needs gathered parameters (FSDP2 shards are DTensors)")
-        packed = (prepacking_available() and self.embedding.dtype == torch.bfloat16
-                  and self.embedding.device.type == "cpu")
+        packed = prepack and self.embedding.device.type == "cpu" and prepacking_available(self.embedding.dtype)
         self.rotary = inner.rotary_emb
         self.layers = [_Layer(layer, packed) for layer in inner.layers]
         self.final_norm = _norm_of(inner.norm)

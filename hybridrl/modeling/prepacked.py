@@ -1,16 +1,21 @@
-"""Generation's linear layers on CPU against oneDNN-prepacked bf16 weights.
+"""Generation's linear layers on CPU against oneDNN-prepacked weights (bf16 and fp32).
 
 A bf16 ``F.linear`` on CPU reorders its weight into oneDNN's blocked layout on every call. In a decode step the
 matmuls have few rows (the sequences being sampled), so that reorder is a large share of each call: measured on the
 2-core AMD EPYC (AVX-512 BF16), 32 rows, SmolLM2-135M's shapes: 576→1536 200 → 153 µs, 1536→576 187 → 161 µs,
-576→576 96 → 71 µs, the 576→49152 head 8.8 → 5.8 ms. Inside :func:`linears_prepacked` each ``nn.Linear`` reorders
-its weight once, at its first call, and multiplies against that copy until the context exits (torch's
-``mkldnn._reorder_linear_weight`` / ``mkldnn._linear_pointwise``, what inductor's CPU freezing uses). The products
-are the same bits as ``F.linear`` (checked over decode, prefill and 3-D shapes, with and without bias).
+576→576 96 → 71 µs, the 576→49152 head 8.8 → 5.8 ms. An fp32 ``F.linear`` runs MKL's sgemm, which at a few rows
+runs far below its large-matrix rate; oneDNN's packed fp32 product is 1.5–2.5× faster there (same machine, 32 rows:
+576→1536 463 → 277 µs, 1536→576 466 → 300 µs, the head 26.7 → 10.6 ms; capped at AVX2, as on an AVX2-only CPU,
+533 → 315 µs and 32.2 → 15.1 ms). Inside :func:`linears_prepacked` each ``nn.Linear`` reorders its weight once, at its
+first call, and multiplies against that copy until the context exits (torch's ``mkldnn._reorder_linear_weight`` /
+``mkldnn._linear_pointwise``, what inductor's CPU freezing uses). In bf16 the products are the same bits as
+``F.linear`` (both are oneDNN's; checked over decode, prefill and 3-D shapes, with and without bias); in fp32 they
+differ from MKL's in the last bits (≤ 6e-6 absolute at SmolLM2's head), and a row's result does not depend on the
+rows beside it.
 
 Used where the weights cannot change: ``generate`` with grad off, its casts kept (``single_rank.casts_kept``). A
 layer whose weight tensor changes between calls (casts not kept) goes back to ``F.linear`` for good, so nothing is
-packed twice. fp32 is left alone: its prepacked kernel is faster too but not the same bits as ``F.linear``'s.
+packed twice.
 """
 
 from __future__ import annotations
@@ -26,20 +31,27 @@ _DECODE_ROWS_HINT = 32
 """Rows oneDNN tunes the packed layout for (any row count gives the same result)."""
 
 
-def prepacking_available() -> bool:
-    """Whether this torch build has oneDNN's prepacked linear with native bf16 (x86 CPUs with AVX-512 BF16 / AMX)."""
+PACKED_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def prepacking_available(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether this torch build has oneDNN's prepacked linear for ``dtype`` on this CPU: fp32 wherever oneDNN runs,
+    bf16 on x86 CPUs with native bf16 (AVX-512 BF16 / AMX)."""
     mkldnn_ops = getattr(torch.ops, "mkldnn", None)
-    return (torch.backends.mkldnn.is_available() and hasattr(mkldnn_ops, "_reorder_linear_weight")
-            and hasattr(mkldnn_ops, "_linear_pointwise") and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    kernels = (torch.backends.mkldnn.is_available() and hasattr(mkldnn_ops, "_reorder_linear_weight")
+               and hasattr(mkldnn_ops, "_linear_pointwise"))
+    if dtype == torch.bfloat16:
+        return kernels and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return kernels and dtype in PACKED_DTYPES
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
-    """A bf16 CPU weight ``[out, in]`` reordered once into oneDNN's layout for :func:`packed_linear`."""
+    """A bf16 / fp32 CPU weight ``[out, in]`` reordered once into oneDNN's layout for :func:`packed_linear`."""
     return torch.ops.mkldnn._reorder_linear_weight(weight, _DECODE_ROWS_HINT)
 
 
 def packed_linear(input: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """``F.linear(input, weight, bias)`` against ``pack_linear_weight(weight)``: the same bits."""
+    """``F.linear(input, weight, bias)`` against ``pack_linear_weight(weight)`` (bf16: the same bits)."""
     return torch.ops.mkldnn._linear_pointwise(input, packed, bias, "none", [], "")
 
 
@@ -64,19 +76,20 @@ class _PackedLinear:
         return packed_linear(input, self.packed, bias)
 
     def _packable(self, input: torch.Tensor, weight: torch.Tensor) -> bool:
+        dtype = weight.dtype
         return (not self.unstable and not torch.is_grad_enabled() and type(weight) in (torch.Tensor, nn.Parameter)
-                and weight.dtype == torch.bfloat16 and input.dtype == torch.bfloat16 and weight.device.type == "cpu"
-                and input.device.type == "cpu" and (self.module.bias is None or self.module.bias.dtype == torch.bfloat16))
+                and input.dtype == dtype and weight.device.type == "cpu" and input.device.type == "cpu"
+                and (self.module.bias is None or self.module.bias.dtype == dtype) and prepacking_available(dtype))
 
 
 @contextmanager
 def linears_prepacked(model: nn.Module, enabled: bool = True) -> Iterator[None]:
-    """Inside, every plain ``nn.Linear`` of ``model`` (not subclasses such as LoRA layers) runs bf16 CPU products
-    with grad off against a weight packed at its first call; anything else goes to ``F.linear`` as before. The packed
-    copies (the size of the bf16 weights) are dropped on exit. A no-op when ``enabled`` is false or the build lacks
-    the kernels (:func:`prepacking_available`)."""
+    """Inside, every plain ``nn.Linear`` of ``model`` (not subclasses such as LoRA layers) runs bf16 / fp32 CPU
+    products with grad off against a weight packed at its first call; anything else goes to ``F.linear`` as before.
+    The packed copies (the size of the weights) are dropped on exit. A no-op when ``enabled`` is false or the build
+    lacks the kernels (:func:`prepacking_available`)."""
     compiled = any(getattr(module, "_compiled_call_impl", None) is not None for module in model.modules())
-    if not enabled or compiled or not prepacking_available():  # compiled layers: inductor does its own packing
+    if not enabled or compiled or not prepacking_available(torch.float32):  # compiled: inductor packs its own
         yield
         return
     linears = [module for module in model.modules() if type(module) is nn.Linear and "forward" not in vars(module)]

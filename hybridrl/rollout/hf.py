@@ -11,9 +11,10 @@ with responses ending at spread-out lengths (mean 18 of 32 tokens) a ``generate`
 
 Prompts run through the module's forward. Decode steps of the model types :mod:`hybridrl.modeling.decode_step`
 covers run straight on the weights (``rollout.hf_fast_decode``, on by default: the same logits bit for bit on CPU,
-without the modules' per-step dispatch); other models run the module's forward every step. On a CPU with native
-bf16 either way multiplies against weights packed once per ``generate`` for oneDNN
-(:mod:`hybridrl.modeling.prepacked`: the same bits, without a weight reorder in every decode-step product).
+without the modules' per-step dispatch); other models run the module's forward every step. On CPU either way
+multiplies against weights packed once per ``generate`` for oneDNN (:mod:`hybridrl.modeling.prepacked`): in bf16
+(CPUs with native bf16) the same bits without a weight reorder in every decode-step product; in fp32 oneDNN's
+packed product in place of MKL's sgemm, which is slow at a decode step's few rows (within fp32 rounding of it).
 
 The loop is the model's forward, the sampler of :mod:`hybridrl.rollout.sampling` and nothing else: no generation
 config of the checkpoint (repetition penalties, minimum lengths, …) can change what is sampled behind the
@@ -59,13 +60,16 @@ class HFRollout:
 
     def __init__(self, model: nn.Module, *, pad_token_id: int, eos_token_ids: Iterable[int],
                  micro_batch_size: Optional[int] = None, fast_decode: bool = True,
-                 drop_ended_rows: bool = True) -> None:
+                 drop_ended_rows: bool = True, prepack: bool = True) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
         self.micro_batch_size = micro_batch_size
         self.drop_ended_rows = drop_ended_rows
         """Whether rows that have ended leave the decode batch (the same samples; ``False`` for A/B checks)."""
+        self.prepack = prepack
+        """Whether products run against oneDNN-packed weights on CPU (:mod:`hybridrl.modeling.prepacked`; ``False``
+        for A/B checks)."""
         self.decode_rows_run = 0
         """Rows × forwards of the last ``generate``'s decode loops (the work that dropping ended rows saves)."""
         self.fast_decode_unsupported = (fast_decode_unsupported(model) if fast_decode
@@ -85,11 +89,11 @@ class HFRollout:
         from hybridrl.modeling.fsdp import parameters_kept_gathered
 
         prompts_per_chunk = max((self.micro_batch_size or len(prompts) * params.n) // params.n, 1)
-        forwards = _Forwards(self.model, fast=self.fast_decode_unsupported is None)
+        forwards = _Forwards(self.model, fast=self.fast_decode_unsupported is None, prepack=self.prepack)
         self.decode_rows_run = 0
         # one all-gather (and bf16 cast) per layer, not one per decode step; on CPU each weight packed once for oneDNN
         # (the fast step packs its own: the module's products then run once per prompt, not worth a packed copy)
-        with parameters_kept_gathered(self.model), linears_prepacked(self.model, enabled=not forwards.fast):
+        with parameters_kept_gathered(self.model), linears_prepacked(self.model, enabled=self.prepack and not forwards.fast):
             chunks = prompts.split_every(prompts_per_chunk)
             pieces = [self._generate_chunk(chunk, params, forwards) for chunk in chunks]
         self.model.train(was_training)
@@ -201,8 +205,8 @@ class _Forwards:
     :class:`DecodeStep` built at its first one-token step (after a module forward has gathered the parameters) and
     reused by every chunk; if it cannot be built (``failure``) the module's forward runs on."""
 
-    def __init__(self, model: nn.Module, *, fast: bool) -> None:
-        self.model, self.fast = model, fast
+    def __init__(self, model: nn.Module, *, fast: bool, prepack: bool = True) -> None:
+        self.model, self.fast, self.prepack = model, fast, prepack
         self.step: Optional[DecodeStep] = None
         self.failure: Optional[str] = None
 
@@ -222,7 +226,7 @@ class _Forwards:
         if self.step is None and self.fast and self.failure is None:
             try:
                 with compute_parameters_in_place(self.model):
-                    self.step = DecodeStep(self.model)
+                    self.step = DecodeStep(self.model, prepack=self.prepack)
             except (ValueError, AttributeError) as error:  # e.g. shards not gathered; a renamed module attribute
                 self.failure = f"the fast decode step could not be built ({error})"
         return self.step is not None

@@ -65,11 +65,14 @@ def test_same_logits_as_the_module_every_step(kind, dtype):
                for mine, theirs in zip(cache, reference_cache))
 
 
-def test_bf16_products_are_packed_where_the_cpu_has_native_bf16():
-    step = DecodeStep(tiny("llama", torch.bfloat16))
-    layer = step.layers[0]
-    assert len(layer.qkv) == (1 if prepacking_available() else 3)   # packed: one product for q, k and v
-    assert len(DecodeStep(tiny("llama")).layers[0].qkv) == 3        # fp32: no concatenated copy of the weights
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_products_are_packed_where_onednn_has_the_dtype(dtype):
+    """bf16 where the CPU has native bf16, fp32 wherever oneDNN runs: then one packed product for q, k and v and one
+    for gate and up; unpacked, one product per projection (a concatenation would be a second copy of the weights)."""
+    layer = DecodeStep(tiny("llama", dtype)).layers[0]
+    assert len(layer.qkv) == (1 if prepacking_available(dtype) else 3)
+    assert len(layer.gate_up) == (1 if prepacking_available(dtype) else 2)
+    assert all(product.packed == prepacking_available(dtype) for product in (*layer.qkv, layer.o, layer.down))
 
 
 def test_what_it_refuses():
@@ -141,7 +144,7 @@ def test_a_step_that_cannot_be_built_falls_back_to_the_module(monkeypatch, caplo
     the module's forward, with the same tokens, and the log names the failure."""
     import hybridrl.rollout.hf as hf
 
-    def refuse(model):
+    def refuse(model, prepack=True):
         raise ValueError("the fast decode step needs gathered parameters (simulated)")
 
     model = tiny("llama")
