@@ -10,8 +10,8 @@ runs far below its large-matrix rate; oneDNN's packed fp32 product is 1.5–2.5�
 first call, and multiplies against that copy until the context exits (torch's ``mkldnn._reorder_linear_weight`` /
 ``mkldnn._linear_pointwise``, what inductor's CPU freezing uses). In bf16 the products are the same bits as
 ``F.linear`` (both are oneDNN's; checked over decode, prefill and 3-D shapes, with and without bias); in fp32 they
-differ from MKL's in the last bits (≤ 6e-6 absolute at SmolLM2's head), and a row's result does not depend on the
-rows beside it.
+differ from MKL's in the last bits (≤ 6e-6 absolute at SmolLM2's head); a row's result does not depend on how many
+rows run beside it from two rows up (MKL's does below 16 rows; a single row can take another kernel in both).
 
 Used where the weights cannot change: ``generate`` with grad off, its casts kept (``single_rank.casts_kept``). A
 layer whose weight tensor changes between calls (casts not kept) goes back to ``F.linear`` for good, so nothing is
