@@ -1,4 +1,4 @@
-"""The HF engine's ``generate`` three ways, alternated in one process on the same prompts and seeds: as it runs by
+"""The HF engine's ``generate`` four ways, alternated in one process on the same prompts and seeds: as it runs by
 default (``fast``: decode steps on the weights, ``rollout.hf_fast_decode``, rows that have ended dropped from the
 decode batch, products against oneDNN-packed weights), ``fast_keep`` (the same without dropping ended rows),
 ``fast_unpacked`` (the same with plain ``F.linear`` products) and ``module`` (every decode step through the module's
@@ -6,12 +6,12 @@ forward, ended rows dropped).
 
 Per workload: 8 left-padded prompts × 4 samples (the vs_trl batch), sampled at temperature 1, ``--dtype`` compute
 (bf16: over fp32 master weights on one rank, ``single_rank`` casts, as the actor runs; fp32: the weights themselves),
-2 threads. With ``--ending F`` (default
-0.035) a fraction ``F`` of the vocabulary ends a response, so rows end at spread-out steps (0.035 at 32 new tokens:
-a mean length of ≈ 20, as SmolLM2's in ``vs_trl.py``; 0: every row runs to the maximum). Prints the median seconds of
-each side, the ratios, the rows × forwards each ran, and whether all sampled the same tokens (in bf16 on CPU they
-must: the fast step's logits are the module's bit for bit, and a row's do not depend on the rows beside it; in fp32
-packed and plain products round differently in the last bits, which could in rare cases change a draw).
+2 threads. With ``--ending F`` (default 0.035) a fraction ``F`` of the vocabulary ends a response, so rows end at
+spread-out steps (0.035 at 32 new tokens: a mean length of ≈ 20, as SmolLM2's in ``vs_trl.py``; 0: every row runs to
+the maximum). Prints the median seconds of each side, the ratios, the rows × forwards each ran, whether the packed
+sides sampled the same tokens (in bf16 on CPU they must: the fast step's logits are the module's bit for bit, and a
+row's do not depend on the rows beside it) and whether the unpacked side did (in fp32 packed and plain products round
+differently in the last bits, which changes some draws).
 
 Workloads (built from configs, random weights, nothing read or downloaded):
 - ``smollm2``: SmolLM2-135M's shapes (30 layers, 576 wide, vocab 49152), prompts of 30–44 tokens, 32 new tokens;

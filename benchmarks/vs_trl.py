@@ -211,9 +211,8 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace, spec: dict[st
                      f"{figures['floor_s']:.3f} s", f"{figures['step_over_floor']:.2f}×"])
     print(f"\nvs_trl, scale {args.scale}: {spec['prompts']} prompts × {spec['n']} responses × "
           f"{spec['max_response_length']} tokens, {args.precision}, CPU ISA {args.cpu_isa}, micro {args.micro} × "
-          f"accumulation "
-          f"{args.accumulation}, hybridrl dp={args.dp}, {args.rounds} rounds × {args.steps} steps (warm-up "
-          f"{args.warmup} dropped)")
+          f"accumulation {args.accumulation}, hybridrl dp={args.dp}, {args.rounds} rounds × {args.steps} steps "
+          f"(warm-up {args.warmup} dropped)")
     print(common.markdown_table(["side", "step (median)", "generated tok/s", "trained tok/s", "peak RSS / PSS MiB",
                                  "TRL ÷ side", f"reward step 1 → {args.steps}", "floor", "step ÷ floor"], rows))
     trl_vllm, ours = (summary.get(side, {}).get("median_step_s") for side in ("trl-vllm", "hybridrl-vllm"))

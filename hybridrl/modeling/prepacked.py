@@ -20,6 +20,7 @@ packed twice.
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
@@ -34,9 +35,10 @@ _DECODE_ROWS_HINT = 32
 PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
 
+@functools.lru_cache(maxsize=None)
 def prepacking_available(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether this torch build has oneDNN's prepacked linear for ``dtype`` on this CPU: fp32 wherever oneDNN runs,
-    bf16 on x86 CPUs with native bf16 (AVX-512 BF16 / AMX)."""
+    bf16 on x86 CPUs with native bf16 (AVX-512 BF16 / AMX). Asked at every packed call, so answered once."""
     mkldnn_ops = getattr(torch.ops, "mkldnn", None)
     kernels = (torch.backends.mkldnn.is_available() and hasattr(mkldnn_ops, "_reorder_linear_weight")
                and hasattr(mkldnn_ops, "_linear_pointwise"))

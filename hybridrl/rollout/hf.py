@@ -93,7 +93,8 @@ class HFRollout:
         self.decode_rows_run = 0
         # one all-gather (and bf16 cast) per layer, not one per decode step; on CPU each weight packed once for oneDNN
         # (the fast step packs its own: the module's products then run once per prompt, not worth a packed copy)
-        with parameters_kept_gathered(self.model), linears_prepacked(self.model, enabled=self.prepack and not forwards.fast):
+        packs_linears = self.prepack and not forwards.fast
+        with parameters_kept_gathered(self.model), linears_prepacked(self.model, enabled=packs_linears):
             chunks = prompts.split_every(prompts_per_chunk)
             pieces = [self._generate_chunk(chunk, params, forwards) for chunk in chunks]
         self.model.train(was_training)
