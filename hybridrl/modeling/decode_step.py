@@ -5,8 +5,7 @@ time outside the products is the modules' dispatch: hooks, keyword plumbing, mas
 ops per norm and rotary. :class:`DecodeStep` runs the same arithmetic as transformers' forward for the model types
 of :data:`FAST_DECODE_MODEL_TYPES` with none of that: per layer one RMSNorm kernel, one product for q, k and v
 and one for gate and up (their weights concatenated and packed once for oneDNN where
-:func:`~hybridrl.modeling.prepacked.prepacking_available`: bf16 on CPUs with native bf16, fp32 wherever oneDNN
-runs), the model's own rotary module and activation, and :func:`~hybridrl.modeling.attention.direct_attention` on
+:func:`~hybridrl.modeling.prepacked.prepacking_available`: bf16 on CPUs with native bf16), the model's own rotary module and activation, and :func:`~hybridrl.modeling.attention.direct_attention` on
 the cache. Logits are the module forward's bit for bit on CPU with the default attention (bf16 and fp32, the
 module's linears packed alike; ``tests/unit/workers/test_decode_step.py``). Measured on the 2-core
 AMD EPYC (AVX-512 BF16), bf16, both prepacked, alternated in one process: one step of 32 rows, SmolLM2-135M

@@ -13,6 +13,8 @@ first call, and multiplies against that copy until the context exits (torch's ``
 differ from MKL's in the last bits (≤ 6e-6 absolute at SmolLM2's head); a row's result does not depend on how many
 rows run beside it from two rows up (MKL's does below 16 rows; a single row can take another kernel in both).
 
+Only bf16 is packed by default (:data:`PACKED_DTYPES` says why not fp32).
+
 Used where the weights cannot change: ``generate`` with grad off, its casts kept (``single_rank.casts_kept``). A
 layer whose weight tensor changes between calls (casts not kept) goes back to ``F.linear`` for good, so nothing is
 packed twice.
@@ -32,13 +34,18 @@ _DECODE_ROWS_HINT = 32
 """Rows oneDNN tunes the packed layout for (any row count gives the same result)."""
 
 
-PACKED_DTYPES = (torch.bfloat16, torch.float32)
+PACKED_DTYPES = (torch.bfloat16,)
+"""fp32 is not packed by default, though its products run 1.2–1.6× faster packed (above): with fp32 weights repacked
+every ``generate``, the 200-step soak's actor RSS kept growing in its last 75 steps (0.032–0.035 MiB/step against a
+0.03 bound, twice; it passes with fp32 left to ``F.linear``). Not yet explained (oneDNN's primitive cache across row
+counts is the first suspect); add ``torch.float32`` here to measure it."""
 
 
 @functools.lru_cache(maxsize=None)
 def prepacking_available(dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Whether this torch build has oneDNN's prepacked linear for ``dtype`` on this CPU: fp32 wherever oneDNN runs,
-    bf16 on x86 CPUs with native bf16 (AVX-512 BF16 / AMX). Asked at every packed call, so answered once."""
+    """Whether generation packs ``dtype`` products for oneDNN on this CPU: a dtype of :data:`PACKED_DTYPES` and this
+    build's kernels for it (bf16: x86 CPUs with native bf16, AVX-512 BF16 / AMX). Asked at every packed call, so
+    answered once."""
     mkldnn_ops = getattr(torch.ops, "mkldnn", None)
     kernels = (torch.backends.mkldnn.is_available() and hasattr(mkldnn_ops, "_reorder_linear_weight")
                and hasattr(mkldnn_ops, "_linear_pointwise"))
@@ -91,7 +98,8 @@ def linears_prepacked(model: nn.Module, enabled: bool = True) -> Iterator[None]:
     The packed copies (the size of the weights) are dropped on exit. A no-op when ``enabled`` is false or the build
     lacks the kernels (:func:`prepacking_available`)."""
     compiled = any(getattr(module, "_compiled_call_impl", None) is not None for module in model.modules())
-    if not enabled or compiled or not prepacking_available(torch.float32):  # compiled: inductor packs its own
+    packable = any(prepacking_available(dtype) for dtype in PACKED_DTYPES)
+    if not enabled or compiled or not packable:  # compiled layers: inductor does its own packing
         yield
         return
     linears = [module for module in model.modules() if type(module) is nn.Linear and "forward" not in vars(module)]

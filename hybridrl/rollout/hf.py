@@ -11,10 +11,10 @@ with responses ending at spread-out lengths (mean 18 of 32 tokens) a ``generate`
 
 Prompts run through the module's forward. Decode steps of the model types :mod:`hybridrl.modeling.decode_step`
 covers run straight on the weights (``rollout.hf_fast_decode``, on by default: the same logits bit for bit on CPU,
-without the modules' per-step dispatch); other models run the module's forward every step. On CPU either way
-multiplies against weights packed once per ``generate`` for oneDNN (:mod:`hybridrl.modeling.prepacked`): in bf16
-(CPUs with native bf16) the same bits without a weight reorder in every decode-step product; in fp32 oneDNN's
-packed product in place of MKL's sgemm, which is slow at a decode step's few rows (within fp32 rounding of it).
+without the modules' per-step dispatch); other models run the module's forward every step. On a CPU with native
+bf16 either way multiplies against weights packed once per ``generate`` for oneDNN
+(:mod:`hybridrl.modeling.prepacked`: the same bits, without a weight reorder in every decode-step product; fp32 is
+not packed by default, see there why).
 
 The loop is the model's forward, the sampler of :mod:`hybridrl.rollout.sampling` and nothing else: no generation
 config of the checkpoint (repetition penalties, minimum lengths, …) can change what is sampled behind the

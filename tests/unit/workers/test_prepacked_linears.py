@@ -23,7 +23,8 @@ DTYPES = [pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
               not prepacked.prepacking_available(torch.bfloat16),
               reason="this CPU / torch build has no oneDNN bf16 prepacked linear (no native bf16)")),
           pytest.param(torch.float32, marks=pytest.mark.skipif(
-              not prepacked.prepacking_available(torch.float32), reason="this torch build has no oneDNN"))]
+              not prepacked.prepacking_available(torch.float32),
+              reason="fp32 is not in prepacked.PACKED_DTYPES (off by default), or this torch build has no oneDNN"))]
 FP32_ROUNDING = dict(rtol=1e-5, atol=1e-5)
 """oneDNN's fp32 products against MKL's: the same sums in another order (measured ≤ 6e-6 on SmolLM2's head)."""
 
