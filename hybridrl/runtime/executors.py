@@ -101,7 +101,8 @@ class RayExecutor:
         spec, config = pool.spec, pool.runtime.config
         remote_host = _remote_host_class()
         # Ray's runtime-env agent logs env_vars verbatim: credentials go to the worker as an argument instead.
-        env, secret_env = split_secrets(worker_process_env(spec.device, config.worker_env))
+        process_env = worker_process_env(spec.device, config.worker_env, config.cpu_kernel_cache_capacity)
+        env, secret_env = split_secrets(process_env)
         self.actors = [
             remote_host.options(
                 num_cpus=spec.bundle.get("CPU", 0.0) * bundle_share,

@@ -23,18 +23,29 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 DEVICES = ("cpu", "cuda")
 
+KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+"""How many compiled kernels a CPU process keeps: oneDNN's primitive cache and the cache of torch's ideep layer above
+it (1024 each by default). Each distinct matmul shape compiles its own, and their memory stays while cached: a
+micro-batch's token count and a decode step's row count change the shape. Measured on the 2-core AMD EPYC (bf16,
+SmolLM2-135M's widths, forward and backward of 5 linear shapes at 100 token counts from 200 to 700): +1006 MiB
+resident with the defaults, +173 MiB at 64, at the same speed; a too small cache that drops a step's own kernels
+recompiles them every call (capacity 4: 1.2–1.35× slower there). Both are read at a process's first oneDNN call."""
+
 
 def package_root() -> str:
     """The directory holding the ``hybridrl`` package, so worker processes can import it without an install."""
     return str(Path(__file__).resolve().parents[2])
 
 
-def worker_process_env(device: str, extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+def worker_process_env(device: str, extra: Optional[Mapping[str, str]] = None,
+                       kernel_cache_capacity: Optional[int] = None) -> dict[str, str]:
     """Environment variables every worker process of a ``device`` group starts with.
 
     CPU workers get one OpenMP/MKL thread each: several ranks share few cores, and oversubscription makes gloo
-    collectives and matmuls crawl. ``extra`` (``trainer.ray.worker_env``) overrides any default; a ``PYTHONPATH`` in
-    it is prepended to the entry that makes ``hybridrl`` importable.
+    collectives and matmuls crawl; and, when ``kernel_cache_capacity`` is set (``trainer.ray.cpu_kernel_cache_capacity``),
+    oneDNN's two kernel caches bounded to that many entries (:data:`KERNEL_CACHE_VARIABLES`). ``extra``
+    (``trainer.ray.worker_env``) overrides any default; a ``PYTHONPATH`` in it is prepended to the entry that makes
+    ``hybridrl`` importable.
     """
     check_device(device)
     env = {
@@ -51,6 +62,8 @@ def worker_process_env(device: str, extra: Optional[Mapping[str, str]] = None) -
     }
     if device == "cpu":
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        if kernel_cache_capacity is not None:
+            env.update(dict.fromkeys(KERNEL_CACHE_VARIABLES, str(kernel_cache_capacity)))
     extra = dict(extra or {})
     paths = [p for p in (extra.pop("PYTHONPATH", ""), package_root()) if p]
     env.update(extra)

@@ -10,7 +10,7 @@ import pytest
 from hybridrl.config.ray import RayConfig
 from hybridrl.runtime import PoolSpec, ResourcePool, ResourcePoolManager, start_ray
 from hybridrl.runtime.ray_runtime import RAY_ENV_DEFAULTS, ray_init_kwargs
-from hybridrl.utils.distributed import dp_tp_coordinates, package_root, worker_process_env
+from hybridrl.utils.distributed import KERNEL_CACHE_VARIABLES, dp_tp_coordinates, package_root, worker_process_env
 
 
 @pytest.mark.parametrize("overrides,key", [
@@ -23,6 +23,7 @@ from hybridrl.utils.distributed import dp_tp_coordinates, package_root, worker_p
     ({"call_timeout_s": 0}, "trainer.ray.call_timeout_s"),
     ({"placement_timeout_s": -1}, "trainer.ray.placement_timeout_s"),
     ({"failure_grace_s": -1}, "trainer.ray.failure_grace_s"),
+    ({"cpu_kernel_cache_capacity": 0}, "trainer.ray.cpu_kernel_cache_capacity"),
     ({"worker_env": {"A": 1}}, "trainer.ray.worker_env"),
 ])
 def test_invalid_ray_config_names_the_key(overrides, key):
@@ -53,7 +54,11 @@ def test_worker_environment():
     assert cpu["OMP_NUM_THREADS"] == "1" and cpu["MKL_NUM_THREADS"] == "1"
     assert cpu["PYTHONPATH"] == os.pathsep.join(["/extra", package_root()])
     assert cpu["NCCL_DEBUG"] == "INFO" and cpu["MY_FLAG"] == "1"
-    cuda = worker_process_env("cuda")
+    assert not set(KERNEL_CACHE_VARIABLES) & set(cpu)  # trainer.ray.cpu_kernel_cache_capacity=null
+    bounded = worker_process_env("cpu", {"LRU_CACHE_CAPACITY": "512"}, kernel_cache_capacity=128)
+    assert bounded["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "128" and bounded["LRU_CACHE_CAPACITY"] == "512"
+    cuda = worker_process_env("cuda", kernel_cache_capacity=128)
+    assert not set(KERNEL_CACHE_VARIABLES) & set(cuda)
     assert "OMP_NUM_THREADS" not in cuda and cuda["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     assert os.path.isdir(os.path.join(package_root(), "hybridrl"))
     with pytest.raises(ValueError, match="device"):
