@@ -35,10 +35,13 @@ _DECODE_ROWS_HINT = 32
 
 
 PACKED_DTYPES = (torch.bfloat16,)
-"""fp32 is not packed by default, though its products run 1.2–1.6× faster packed (above): with fp32 weights repacked
-every ``generate``, the 200-step soak's actor RSS kept growing in its last 75 steps (0.032–0.035 MiB/step against a
-0.03 bound, twice; it passes with fp32 left to ``F.linear``). Not yet explained (oneDNN's primitive cache across row
-counts is the first suspect); add ``torch.float32`` here to measure it."""
+"""fp32 is not packed by default, though its products run 1.2–1.6× faster packed (above): with it, the 200-step
+soak's rank-1 RSS rose 1.6–2 MiB at about step 176 (a late slope of 0.032–0.046 MiB/step against the test's 0.03,
+in 5 runs). Traced: that is the rank's first decode step of 2 rows, which compiles oneDNN kernels for the 5 product
+shapes of that row count. Repacking the weights every ``generate`` is not it (3000 repacks of the tiny shapes: +1 MiB
+within the first 500, flat after). It is a one-off compile per new row count, bounded by the kernel cache
+(``trainer.ray.cpu_kernel_cache_capacity``), not a leak, but the soak cannot tell the two apart; fp32 stays on
+MKL's ``F.linear`` (no per-shape kernels) until it can. Add ``torch.float32`` here to measure it."""
 
 
 @functools.lru_cache(maxsize=None)
