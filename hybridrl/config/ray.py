@@ -51,12 +51,12 @@ class RayConfig(FreezableConfig):
     cpu_kernel_cache_capacity: Optional[int] = 64
     """CPU workers: how many compiled matmul kernels oneDNN keeps (``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` and
     ``LRU_CACHE_CAPACITY``; their own default is 1024). Every new token count of a micro-batch or row count of a
-    decode step compiles kernels that stay resident while cached, so with the defaults a run whose lengths vary grows
-    its memory by hundreds of MiB before it levels off. A micro-batch's forward and backward use about 21 kernels
-    (SmolLM2-135M, bf16; 16 with LoRA), a decode step about 7. SmolLM2-135M's GRPO step in bf16 on 2 CPU cores
-    (``benchmarks/vs_trl.py``, 6 steps): peak PSS 4958–5074 MiB with oneDNN's defaults, 4550–4595 at 64, at the
-    same step time. ``null``: oneDNN's defaults. ``worker_env`` wins over it; in ``local_mode`` set the variables in
-    your own environment."""
+    decode step compiles kernels that stay resident while cached, so with the defaults a run whose lengths vary
+    grows its memory by hundreds of MiB before it levels off. A micro-batch's forward and backward use about 21
+    kernels (SmolLM2-135M, bf16; 16 with LoRA on every projection), a decode step 5. SmolLM2-135M's GRPO step in
+    bf16 on 2 CPU cores (``benchmarks/vs_trl.py``, 6 steps): peak PSS 4958–5074 MiB with oneDNN's defaults,
+    4550–4595 at 64, at the same step time. ``null``: oneDNN's defaults. ``worker_env`` wins over it; in
+    ``local_mode`` set the variables in your own environment."""
     worker_env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for every worker process (merged over hybridrl's defaults; ``PYTHONPATH``
     entries are prepended to the one that makes ``hybridrl`` importable)."""

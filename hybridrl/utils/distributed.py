@@ -42,10 +42,10 @@ def worker_process_env(device: str, extra: Optional[Mapping[str, str]] = None,
     """Environment variables every worker process of a ``device`` group starts with.
 
     CPU workers get one OpenMP/MKL thread each: several ranks share few cores, and oversubscription makes gloo
-    collectives and matmuls crawl; and, when ``kernel_cache_capacity`` is set (``trainer.ray.cpu_kernel_cache_capacity``),
-    oneDNN's two kernel caches bounded to that many entries (:data:`KERNEL_CACHE_VARIABLES`). ``extra``
-    (``trainer.ray.worker_env``) overrides any default; a ``PYTHONPATH`` in it is prepended to the entry that makes
-    ``hybridrl`` importable.
+    collectives and matmuls crawl; and, when ``kernel_cache_capacity`` is set
+    (``trainer.ray.cpu_kernel_cache_capacity``), oneDNN's two kernel caches bounded to that many entries
+    (:data:`KERNEL_CACHE_VARIABLES`). ``extra`` (``trainer.ray.worker_env``) overrides any default; a ``PYTHONPATH``
+    in it is prepended to the entry that makes ``hybridrl`` importable.
     """
     check_device(device)
     env = {
