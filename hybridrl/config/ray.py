@@ -55,8 +55,8 @@ class RayConfig(FreezableConfig):
     grows its memory by hundreds of MiB before it levels off. A micro-batch's forward and backward use about 21
     kernels (SmolLM2-135M, bf16; 16 with LoRA on every projection), a decode step 5. SmolLM2-135M's GRPO step in
     bf16 on 2 CPU cores (``benchmarks/vs_trl.py``, 6 steps): peak PSS 4958–5074 MiB with oneDNN's defaults,
-    4550–4595 at 64, at the same step time. ``null``: oneDNN's defaults. ``worker_env`` wins over it; in
-    ``local_mode`` set the variables in your own environment."""
+    4550–4628 at 64, at the same step time. ``null``: oneDNN's defaults. ``worker_env``, or either variable
+    exported where the controller runs, wins over it; in ``local_mode`` set the variables in your own environment."""
     worker_env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for every worker process (merged over hybridrl's defaults; ``PYTHONPATH``
     entries are prepended to the one that makes ``hybridrl`` importable)."""

@@ -44,7 +44,7 @@ def worker_process_env(device: str, extra: Optional[Mapping[str, str]] = None,
     CPU workers get one OpenMP/MKL thread each: several ranks share few cores, and oversubscription makes gloo
     collectives and matmuls crawl; and, when ``kernel_cache_capacity`` is set
     (``trainer.ray.cpu_kernel_cache_capacity``), oneDNN's two kernel caches bounded to that many entries
-    (:data:`KERNEL_CACHE_VARIABLES`). ``extra`` (``trainer.ray.worker_env``) overrides any default; a ``PYTHONPATH``
+    (:data:`KERNEL_CACHE_VARIABLES`; one already in this process's environment is left to it). ``extra`` (``trainer.ray.worker_env``) overrides any default; a ``PYTHONPATH``
     in it is prepended to the entry that makes ``hybridrl`` importable.
     """
     check_device(device)
@@ -62,8 +62,8 @@ def worker_process_env(device: str, extra: Optional[Mapping[str, str]] = None,
     }
     if device == "cpu":
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        if kernel_cache_capacity is not None:
-            env.update(dict.fromkeys(KERNEL_CACHE_VARIABLES, str(kernel_cache_capacity)))
+        if kernel_cache_capacity is not None:  # a value exported where the controller runs is kept
+            env.update({key: str(kernel_cache_capacity) for key in KERNEL_CACHE_VARIABLES if key not in os.environ})
     extra = dict(extra or {})
     paths = [p for p in (extra.pop("PYTHONPATH", ""), package_root()) if p]
     env.update(extra)

@@ -49,7 +49,9 @@ def test_ray_environment_defaults_are_set_on_import():
         assert key in os.environ
 
 
-def test_worker_environment():
+def test_worker_environment(monkeypatch):
+    for key in KERNEL_CACHE_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
     cpu = worker_process_env("cpu", {"PYTHONPATH": "/extra", "NCCL_DEBUG": "INFO", "MY_FLAG": "1"})
     assert cpu["OMP_NUM_THREADS"] == "1" and cpu["MKL_NUM_THREADS"] == "1"
     assert cpu["PYTHONPATH"] == os.pathsep.join(["/extra", package_root()])
@@ -57,6 +59,8 @@ def test_worker_environment():
     assert not set(KERNEL_CACHE_VARIABLES) & set(cpu)  # trainer.ray.cpu_kernel_cache_capacity=null
     bounded = worker_process_env("cpu", {"LRU_CACHE_CAPACITY": "512"}, kernel_cache_capacity=128)
     assert bounded["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "128" and bounded["LRU_CACHE_CAPACITY"] == "512"
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")  # the user's own export is kept
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in worker_process_env("cpu", kernel_cache_capacity=128)
     cuda = worker_process_env("cuda", kernel_cache_capacity=128)
     assert not set(KERNEL_CACHE_VARIABLES) & set(cuda)
     assert "OMP_NUM_THREADS" not in cuda and cuda["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"

@@ -37,8 +37,10 @@ def growth_mib(env: dict[str, str]) -> float:
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"),
                     reason="this torch build has no oneDNN packed products")
-def test_the_workers_kernel_cache_bound_holds_oneDNN_memory_down():
-    plain = {key: value for key, value in os.environ.items() if key not in KERNEL_CACHE_VARIABLES}
+def test_the_workers_kernel_cache_bound_holds_oneDNN_memory_down(monkeypatch):
+    for key in KERNEL_CACHE_VARIABLES:  # an exported value would be left to the workers
+        monkeypatch.delenv(key, raising=False)
+    plain = dict(os.environ)
     capacity = RayConfig().cpu_kernel_cache_capacity
     workers = worker_process_env("cpu", {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}, capacity)
     assert all(workers[key] == str(capacity) for key in KERNEL_CACHE_VARIABLES)
