@@ -47,12 +47,18 @@ COMMAND_OF_SCHEMA = {"TrainConfig": "train", "SFTConfig": "sft", "RMConfig": "rm
 RUN_IN_PROGRESS: dict[str, str] = {}  # the run directory and resume mode of the command running (the Ctrl-C line)
 
 
+def load_from_args(args: argparse.Namespace, **options):
+    """The config a command's ``--config-name``, ``--config-dir``, ``--config-path`` and overrides select."""
+    from hybridrl.config import load_config
+
+    return load_config(args.overrides, args.config_name, conf_dir=args.config_path, extra_dirs=args.config_dir or (),
+                       check_paths=not args.no_check_paths, **options)
+
+
 def load_for(command_name: str, args: argparse.Namespace, schema: type):
     """The command's config, refused when ``--config-name`` names another trainer's (``hybridrl train`` given the
     SFT config, ``hybridrl sft`` given an RL one)."""
-    from hybridrl.config import load_config
-
-    config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths)
+    config = load_from_args(args)
     RUN_IN_PROGRESS.update(run_dir=config.trainer.default_local_dir,
                            resume_mode=getattr(config.trainer, "resume_mode", "disable"))
     if not isinstance(config, schema):
@@ -66,13 +72,12 @@ def load_for(command_name: str, args: argparse.Namespace, schema: type):
 @command("config", "compose and validate a config (with every check `train` runs before its workers: data rows, "
          "rewards, tokenizer), then print it and its batch plan")
 def show_config(args: argparse.Namespace) -> int:
-    from hybridrl.config import config_to_yaml, critic_enabled, load_config
+    from hybridrl.config import config_to_yaml, critic_enabled
     from hybridrl.config.plan_report import batch_plan_report
     from hybridrl.trainers.preflight import check_run_inputs
 
     report: list[str] = []
-    config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths,
-                         translation_report=report)
+    config = load_from_args(args, translation_report=report)
     if not args.no_check_paths:  # what `hybridrl train` checks before its first worker, by the same code
         check_run_inputs(config)
     print(config_to_yaml(config), end="")
@@ -97,7 +102,6 @@ def plan_options(parser: argparse.ArgumentParser) -> None:
 @command("plan", "per-device memory, micro-batch, offload advice, time and cost of a job on a GPU type",
          arguments=plan_options)
 def plan(args: argparse.Namespace) -> int:
-    from hybridrl.config import load_config
     from hybridrl.planner import format_plan, gpu_spec, plan_job
 
     for name, value, ok, rule in (("--steps", args.steps, args.steps is None or args.steps >= 1, "a positive count"),
@@ -107,7 +111,7 @@ def plan(args: argparse.Namespace) -> int:
                                   ("--headroom", args.headroom, 0 <= args.headroom < 1, "in [0, 1)")):
         if not ok:
             raise ValueError(f"{name}={value}: must be {rule}")
-    config = load_config(args.overrides, args.config_name, check_paths=not args.no_check_paths)
+    config = load_from_args(args)
     job = plan_job(config, gpu_spec(args.gpu), headroom=args.headroom, efficiency=args.efficiency,
                    price_per_gpu_hour=args.price_per_gpu_hour, total_steps=args.steps)
     print(format_plan(job))
@@ -199,7 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (help_text, config_name, _) in COMMANDS.items():
         sub = subcommands.add_parser(name, help=help_text)
         if config_name is not None:
-            sub.add_argument("--config-name", default=config_name, help="YAML file in conf/ (without .yaml)")
+            sub.add_argument("--config-name", default=config_name,
+                             help="config to compose (a YAML file name without .yaml, built-in or in --config-dir)")
+            sub.add_argument("--config-dir", action="append", metavar="DIR",
+                             help="a directory of your own configs, searched before the built-in ones (repeatable); "
+                                  "its YAML may name a built-in config in its defaults list")
+            sub.add_argument("--config-path", metavar="DIR",
+                             help="a directory replacing the built-in configs (default: the package's hybridrl/conf, "
+                                  "or $HYBRIDRL_CONF_DIR)")
             sub.add_argument("--no-check-paths", action="store_true", help="skip file-existence checks")
             sub.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. rollout.n=8 algorithm=gae")
         if name in ARGUMENTS:

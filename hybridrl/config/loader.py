@@ -1,4 +1,4 @@
-"""Loading a config: Hydra composes ``conf/`` plus CLI overrides, OmegaConf merges it into the dataclass schema
+"""Loading a config: Hydra composes the package's ``hybridrl/conf/`` (and a user's own config directories) plus CLI overrides, OmegaConf merges it into the dataclass schema
 (catching unknown keys and wrong types), the result is validated and frozen, and the resolved config is dumped.
 
 Every user mistake comes out as one ``ConfigError`` (a ``ValueError``) naming the key — never a Hydra traceback.
@@ -33,48 +33,70 @@ SCHEMAS: dict[str, type] = {DEFAULT_CONFIG_NAME: TrainConfig, "sft_trainer": SFT
 
 
 def config_dir() -> Path:
-    """The directory of Hydra YAML files: ``$HYBRIDRL_CONF_DIR`` or the ``conf/`` folder of this checkout."""
+    """The directory of the built-in Hydra YAML files: ``$HYBRIDRL_CONF_DIR`` when set, else ``hybridrl/conf/`` inside
+    the installed package (a wheel carries it, so ``pip install hybridrl`` composes configs like a checkout)."""
     override = os.environ.get("HYBRIDRL_CONF_DIR")
     if override:
         return Path(override).resolve()
-    return (Path(__file__).resolve().parents[2] / "conf").resolve()
+    return (Path(__file__).resolve().parents[1] / "conf").resolve()
+
+
+def config_search_path(conf_dir: Optional[Path] = None, extra_dirs: Sequence[Path] = ()) -> list[Path]:
+    """Where configs are looked up, first match wins: ``extra_dirs`` (the user's ``--config-dir``, in order), then
+    ``conf_dir`` (``--config-path``; default :func:`config_dir`). A user's YAML can thus name a built-in config in its
+    defaults list (``- ppo_trainer``) or shadow one of the same name. A directory that does not exist is refused."""
+    search_path = [Path(directory).expanduser().resolve() for directory in extra_dirs]
+    search_path.append(Path(conf_dir).expanduser().resolve() if conf_dir is not None else config_dir())
+    for directory, given in zip(search_path, [*extra_dirs, conf_dir]):
+        if not directory.is_dir():
+            key = "--config-dir" if given in extra_dirs else "--config-path"
+            raise ConfigError([(key, str(given if given is not None else directory), "no such directory")])
+    return search_path
 
 
 def compose_yaml(config_name: str = DEFAULT_CONFIG_NAME, overrides: Sequence[str] = (),
-                 conf_dir: Optional[Path] = None) -> DictConfig:
-    """Compose ``<conf_dir>/<config_name>.yaml`` with Hydra overrides (``key=value``, ``group=option``, ``+key=value``).
+                 conf_dir: Optional[Path] = None, extra_dirs: Sequence[Path] = ()) -> DictConfig:
+    """Compose ``<config_name>.yaml`` (looked up along :func:`config_search_path`) with Hydra overrides
+    (``key=value``, ``group=option``, ``+key=value``).
 
     Returns the raw composed tree, before it meets the schema.
     """
-    return compose_translated(config_name, overrides, conf_dir)[0]
+    return compose_translated(config_name, overrides, conf_dir, extra_dirs)[0]
 
 
 def compose_translated(config_name: str = DEFAULT_CONFIG_NAME, overrides: Sequence[str] = (),
-                       conf_dir: Optional[Path] = None) -> tuple[DictConfig, Translation]:
+                       conf_dir: Optional[Path] = None, extra_dirs: Sequence[Path] = ()) -> tuple[DictConfig, Translation]:
     """:func:`compose_yaml`, and what became of the overrides: verl-layout keys translated (the RL trainer's configs),
     every key checked against the schema (all unknown or refused keys in one ``ConfigError``), bare strings for
     list keys made lists. ``data.train_files`` given on the command line replaces a default synthetic task."""
     _register_schemas()
-    conf_dir = Path(conf_dir) if conf_dir is not None else config_dir()
-    if not (conf_dir / f"{config_name}.yaml").is_file():
-        available = sorted(path.stem for path in conf_dir.glob("*.yaml"))
-        raise ConfigError([("--config-name", config_name, f"no {config_name}.yaml in {conf_dir}; available: {available}")])
-    schema = SCHEMAS.get(config_name) or schema_of(_compose(config_name, [], conf_dir, None))
+    search_path = config_search_path(conf_dir, extra_dirs)
+    if not any((directory / f"{config_name}.yaml").is_file() for directory in search_path):
+        available = sorted({path.stem for directory in search_path for path in directory.glob("*.yaml")})
+        where = " or ".join(str(directory) for directory in search_path)
+        raise ConfigError([("--config-name", config_name, f"no {config_name}.yaml in {where}; available: {available}")])
+    schema = SCHEMAS.get(config_name) or schema_of(_compose(config_name, [], search_path, None))
     translation = translate_overrides(overrides, schema, verl_rules=schema is TrainConfig)
     translation.problems.raise_if_any()
     hydra_overrides = open_dict_overrides(translation.overrides, schema)
-    raw = _compose(config_name, hydra_overrides, conf_dir, schema)
-    return _prompts_from_files(raw, hydra_overrides, lambda more: _compose(config_name, more, conf_dir, schema)), \
+    raw = _compose(config_name, hydra_overrides, search_path, schema)
+    return _prompts_from_files(raw, hydra_overrides, lambda more: _compose(config_name, more, search_path, schema)), \
         translation
 
 
-def _compose(config_name: str, overrides: Sequence[str], conf_dir: Path, schema: Optional[type]) -> DictConfig:
+def _compose(config_name: str, overrides: Sequence[str], search_path: Sequence[Path],
+             schema: Optional[type]) -> DictConfig:
+    """Hydra's compose with the first directory holding ``<config_name>.yaml`` as the primary config directory (Hydra
+    looks the primary config up there only) and the others on ``hydra.searchpath`` for defaults lists."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
+    primary = next((d for d in search_path if (d / f"{config_name}.yaml").is_file()), search_path[0])
+    others = [directory for directory in search_path if directory != primary]
+    searchpath = [f"hydra.searchpath=[{','.join(_quoted(f'file://{d}') for d in others)}]"] if others else []
     try:
-        with initialize_config_dir(config_dir=str(conf_dir), job_name="hybridrl"):
-            return compose(config_name=config_name, overrides=list(overrides))
+        with initialize_config_dir(config_dir=str(primary), job_name="hybridrl"):
+            return compose(config_name=config_name, overrides=[*searchpath, *overrides])
     except (HydraException, OmegaConfBaseException) as error:
         raise _composition_error(error, overrides, schema) from None
     except yaml.YAMLError as error:  # a config file that is not valid YAML: name the file and the line
@@ -82,6 +104,11 @@ def _compose(config_name: str, overrides: Sequence[str], conf_dir: Path, schema:
         where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
         problem = getattr(error, "problem", None) or _first_line(error)
         raise ConfigError([("--config-name", config_name, f"{where} is not valid YAML: {problem}")]) from None
+
+
+def _quoted(text: str) -> str:
+    """A string as a quoted Hydra override value (a path may hold spaces, commas or brackets)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _prompts_from_files(raw: DictConfig, overrides: list[str], recompose) -> DictConfig:
@@ -135,8 +162,9 @@ def _dict_field_paths(schema: type, prefix: str = "") -> list[str]:
 
 
 def _register_schemas() -> None:
-    """Make each schema available to the YAML defaults lists as ``<config_name>_schema`` (Hydra's ConfigStore), and
-    the ``${hybridrl_devices:...}`` resolver to ``conf/trainer/auto.yaml``."""
+    """Make each schema available to the YAML defaults lists as ``<config_name>_schema`` (Hydra's ConfigStore), the
+    ``${hybridrl_devices:...}`` resolver to ``hybridrl/conf/trainer/auto.yaml``, and ``${hybridrl_conf:<file>}`` (the
+    absolute path of a file shipped in the package's config directory) to configs that name one."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
@@ -144,6 +172,13 @@ def _register_schemas() -> None:
         if store.repo.get(f"{name}_schema.yaml") is None:  # once per process (a second store warns in Hydra 1.4)
             store.store(name=f"{name}_schema", node=schema)
     OmegaConf.register_resolver("hybridrl_devices", visible_devices, replace=True)
+    OmegaConf.register_resolver("hybridrl_conf", shipped_config_file, replace=True)
+
+
+def shipped_config_file(relative: str) -> str:
+    """The absolute path of ``relative`` inside the package's own ``hybridrl/conf/`` (tool files and the like that a
+    built-in recipe config names: they work from a wheel as from a checkout, whatever the working directory)."""
+    return str(Path(__file__).resolve().parents[1] / "conf" / relative)
 
 
 def visible_devices(device: str, cpu_ranks: int) -> int:
@@ -204,12 +239,13 @@ def to_schema(raw: DictConfig | dict, schema: type[ConfigT]) -> ConfigT:
 
 
 def load_config(overrides: Sequence[str] = (), config_name: str = DEFAULT_CONFIG_NAME, *,
-                conf_dir: Optional[Path] = None, check_paths: bool = True,
+                conf_dir: Optional[Path] = None, extra_dirs: Sequence[Path] = (), check_paths: bool = True,
                 translation_report: Optional[list[str]] = None) -> Any:
     """Compose, type-check, validate and freeze a trainer config — the one entry point for CLI, recipes and notebooks.
 
     Returns a ``TrainConfig`` for ``ppo_trainer`` (and configs built on it), an ``SFTConfig`` for ``sft_trainer``,
-    an ``RMConfig`` for ``rm_trainer``. Overrides may use verl's layout (``actor_rollout_ref.actor.optim.lr``);
+    an ``RMConfig`` for ``rm_trainer``. ``conf_dir`` replaces the built-in config directory, ``extra_dirs`` are
+    searched before it (:func:`config_search_path`). Overrides may use verl's layout (``actor_rollout_ref.actor.optim.lr``);
     ``translation_report``, when given, receives one line per verl key translated, without effect or defaulted
     (keys without effect are also logged).
 
@@ -219,7 +255,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str = DEFAULT_CONFIG
     """
     from hybridrl.config.validation import validate_config, validate_rm_config, validate_sft_config
 
-    raw, translation = compose_translated(config_name, overrides, conf_dir)
+    raw, translation = compose_translated(config_name, overrides, conf_dir, extra_dirs)
     _log_translation(translation)
     _log_device(raw)
     if translation_report is not None:

@@ -70,3 +70,36 @@ def test_help_and_the_parser_load_neither_torch_nor_transformers():
             "print(sorted(name for name in ('torch', 'transformers', 'vllm', 'ray') if name in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_config_dir_adds_a_users_own_configs_that_build_on_the_built_in_ones(tmp_path, capsys):
+    """Hydra's ``--config-dir``: the user's YAML names a built-in config in its defaults list; a user's group option
+    sits beside the built-in ones."""
+    (tmp_path / "my_grpo.yaml").write_text("defaults:\n  - ppo_trainer\n  - _self_\nrollout:\n  n: 2\n")
+    (tmp_path / "algorithm").mkdir()
+    (tmp_path / "algorithm" / "mine.yaml").write_text("adv_estimator: rloo\n")
+    assert main(["config", "--no-check-paths", "--config-dir", str(tmp_path), "--config-name", "my_grpo",
+                 "algorithm=mine", "data.train_batch_size=6", "actor.ppo_mini_batch_size=6",
+                 "actor.ppo_micro_batch_size_per_gpu=2"]) == 0
+    out = capsys.readouterr().out
+    assert "adv_estimator: rloo" in out and "  'n': 2\n" in out
+    assert "# actor: 6 prompts × n=2 = 12 sequences per step" in out
+
+
+def test_config_path_replaces_the_built_in_configs(tmp_path, capsys):
+    from hybridrl.config import config_dir
+    import shutil
+
+    shutil.copytree(config_dir(), tmp_path / "conf")
+    (tmp_path / "conf" / "algorithm" / "grpo.yaml").write_text("adv_estimator: rloo\n")
+    assert main(["config", "--no-check-paths", "--config-path", str(tmp_path / "conf")]) == 0
+    assert "adv_estimator: rloo" in capsys.readouterr().out
+
+
+def test_config_dirs_that_do_not_exist_or_hold_no_such_config_are_named(tmp_path, capsys):
+    assert main(["config", "--no-check-paths", "--config-dir", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "--config-dir" in err and "no such directory" in err and "Traceback" not in err
+    assert main(["config", "--no-check-paths", "--config-dir", str(tmp_path), "--config-name", "mine"]) == 2
+    err = capsys.readouterr().err
+    assert "no mine.yaml in" in err and str(tmp_path) in err and "ppo_trainer" in err

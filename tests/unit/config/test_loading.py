@@ -1,4 +1,4 @@
-"""Composition of every YAML in conf/, typed loading, freezing, dumping, and the generated config reference."""
+"""Composition of every YAML in hybridrl/conf/, typed loading, freezing, dumping, and the generated config reference."""
 
 from __future__ import annotations
 
@@ -22,11 +22,15 @@ from hybridrl.config.rm_schema import RMConfig
 from hybridrl.config.sft_schema import SFTConfig
 
 CONF = config_dir()
-REPO = CONF.parent
+REPO = CONF.parents[1]
 
 
 def group_options() -> list[tuple[str, str]]:
-    return sorted((path.parent.name, path.stem) for path in CONF.glob("*/*.yaml"))
+    return sorted((path.parent.name, path.stem) for path in CONF.glob("*/*.yaml") if path.parent.name not in DATA_DIRS)
+
+
+# Folders of conf/ that hold files a config names (not Hydra config groups).
+DATA_DIRS = {"tool_configs"}
 
 
 def test_conf_dir_has_groups():
@@ -120,9 +124,9 @@ def test_config_yaml_lists_every_section():
 
 
 def test_recipe_configs_are_not_forgotten():
-    """Every YAML under conf/ is reached by one of the composition tests above."""
+    """Every YAML under hybridrl/conf/ is reached by one of the composition tests above."""
     covered = {Path(CONF / group / f"{option}.yaml") for group, option in group_options()}
-    covered |= set(CONF.glob("*.yaml"))
+    covered |= set(CONF.glob("*.yaml")) | {path for name in DATA_DIRS for path in (CONF / name).glob("*.yaml")}
     assert covered == set(CONF.rglob("*.yaml"))
 
 
