@@ -2,7 +2,7 @@
 
 Overrides use Hydra's syntax (``rollout.n=8``, ``algorithm=gae`` to pick a preset, ``+extra.x=1`` to add a key).
 User mistakes print one clear message and exit with status 2 — never a traceback. A user mistake is a ``ValueError``
-(``ConfigError`` included: DESIGN.md §7 — bad files, rows, paths, checkpoints) or a request the cluster can never
+(``ConfigError`` included: docs/architecture.md §5, errors — bad files, rows, paths, checkpoints) or a request the cluster can never
 hold (``ResourceUnavailableError``); a run stopped by a health alarm (``TrainingHealthError``) is reported the same
 way. ``HYBRIDRL_TRACEBACK=1`` re-raises them to show where they came from.
 """
@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from hybridrl.config import ConfigError
@@ -32,7 +33,8 @@ ARGUMENTS: dict[str, Arguments] = {}
 def command(name: str, help_text: str, config_name: Optional[str] = "ppo_trainer",
             arguments: Optional[Arguments] = None) -> Callable[[Handler], Handler]:
     """Register a sub-command handler ``(args) -> exit status`` whose default config is ``config_name``
-    (``None``: the command takes no config and no overrides) and which may declare its own ``arguments``."""
+    (``None``: the command takes no config and no overrides; ``""``: it does, and picks one itself when
+    ``--config-name`` is not given) and which may declare its own ``arguments``."""
 
     def register(handler: Handler) -> Handler:
         COMMANDS[name] = (help_text, config_name, handler)
@@ -177,6 +179,62 @@ def demo_agent(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="a run directory, a checkpoints/global_step_<k> dir or a Hugging Face model dir")
+    parser.add_argument("--data", action="append", metavar="FILE[,FILE]", default=[],
+                        help="test set: parquet/JSONL rows in verl's layout, repeatable (default: the config's "
+                             "held-out set)")
+    parser.add_argument("--n", type=int, default=1, help="sampled responses per prompt for pass@k / maj@k (default 1: "
+                                                         "the greedy validation pass only)")
+    parser.add_argument("--k", action="append", metavar="K[,K]", default=[],
+                        help="the k of pass@k and maj@k, e.g. --k 1,4,8 (default: 1 and n)")
+    parser.add_argument("--temperature", type=float, default=None, help="of the sampled pass (default rollout's)")
+    parser.add_argument("--top-p", type=float, default=None, help="of the sampled pass (default rollout's)")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate the first LIMIT prompts only")
+    parser.add_argument("--output", default=None, help="output directory (default <run>/eval/<data> or "
+                                                       "runs/eval/<model>/<data>); an interrupted evaluation resumes")
+    parser.add_argument("--overwrite", action="store_true", help="start afresh in --output")
+
+
+def _comma_list(values: Sequence[str], option: str, kind: type) -> list:
+    """``--k 1,4 --k 8`` → ``[1, 4, 8]``; ``ValueError`` naming the option for an item that is not a ``kind``."""
+    items = [item.strip() for value in values for item in value.split(",") if item.strip()]
+    try:
+        return [kind(item) for item in items]
+    except ValueError:
+        raise ValueError(f"{option} {','.join(items)}: each item must be a{'n integer' if kind is int else ' path'}") \
+            from None
+
+
+@command("eval", "evaluate a checkpoint or model on a test set: pass@1 (greedy), pass@k and maj@k per data source: "
+         "hybridrl eval RUN_DIR [--data test.parquet] [--n 8]",
+         config_name="", arguments=_eval_arguments)  # no default: the run's own config.yaml, else ppo_trainer
+def evaluate(args: argparse.Namespace) -> int:
+    from hybridrl.modeling.model_builder import load_tokenizer
+    from hybridrl.rewards.registry import check_data_sources
+    from hybridrl.trainers.eval_source import (default_output_dir, eval_config, eval_dataset, model_directory,
+                                               resolve_eval_source)
+    from hybridrl.trainers.evaluator import EvalSettings, Evaluator
+
+    ks, files = _comma_list(args.k, "--k", int), _comma_list(args.data, "--data", str)
+    settings = EvalSettings(args.n, tuple(ks), args.temperature, args.top_p).checked()  # mistakes first
+    source = resolve_eval_source(args.source)
+    output = Path(args.output) if args.output else default_output_dir(source, files)
+    model_dir = model_directory(source, output)
+    config = eval_config(source, model_dir, args.overrides, args.config_name, config_path=args.config_path,
+                         config_dirs=args.config_dir or (), check_paths=not args.no_check_paths)
+    dataset = eval_dataset(config, load_tokenizer(config.model), files, args.limit)
+    if config.custom_reward_function.path is None:  # every prompt's data_source needs a built-in scorer
+        check_data_sources(sorted({prompt.data_source for prompt in dataset}))
+    print(f"hybridrl eval: {source.describe()} on {len(dataset)} prompts ({dataset.name}) -> {output}",
+          file=sys.stderr)
+    report = Evaluator(config, dataset, settings, output, description=source.describe(),
+                       overwrite=args.overwrite).run()
+    print(report.table())
+    print(f"\nresults: {report.results_path}\nper-prompt records: {report.samples_path} ({report.seconds:.0f} s)")
+    return 0
+
+
 def _export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="a run directory (its latest checkpoint) or a checkpoints/global_step_<k> dir")
     parser.add_argument("output_dir", help="new directory for the Hugging Face model (safetensors + tokenizer)")
@@ -202,8 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, config_name, _) in COMMANDS.items():
         sub = subcommands.add_parser(name, help=help_text)
+        if name in ARGUMENTS:  # first: a command's own positionals (eval's source) come before the overrides
+            ARGUMENTS[name](sub)
         if config_name is not None:
-            sub.add_argument("--config-name", default=config_name,
+            sub.add_argument("--config-name", default=config_name or None,
                              help="config to compose (a YAML file name without .yaml, built-in or in --config-dir)")
             sub.add_argument("--config-dir", action="append", metavar="DIR",
                              help="a directory of your own configs, searched before the built-in ones (repeatable); "
@@ -213,9 +273,20 @@ def build_parser() -> argparse.ArgumentParser:
                                   "or $HYBRIDRL_CONF_DIR)")
             sub.add_argument("--no-check-paths", action="store_true", help="skip file-existence checks")
             sub.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. rollout.n=8 algorithm=gae")
-        if name in ARGUMENTS:
-            ARGUMENTS[name](sub)
     return parser
+
+
+def parse_arguments(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The command line, with overrides allowed after options too (``hybridrl eval RUN --n 8 rollout.n=2``: argparse
+    alone takes one run of positionals, then refuses the rest)."""
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    late = [extra for extra in extras if "=" in extra and not extra.startswith("-")]
+    if extras and (late != extras or not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    if late:
+        args.overrides = [*args.overrides, *late]
+    return args
 
 
 class _CurrentStderrHandler(logging.StreamHandler):
@@ -243,7 +314,7 @@ def configure_logging() -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(argv)
     configure_logging()
     _, _, handler = COMMANDS[args.command]
     if args.command in TRAINING_COMMANDS:

@@ -99,6 +99,7 @@ def run_demo(overrides: Sequence[str] = (), demo_dir: Optional[Path] = None, *, 
                                          f"{time.perf_counter() - started:.0f} s",
         "learning curves": str(plot),
         "run directory": str(result.run_dir),
+        **({"evaluate it again": f"hybridrl eval {result.run_dir}"} if result.export_dir else {}),
     }
     print(format_summary(demo.title, figures,
                          step_time_breakdown(rows)))

@@ -2,7 +2,7 @@
 measure it, and the rule that turns a per-device budget into ``micro_batch_size × grad_accum_steps``.
 
 Practitioners size the micro-batch by probing one forward/backward at the *longest* expected sequence and keeping
-10–20 % headroom; the accumulation steps then follow from ``global = micro × accumulation × world`` (DESIGN.md §3).
+10–20 % headroom; the accumulation steps then follow from ``global = micro × accumulation × world`` (docs/architecture.md §3).
 
 **The analytic model** (bytes; ``c`` = compute-dtype bytes, ``h`` hidden, ``I`` intermediate, ``a`` attention heads,
 ``d`` head dim, ``q = a·d``, ``kv`` = KV heads × d, ``V`` vocab, ``L`` layers). It counts what autograd *saves for

@@ -3,7 +3,7 @@
 Every field carries an attribute docstring (the string right under it); ``hybridrl.config.docs`` turns them into the
 config reference, and a test fails if a field has none. Key names follow verl's where the concept is the same.
 
-Batch-size vocabulary (DESIGN.md §3): *algorithm* sizes are global and counted in **prompts**
+Batch-size vocabulary (docs/architecture.md §3): *algorithm* sizes are global and counted in **prompts**
 (``data.train_batch_size``, ``actor.ppo_mini_batch_size``); *performance* sizes are per device and counted in
 **sequences** (``*_micro_batch_size_per_gpu``) or tokens (``*_max_token_len_per_gpu``). Derived sizes live in
 ``hybridrl.config.sizes`` and are never written back into the config.

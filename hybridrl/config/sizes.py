@@ -1,4 +1,4 @@
-"""Derived batch sizes — computed from the config, never written back into it (DESIGN.md §3).
+"""Derived batch sizes — computed from the config, never written back into it (docs/architecture.md §3).
 
 Algorithm sizes are global and counted in prompts; the worker multiplies by ``rollout.n`` and divides by the number of
 data-parallel ranks. The identity ``global sequences = micro × accumulation × world`` must hold exactly, or the

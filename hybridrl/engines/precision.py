@@ -23,7 +23,7 @@ def build_adamw(params: list[nn.Parameter], *, lr: float, betas: tuple[float, fl
     if state_precision == "fp32":
         # fused: one pass over parameter, gradient and both moments per step, on CPU and CUDA alike. On this
         # project's 2-core CPU box it is 10x faster than foreach over SmolLM2-135M's shapes (0.05 s vs 0.51 s a step;
-        # benchmarks/optimizer_step.py), equal up to rounding (3.6e-7 after 9 steps). Session 16 moved it in: both
+        # benchmarks/optimizer_step.py, 2026-12-02), equal up to rounding (3.6e-7 after 9 steps). Since it came in, both
         # demos still learn at this code (arithmetic 69.5 -> 94.0 %, agent 53.0 -> 76.0 %).
         return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
     if state_precision != "8bit":

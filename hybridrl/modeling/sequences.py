@@ -1,7 +1,7 @@
 """Forward passes over prompt+response sequences, padded, packed (padding removed) or with shared prompts, with
 identical outputs.
 
-Layout of a batch row (DESIGN.md): ``input_ids = [left-padded prompt | right-padded response]`` of width
+Layout of a batch row (docs/architecture.md §2): ``input_ids = [left-padded prompt | right-padded response]`` of width
 ``T = P + R``; ``attention_mask`` marks real tokens; ``responses`` is the last ``R`` columns. The model's output at
 position ``t`` scores token ``t + 1``, so the output that belongs to response token ``k`` sits at column ``P + k - 1``.
 

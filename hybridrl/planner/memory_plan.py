@@ -2,7 +2,7 @@
 broken into parameters, gradients, optimizer states, activations, KV cache and buffers, and the peak over the step's
 phases.
 
-All roles share each device (the hybrid engine, DESIGN.md §1), so what must fit is, phase by phase, what every role
+All roles share each device (the hybrid engine, docs/architecture.md §1), so what must fit is, phase by phase, what every role
 keeps resident plus what the running phase adds:
 
 - ``generate``: model states of every role (the actor's optimizer state leaves with ``actor.fsdp.optimizer_offload``)

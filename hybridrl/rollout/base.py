@@ -1,6 +1,6 @@
 """The rollout engine protocol: generate responses for a batch of prompts, and accept new weights.
 
-Every engine returns the same ``Batch`` layout, the one the trainer and the workers use (DESIGN.md §2):
+Every engine returns the same ``Batch`` layout, the one the trainer and the workers use (docs/architecture.md §2):
 
 - ``prompts [B·n, P]``: the left-padded prompt ids, each prompt repeated ``n`` times consecutively;
 - ``responses [B·n, R]``: generated ids, right-padded with the pad id to ``R = max_new_tokens``;

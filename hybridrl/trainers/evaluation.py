@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -21,6 +22,17 @@ logger = logging.getLogger(__name__)
 # built-in scorers return: GSM8K's right answer without "####" scores 0.5 but is right), else when its score reaches
 # this value.
 CORRECT_SCORE = 1.0
+
+
+@dataclass(frozen=True)
+class JudgedRows:
+    """Scored responses: ``scores`` ``[B]``, ``correct`` (1.0 / 0.0 per row), the decoded ``texts`` and the
+    extracted ``answers``."""
+
+    scores: torch.Tensor
+    correct: list[float]
+    texts: list[str]
+    answers: list[str]
 
 
 class Scoring:
@@ -46,11 +58,19 @@ class Scoring:
     def judge(self, batch: Batch) -> tuple[torch.Tensor, list[float], list[str]]:
         """``[B]`` scores, whether each response is right (its ``acc`` extra where the function returns one, else
         score >= ``CORRECT_SCORE``), and the decoded texts."""
+        judged = self.judge_rows(batch)
+        return judged.scores, judged.correct, judged.texts
+
+    def judge_rows(self, batch: Batch) -> "JudgedRows":
+        """:meth:`judge`, plus each response's extracted answer (the function's ``pred`` extra where it returns one,
+        else the stripped text): what majority voting counts."""
         scores, info, texts = self._score(batch)
         accuracies = info.extras.get("acc", [None] * len(texts))
         correct = [float(acc) if isinstance(acc, (int, float)) else float(score >= CORRECT_SCORE)
                    for acc, score in zip(accuracies, scores.tolist())]
-        return scores, correct, texts
+        predictions = info.extras.get("pred", [None] * len(texts))
+        answers = [str(pred) if pred is not None else text.strip() for pred, text in zip(predictions, texts)]
+        return JudgedRows(scores, correct, texts, answers)
 
     def _score(self, batch: Batch) -> tuple[torch.Tensor, Any, list[str]]:
         texts = self.decode(batch)

@@ -20,7 +20,7 @@ calls alone — not from timing: every row records it (``weight_version``, the t
 from __future__ import annotations
 
 import logging
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
@@ -30,9 +30,14 @@ from hybridrl.rollout import holds_own_weights
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.runtime import WorkerGroup
 from hybridrl.runtime.errors import WorkerDiedError
+from hybridrl.trainers.rl_setup import rollout_replica_roles
 from hybridrl.utils.seeding import derive_seed
 from hybridrl.workers.actor_worker import NO_WEIGHT_SYNC, ActorRolloutRefWorker
 from hybridrl.workers.rollout_worker import RolloutWorker
+
+if TYPE_CHECKING:
+    from hybridrl.config.schema import TrainConfig
+    from hybridrl.runtime import ResourcePoolManager
 
 logger = logging.getLogger(__name__)
 
@@ -196,3 +201,25 @@ class PendingGeneration:
             outputs[index] = rows
         self._rows = Batch.concat([outputs[index] for index in range(len(self.chunks))])
         return self._rows
+
+
+def start_generation(config: "TrainConfig", pools: "ResourcePoolManager", *, total_steps: int,
+                     with_reference: bool, partial_rollout: bool = False) -> Generation:
+    """Start the groups that generate — the actor group (colocated engines, ``actor_rollout_ref``) and, with a
+    standalone pool, one ``RolloutWorker`` group per replica (``rollout0 …``) — on ``pools`` (created), and return
+    their :class:`Generation`. On a failure the groups already started are shut down before it propagates."""
+    share = 1.0 / len(pools.roles_in("global"))  # colocated roles: separate processes on each bundle
+    started: list[WorkerGroup] = []
+    try:
+        actor = WorkerGroup(ActorRolloutRefWorker, pools.pool_for("actor"), name="actor_rollout_ref",
+                            bundle_share=share, args=(config, total_steps, with_reference),
+                            tp_size=1 if config.rollout.n_gpus else config.rollout.tensor_model_parallel_size)
+        started.append(actor)
+        for role in rollout_replica_roles(config):  # split placement: the engines on their own devices
+            started.append(WorkerGroup(RolloutWorker, pools.pool_for(role), name=role, args=(config,),
+                                       tp_size=config.rollout.tensor_model_parallel_size))
+        return Generation(actor, config.rollout.name, started[1:], partial_rollout=partial_rollout)
+    except BaseException:
+        for group in reversed(started):
+            group.shutdown()
+        raise

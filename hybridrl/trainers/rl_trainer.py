@@ -1,4 +1,4 @@
-"""The RL trainer: the PPO/GRPO dataflow written as plain Python on the single controller (DESIGN.md §2).
+"""The RL trainer: the PPO/GRPO dataflow written as plain Python on the single controller (docs/architecture.md §2).
 
     prompts → generate → reward → old/ref log-probs, values → (KL in reward) → advantages → critic / actor update
 
@@ -25,7 +25,7 @@ from hybridrl.trainers.checkpoints import CheckpointManager, load_trainer_state
 from hybridrl.trainers.continual import PromptReplay, PtxBatches
 from hybridrl.trainers.faults import FaultInjector, NonFiniteGuard
 from hybridrl.trainers.health import HealthMonitor
-from hybridrl.trainers.rl_setup import kl_controller_for, role_pools, rollout_replica_roles
+from hybridrl.trainers.rl_setup import kl_controller_for, role_pools
 from hybridrl.trainers.restarts import RESTARTABLE, RestartRecord, Supervisor
 from hybridrl.trainers.run_lock import run_directory_lock
 from hybridrl.trainers.scaffold import open_tracker, resume_point
@@ -34,7 +34,7 @@ from hybridrl.trainers.rl_steps import (apply_kl_in_reward, balance_batch, batch
                                         current_weights_log_prob_gap, off_policy_corrected)
 from hybridrl.trainers.evaluation import Scoring, validate
 from hybridrl.trainers.async_rollout import SAMPLE_LOG_STEPS, RolloutQueue
-from hybridrl.trainers.generation import Generation
+from hybridrl.trainers.generation import Generation, start_generation
 from hybridrl.agents.batch import agent_metrics
 from hybridrl.trainers.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups, num_groups,
                                           prompt_rows, shape_rewards)
@@ -335,14 +335,10 @@ class RLTrainer:
         self.pools = pools = role_pools(config)
         pools.create(runtime)
         share = 1.0 / len(pools.roles_in("global"))  # colocated roles: separate processes on each bundle
-        self.actor = WorkerGroup(ActorRolloutRefWorker, pools.pool_for("actor"), name="actor_rollout_ref",
-                                 bundle_share=share, args=(config, self.total_steps, self.with_reference),
-                                 tp_size=1 if config.rollout.n_gpus else config.rollout.tensor_model_parallel_size)
-        self.rollout_replicas = [  # split placement: the engines on their own devices, a group per replica
-            WorkerGroup(RolloutWorker, pools.pool_for(role), name=role, args=(config,),
-                        tp_size=config.rollout.tensor_model_parallel_size) for role in rollout_replica_roles(config)]
-        self.generation = Generation(self.actor, config.rollout.name, self.rollout_replicas,
-                                     partial_rollout=config.async_training.partial_rollout)
+        self.generation = start_generation(config, pools, total_steps=self.total_steps,
+                                           with_reference=self.with_reference,
+                                           partial_rollout=config.async_training.partial_rollout)
+        self.actor, self.rollout_replicas = self.generation.actor, list(self.generation.replicas)
         if config.async_training.mode != "sync":
             self._last_generator_check = None  # a restart: idle shares count from the new workers' first step
             self.queue = RolloutQueue(self.generation, config.async_training.staleness_bound,

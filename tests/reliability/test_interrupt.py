@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.long]
 def _as_a_terminal_would() -> None:
     """SIGINT handled by default, as in a shell's foreground job. A program started in the background by a
     non-interactive shell (``make test &``, a CI runner) inherits SIGINT *ignored*, and so would the run: Ctrl-C
-    would then do nothing and the run go on to its last step — what made this test fail in session 9's suites."""
+    would then do nothing and the run go on to its last step — what once made this test fail when the suite ran in the background."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 

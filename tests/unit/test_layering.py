@@ -1,6 +1,6 @@
 """The package's import graph: no cycles, and every import runs downwards through the layers below.
 
-They are DESIGN.md §4's, with one change: the Ray single-controller runtime (worker base, dispatch, groups, pools)
+They are docs/architecture.md §4's, with one change: the Ray single-controller runtime (worker base, dispatch, groups, pools)
 sits *below* the worker roles, which subclass its ``Worker`` and declare their dispatch next to each method; the
 runtime itself knows no role. Read from the source (AST, nothing imported), function-level and ``TYPE_CHECKING``
 imports included. A new upward import or cycle fails here with the file and line that made it. The one declared way
