@@ -5,9 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # The CPU build of torch must be installed first and pinned: anything that needs torch, installed before torch is
-# pinned, drags in a multi-GB CUDA build (see README, Troubleshooting).
+# pinned, drags in a multi-GB CUDA build (docs/troubleshooting.md).
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= cpu,test
+EXTRAS ?= cpu,test,docs
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile 2>/dev/null | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 # Three test processes (pytest-xdist): the suite waits on process start-up and Ray as much as it computes (run one at
@@ -61,6 +61,7 @@ test-fast: setup
 docs: setup
 	$(BIN)/python -m hybridrl.config.docs > docs/config.md
 	$(BIN)/python -m hybridrl.config.docs verl > docs/verl.md
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis runs

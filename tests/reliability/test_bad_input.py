@@ -1,4 +1,4 @@
-"""Bad input is refused before any worker starts, with one error naming the key, file or row (README, Troubleshooting).
+"""Bad input is refused before any worker starts, with one error naming the key, file or row (docs/troubleshooting.md).
 
 Every case builds real files (data, model directories, reward code, checkpoints) and goes through the real entry
 point: ``RLTrainer(load_config(overrides))`` — config validation, tokenizer, datasets and reward loading — and must
