@@ -17,6 +17,7 @@ from hybridrl.config.precision import check_precision_on_device
 from hybridrl.config.rollout_schema import CPU_KV_BLOCK_SIZE
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH
+from hybridrl.config.vllm_architectures import vllm_support
 from hybridrl.utils.host_memory import host_memory_mb
 
 DATA_FILE_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -152,6 +153,8 @@ def _check_model_fits(config: TrainConfig, error: ConfigError) -> None:
     import json
 
     model_config = json.loads((Path(config.model.path) / "config.json").read_text(encoding="utf-8"))
+    if config.rollout.name == "vllm":
+        _check_vllm_serves(config, model_config.get("architectures") or [], error)
     model_config = model_config.get("text_config", model_config)  # multimodal configs nest the language model's
     longest = config.data.max_prompt_length + config.data.max_response_length
     positions = model_config.get("max_position_embeddings", model_config.get("n_positions"))
@@ -166,6 +169,21 @@ def _check_model_fits(config: TrainConfig, error: ConfigError) -> None:
         error.add("model.path", config.model.path,
                   f"the model's vocabulary has {vocab_size} ids but its tokenizer produces {tokenizer_tokens} "
                   "(model.tokenizer_path from another model?); the embedding cannot look them up")
+
+
+def _check_vllm_serves(config: TrainConfig, architectures: list, error: ConfigError) -> None:
+    """The installed vLLM must serve the model's architecture, and serve it apart from the trainer's process when it
+    does so through its Transformers backend (``config/vllm_architectures.py``)."""
+    for architecture in architectures:
+        support = vllm_support(str(architecture))
+        if support == "unsupported":
+            error.add("rollout.name", "vllm", f"the installed vLLM does not serve {architecture} (the architecture of "
+                                              "model.path); generate with rollout=hf, or install a vLLM that does")
+        elif support == "transformers_backend" and config.rollout.n_gpus == 0:
+            error.add("rollout.n_gpus", 0, f"vLLM serves {architecture} through its Transformers backend, which "
+                      "rewrites transformers' own model class in the process the engine runs in; colocated, that is "
+                      "the process the actor trains in, and its forward breaks. Give the engine devices of its own "
+                      "(rollout.n_gpus > 0: a standalone pool) or generate with rollout=hf")
 
 
 def _check_tensor_parallel_fits(tp: int, model_config: dict, error: ConfigError) -> None:

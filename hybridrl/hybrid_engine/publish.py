@@ -34,7 +34,8 @@ from hybridrl.hybrid_engine.checksums import SyncChecksums
 from hybridrl.hybrid_engine.plan import box_numel, box_slices, fsdp_row_ranges
 from hybridrl.hybrid_engine.shared_memory import FILE_PREFIX, SHM_DIR, SharedArena, arena_offsets
 from hybridrl.hybrid_engine.sync import WeightSource, local_shards, param_metas
-from hybridrl.hybrid_engine.tp_rules import Box, RuleFn, resolve_split, rules_for_config
+from hybridrl.hybrid_engine.checkpoint_names import engine_rule
+from hybridrl.hybrid_engine.tp_rules import Box, RuleFn, resolve_split
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class WeightPublisher:
         self.model, self.group, self.source = model, group, source
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
-        rule = rule or rules_for_config(model.config)
+        rule = rule or engine_rule(model, tp_size)
         metas = source.metas() if source is not None else param_metas(model)
         shapes = tuple(meta.shape for meta in metas)
         offsets, nbytes = arena_offsets(shapes, dtype)

@@ -26,7 +26,8 @@ from hybridrl.hybrid_engine.buckets import bucket_bound, gather_footprint, p2p_f
 from hybridrl.hybrid_engine.checksums import SyncChecksums
 from hybridrl.hybrid_engine.plan import GenerationLayout, ParamMeta, ReshardPlan, box_slices, build_plan
 from hybridrl.hybrid_engine.shared_memory import SharedArena, SharedMemoryUnavailable, arena_offsets, stream_shared
-from hybridrl.hybrid_engine.tp_rules import RuleFn, rules_for_config
+from hybridrl.hybrid_engine.checkpoint_names import engine_rule
+from hybridrl.hybrid_engine.tp_rules import RuleFn
 from hybridrl.hybrid_engine.transfer import TransferStats, default_device, stream_gathered, stream_plan
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,8 @@ class WeightResharder:
         group: the FSDP process group (default: the world).
         order: ``"dp_major"`` (the ``[dp, tp]`` rollout mesh of ``build_device_meshes``) or ``"tp_major"``
             (HybridFlow's grouping, less traffic); must match how the engine's TP groups were formed.
-        rule: TP split rule (default ``rules_for_config(model.config)``).
+        rule: TP split rule (default :func:`~hybridrl.hybrid_engine.checkpoint_names.engine_rule`: slices where
+            vetted, else whole tensors).
         method: ``"plan"`` (point-to-point, any ``t_g``), ``"gather"`` (all-gather, ``t_g = 1`` only),
             ``"shared"`` (host shared memory, one-host CPU groups: ``shared_memory.py``) or ``"auto"``: ``"shared"``
             when the buffers are on CPU, the group has several ranks and they can map one host buffer, else
@@ -107,7 +109,7 @@ class WeightResharder:
             raise ValueError(f"method='gather' delivers full tensors and needs tp_size=1, got tp_size={tp_size}")
         self.model, self.group, self.device, self.source = model, group, device, source
         self.rank, world_size = _group_rank_and_size(group)
-        rule = rule or rules_for_config(model.config)
+        rule = rule or engine_rule(model, tp_size)
         metas = source.metas() if source is not None else param_metas(model)
         self.plan: ReshardPlan = build_plan(metas, GenerationLayout(world_size, tp_size, order),
                                             rule, dtype)

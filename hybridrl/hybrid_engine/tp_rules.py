@@ -156,3 +156,27 @@ def rules_for_config(config, vocab_pad_multiple: int = VLLM_VOCAB_PAD_MULTIPLE) 
     """``decoder_rules`` with ``head_dim`` read from a Hugging Face config (``head_dim`` or hidden / heads)."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return decoder_rules(int(head_dim), vocab_pad_multiple)
+
+
+SLICE_RULE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "granite", "gemma", "gemma2",
+                                    "gemma3_text"})
+"""Model types whose parameters :func:`decoder_rules` splits exactly as vLLM's loaders narrow them — checked by the
+architecture test (``tests/e2e/test_architectures.py``: rollout and trainer log-probs agree at ``t_g = 2``). Other
+architectures receive whole tensors: correct for every one vLLM loads, ``t_g`` times the bytes per replica."""
+
+
+def full_tensor_rule(name: str, shape: Sequence[int]) -> SplitRule:
+    """Every parameter whole on every tensor-parallel rank (the engine's loaders narrow their part themselves)."""
+    return REPLICATED
+
+
+def rules_for_model(config, *, converted: bool) -> tuple[RuleFn, str]:
+    """The split an engine receives, and why: tensor-parallel slices (:func:`rules_for_config`) for the model types
+    in :data:`SLICE_RULE_MODEL_TYPES` whose parameters are held as the checkpoint holds them; else whole tensors
+    (``converted``: some parameter must be reverted to the checkpoint's form, which needs all of it)."""
+    model_type = getattr(config, "model_type", None)
+    if converted:
+        return full_tensor_rule, "whole tensors: some weights are held in another form than the checkpoint's"
+    if model_type not in SLICE_RULE_MODEL_TYPES:
+        return full_tensor_rule, f"whole tensors: no tensor-parallel slice rules for model_type {model_type!r}"
+    return rules_for_config(config), "tensor-parallel slices"

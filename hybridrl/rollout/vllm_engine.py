@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Iterator, Optional
 import torch
 
 from hybridrl.config.schema import RolloutConfig
+from hybridrl.hybrid_engine.checkpoint_names import CheckpointNames
 from hybridrl.protocol import Batch, Fields
 from hybridrl.protocol.rollout_layout import assemble_rollout, response_mask_from_eos
 from hybridrl.rollout.base import SamplingParams
@@ -118,6 +119,9 @@ class VLLMRollout:
                                                dtype=self.dtype, max_model_len=max_model_len,
                                                max_num_seqs=rollout.max_num_seqs, tensor_parallel=self.tp_size,
                                                on_cpu=self.on_cpu, block_size=self.block_size or CPU_BLOCK_SIZE)
+        # Before the engine starts: vLLM's Transformers backend rewrites transformers' model classes in this process.
+        self.checkpoint_names = CheckpointNames.from_pretrained(self.model_path)
+        """In-memory → checkpoint names and tensors of what ``update_weights`` receives (``hybrid_engine``)."""
         with _process_settings_kept():
             self.llm = vllm.LLM(model=str(model_path), tokenizer=str(tokenizer_path or model_path),
                                 worker_extension_cls=WORKER_EXTENSION, logprobs_mode=LOGPROBS_MODE,
@@ -127,6 +131,8 @@ class VLLMRollout:
                                 **_parallel_kwargs(self.tp_size))
         self._asleep = False
         self._noted = set()
+        self._send_tied_head = any(self.llm.collective_rpc("hybridrl_has_module", args=(head,))[0]
+                                   for head in self.checkpoint_names.tied_output_modules())
         self.weight_version = 0
         self.requests = VLLMRequests(self.llm, self._vllm_params, lambda: self.weight_version)
         """Request-level access (``rollout.vllm_requests``): submit, stream, abort, pause/resume."""
@@ -215,6 +221,11 @@ class VLLMRollout:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncStats:
         """Load new weights: (Hugging Face parameter name, full tensor) pairs, streamed (consumed once, lazily).
 
+        Names are the model's in-memory ones (``named_parameters``); what transformers holds in another form than
+        the checkpoint (fused experts, renamed modules) is reverted on the way, and a tied output head is sent under
+        its own name (``hybrid_engine/checkpoint_names.py``), so every architecture vLLM loads receives its own
+        checkpoint's tensors.
+
         On CPU the stream must hold every weight of the model (the reload re-processes each layer once complete);
         on GPU any subset works. Tensors are cast to the engine's dtype and device on the way. The prefix cache is
         reset afterwards. Returns what was sent and how long it took.
@@ -226,7 +237,8 @@ class VLLMRollout:
                                "pause the requests first (requests.pause('abort' | 'wait' | 'keep'))")
         start = time.perf_counter()
         counter = _ByteCounter()
-        stream = counter.wrap(self._prepared(named_tensors))
+        stream = counter.wrap(self._prepared(self.checkpoint_names.to_checkpoint(
+            named_tensors, tied_output=self._send_tied_head)))
         if self.on_cpu:
             loaded = self.llm.collective_rpc("hybridrl_load_weights", args=(stream,))[0]
         else:

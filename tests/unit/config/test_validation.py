@@ -226,3 +226,17 @@ def test_the_tool_config_file_is_checked_before_any_worker_starts(tmp_path):
 def test_reward_placement_is_a_choice():
     with pytest.raises(ConfigError, match="rollout.multi_turn.reward_placement"):
         load_config([*MULTI_TURN, "rollout.multi_turn.reward_placement=middle"], check_paths=False)
+
+
+def test_an_architecture_vllm_does_not_serve_is_refused_before_workers_start(tmp_path):
+    """Read from the installed vLLM's own registry (without importing vLLM); the same model with rollout=hf is fine."""
+    import json
+
+    from hybridrl.utils.tiny_model import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "model")
+    settings = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**settings, "architectures": ["MadeUpForCausalLM"]}))
+    with pytest.raises(ConfigError, match=r"rollout.name='vllm': the installed vLLM does not serve MadeUpForCausalLM"):
+        load_config([f"model.path={model}", "rollout=vllm_cpu"])
+    assert load_config([f"model.path={model}", "rollout=hf"]).rollout.name == "hf"
