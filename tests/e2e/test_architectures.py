@@ -3,8 +3,9 @@ and mixture-of-experts, through HF rollout, vLLM colocated at t_g = 1 and 2, and
 weight sync the engine's log-probs of its own samples equal the trainer's (fp32, ``actor.old_log_prob=recompute``):
 a sync that missed a parameter, loaded a tensor under the wrong name or split it wrongly cannot pass.
 
-The case that found a bug: a tied output head (SmolLM2, Qwen2-0.5B) was never re-sent to vLLM's CPU engine, which
-kept generating with the first step's head."""
+The cases that found bugs: a tied output head (SmolLM2, Qwen2-0.5B) was never re-sent to vLLM's CPU engine, which
+kept generating with the first step's head; vLLM's CPU reload left mixture-of-experts weights unpacked; Mixtral's
+fused experts reached vLLM under transformers' in-memory names, which it refused."""
 
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ QUICK = {("llama_tied", "vllm_tp1"), ("mixtral", "vllm_tp2"), ("phi3", "vllm_tp2
 # vLLM serves OLMo-2 through its Transformers backend, which rewrites transformers' own class in the engine's
 # process: colocated with the actor that is refused before any worker starts (config/vllm_architectures.py).
 REFUSED = {("olmo2", "vllm_tp1"), ("olmo2", "vllm_tp2")}
-LOG_PROB_GATE = 1e-3
+# fp32: every case measured 4.8e-7 to 1.5e-6 (2026-12-04). A tied head left stale in vLLM's CPU engine gave 4.9e-4
+# at step 2 (this learning rate, 2 steps), fused-MoE weights left unpacked 0.016-0.063: a gate of 1e-3 would have
+# let the first through.
+LOG_PROB_GATE = 1e-5
 
 
 def cases():
