@@ -24,6 +24,8 @@ class SamplingConfig(FreezableConfig):
     """Top-k sampling when ``do_sample`` is true (-1 disables)."""
 
 
+WEIGHT_TRANSPORTS = ("auto", "shared_memory", "object_store")
+
 CPU_KV_BLOCK_SIZE = 32
 """``rollout.block_size`` when unset on CPU, and what a vLLM KV block on CPU must be a multiple of (its CPU attention
 backend's constraint, vLLM 0.32)."""
@@ -48,8 +50,14 @@ class RolloutConfig(FreezableConfig):
     n_gpus: int = 0
     """Devices of a standalone rollout pool (split placement): ``0`` (default) generates on the actor's devices (the
     hybrid engine, weights resharded in place); ``M > 0`` runs ``M / tensor_model_parallel_size`` vLLM replicas on
-    ``M`` devices of their own beside the trainer's ``trainer.n_gpus_per_node`` (on the trainer's host: weights go
-    through host shared memory, checked). What asynchronous training overlaps; on its own it only adds devices."""
+    ``M`` devices of their own beside the trainer's ``trainer.n_gpus_per_node`` (weights reach them by
+    ``weight_transport``, checked). What asynchronous training overlaps; on its own it only adds devices."""
+    weight_transport: str = "auto"
+    """How a standalone pool (``n_gpus > 0``) receives the trainer's weights: ``shared_memory`` (the trainer's ranks
+    write one host-shared copy in ``/dev/shm`` that the replicas read in place: the pool on the trainer's host),
+    ``object_store`` (each trainer rank puts its rows into Ray's object store and the replicas fetch them, across
+    nodes over the network; on a GPU cluster NCCL would be faster) or ``auto`` (``shared_memory`` for a local Ray
+    instance on one node, ``object_store`` when attached to a cluster or with ``trainer.nnodes > 1``)."""
     gpu_memory_utilization: float = 0.5
     """vLLM: fraction of device memory for weights + KV cache (GPU)."""
     kv_cache_memory_mb: Optional[int] = None

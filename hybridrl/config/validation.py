@@ -17,6 +17,7 @@ from hybridrl.config.multi_turn_checks import check_multi_turn, check_tool_confi
 from hybridrl.config.plugins import load_plugins, resolved_plugins
 from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS
 from hybridrl.config.rm_schema import SYNTHETIC_PREFERENCES, RMConfig
+from hybridrl.config.pool_checks import check_rollout_pool
 from hybridrl.config.schema import LR_SCALINGS, TrainConfig
 from hybridrl.config.sft_schema import SFTConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH, role_plan, world_size
@@ -298,7 +299,7 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
         error.add("rollout.tensor_model_parallel_size", tp,
                   f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node)")
     _check_weight_sync_method(config, error)
-    _check_rollout_pool(config, error)
+    check_rollout_pool(config, error)
     check_multi_turn(config, error)
     check_async_training(config, error)
     check_off_policy_correction(config, error)
@@ -316,22 +317,6 @@ def _check_weight_sync_method(config: TrainConfig, error: ConfigError) -> None:
         error.add(key, method, f"needs every rank on one host; trainer.nnodes={config.trainer.nnodes}: use plan")
     if method == "gather" and config.rollout.tensor_model_parallel_size > 1:
         error.add(key, method, "delivers full tensors: it needs rollout.tensor_model_parallel_size=1 (use plan)")
-
-
-def _check_rollout_pool(config: TrainConfig, error: ConfigError) -> None:
-    """``rollout.n_gpus``: a standalone pool of vLLM replicas on the trainer's host."""
-    pool, tp, key = config.rollout.n_gpus, config.rollout.tensor_model_parallel_size, "rollout.n_gpus"
-    _require(error, key, pool, pool >= 0, "must be >= 0 (0: generate on the actor's devices; M: a pool of M)")
-    if pool <= 0:
-        return
-    if config.rollout.name == "hf":
-        error.add(key, pool, "rollout.name=hf generates with the actor's own module; a standalone pool needs "
-                             "rollout.name=vllm")
-    if pool % tp:
-        error.add(key, pool, f"must be a multiple of rollout.tensor_model_parallel_size={tp} (whole replicas)")
-    if config.trainer.nnodes > 1:
-        error.add(key, pool, f"the pool takes its weights through the trainer's host memory, so it needs one node; "
-                             f"trainer.nnodes={config.trainer.nnodes} (a cross-node transport is not built yet)")
 
 
 def _check_micro_batch_sizing(config: TrainConfig, error: ConfigError) -> None:

@@ -13,18 +13,26 @@ shared-memory method of ``shared_memory.py`` across groups:
    regions' fingerprints (:class:`PublishedWeights`).
 
 The controller's call order is the synchronisation: a publish starts only after the previous load returned on every
-rollout rank, and a load only after the publish returned on every trainer rank. Nothing crosses a wire.
+rollout rank, and a load only after the publish returned on every trainer rank.
+
+Across hosts (``rollout.weight_transport=object_store``) the arena is replaced by Ray's object store: each trainer
+rank casts its rows of every parameter into one flat buffer and puts it there (:meth:`WeightPublisher.publish`
+returns the reference), the controller hands the ranks' references to the replicas with the load call, and each
+rollout rank fetches them — over the network when it is on another node — and assembles each full tensor from the
+ranks' rows, one parameter at a time (:meth:`PublishedWeights.stream`). The fingerprints are the same either way.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -36,6 +44,8 @@ from hybridrl.hybrid_engine.shared_memory import FILE_PREFIX, SHM_DIR, SharedAre
 from hybridrl.hybrid_engine.sync import WeightSource, local_shards, param_metas
 from hybridrl.hybrid_engine.checkpoint_names import engine_rule
 from hybridrl.hybrid_engine.tp_rules import Box, RuleFn, resolve_split
+
+TRANSPORTS = ("shared_memory", "object_store")
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,33 @@ class PublishedLayout:
     dtype: torch.dtype
     tp_size: int
     regions: tuple[tuple[Box, ...], ...]
+    transport: str = "shared_memory"
+    """``shared_memory`` (``path`` names the arena) or ``object_store`` (no arena: each publication's rows travel as
+    one object per trainer rank)."""
+    writers: int = 1
+    """Trainer ranks publishing: each holds the FSDP rows ``fsdp_row_ranges(shape[0], writers)[rank]``."""
+
+    def rows_of(self, writer: int) -> list[tuple[int, int]]:
+        """Trainer rank ``writer``'s row range of every parameter."""
+        return [fsdp_row_ranges(shape[0], self.writers)[writer] for shape in self.shapes]
+
+
+@dataclass(frozen=True)
+class RankPublication:
+    """One trainer rank's publication: its fingerprints ``[tp_size, params]`` (``None``: unchecked) and, with the
+    object-store transport, the reference to its rows (kept in a list, so Ray passes the reference itself)."""
+
+    expected: Optional[torch.Tensor]
+    rows: tuple = ()
+
+
+def _flat_offsets(shapes: tuple[tuple[int, ...], ...], rows: list[tuple[int, int]]) -> tuple[list[int], int]:
+    """Where each parameter's rows start in a rank's flat buffer (elements), and its length."""
+    offsets, total = [], 0
+    for shape, (start, stop) in zip(shapes, rows):
+        offsets.append(total)
+        total += (stop - start) * math.prod(shape[1:])
+    return offsets, total
 
 
 def _intersect_rows(region: Box, rows: tuple[int, int]) -> Optional[Box]:
@@ -72,7 +109,9 @@ class WeightPublisher:
 
     def __init__(self, model: nn.Module, *, tp_size: int, dtype: torch.dtype,
                  group: Optional[dist.ProcessGroup] = None, rule: Optional[RuleFn] = None,
-                 source: Optional[WeightSource] = None) -> None:
+                 source: Optional[WeightSource] = None, transport: str = "shared_memory") -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self.model, self.group, self.source = model, group, source
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -81,36 +120,56 @@ class WeightPublisher:
         shapes = tuple(meta.shape for meta in metas)
         offsets, nbytes = arena_offsets(shapes, dtype)
         splits = [resolve_split(meta.name, meta.shape, rule(meta.name, meta.shape), tp_size) for meta in metas]
-        self.arena = SharedArena.create(nbytes, self.rank, group, keep_file=True)
+        self.arena = SharedArena.create(nbytes, self.rank, group, keep_file=True) \
+            if transport == "shared_memory" else None
         self.layout = PublishedLayout(
-            path=self.arena.path, nbytes=nbytes, names=tuple(meta.name for meta in metas), shapes=shapes,
-            offsets=tuple(offsets), dtype=dtype, tp_size=tp_size,
-            regions=tuple(tuple(split.boxes[j] for split in splits) for j in range(tp_size)))
-        self.rows = [fsdp_row_ranges(shape[0], self.world_size)[self.rank] for shape in shapes]
+            path=self.arena.path if self.arena is not None else "", nbytes=nbytes,
+            names=tuple(meta.name for meta in metas), shapes=shapes, offsets=tuple(offsets), dtype=dtype,
+            tp_size=tp_size, regions=tuple(tuple(split.boxes[j] for split in splits) for j in range(tp_size)),
+            transport=transport, writers=self.world_size)
+        self.rows = self.layout.rows_of(self.rank)
+        self.flat_offsets, self.flat_numel = _flat_offsets(shapes, self.rows)
 
-    def publish(self, checked: bool) -> Optional[torch.Tensor]:
-        """Write this rank's rows of every parameter into the arena; with ``checked``, return this rank's
-        fingerprints ``[tp_size, params]`` (int64) of what each TP rank will read of them (sum over ranks)."""
+    def publish(self, checked: bool) -> RankPublication:
+        """Write this rank's rows of every parameter (into the arena, or into a buffer put into Ray's object store);
+        with ``checked``, also this rank's fingerprints ``[tp_size, params]`` (int64) of what each TP rank will read
+        of them (the controller sums them over the ranks)."""
         shards = local_shards(self.model, self.world_size)
         if self.source is not None:
             shards = self.source.shards(shards)
         layout = self.layout
         checks = SyncChecksums(layout.names, layout.tp_size) if checked else None
+        flat = torch.empty(self.flat_numel, dtype=layout.dtype) if self.arena is None else None
         for index, name in enumerate(layout.names):
-            full = self.arena.view(layout.offsets[index], layout.shapes[index], layout.dtype)
             start, stop = self.rows[index]
+            rows = self._rows_view(index, flat)
             if stop > start:
-                full[start:stop].copy_(shards[name])
+                rows.copy_(shards[name])
             if checks is not None:
                 for tp_rank in range(layout.tp_size):
                     piece = _intersect_rows(layout.regions[tp_rank][index], (start, stop))
                     if piece is not None:
-                        checks.sent(tp_rank, name, full[box_slices(piece)], piece)
-        return checks.expected if checks is not None else None
+                        local = ((piece[0][0] - start, piece[0][1] - start), *piece[1:])
+                        checks.sent(tp_rank, name, rows[box_slices(local)], piece)
+        expected = checks.expected if checks is not None else None
+        if flat is None:
+            return RankPublication(expected)
+        import ray
+
+        return RankPublication(expected, (ray.put(flat.view(torch.uint8).numpy()),))
+
+    def _rows_view(self, index: int, flat: Optional[torch.Tensor]) -> torch.Tensor:
+        """This rank's rows of parameter ``index``: in the arena, or in the flat buffer of this publication."""
+        layout, (start, stop) = self.layout, self.rows[index]
+        shape = layout.shapes[index]
+        if flat is None:
+            return self.arena.view(layout.offsets[index], shape, layout.dtype)[start:stop]
+        offset = self.flat_offsets[index]
+        return flat[offset:offset + (stop - start) * math.prod(shape[1:])].view(stop - start, *shape[1:])
 
     def close(self) -> None:
         """Rank 0 deletes the arena's file (the readers' mappings stay valid until they let go)."""
-        if self.rank == 0:
+        if self.rank == 0 and self.arena is not None:
             self.arena.remove()
 
 
@@ -119,9 +178,11 @@ class PublishedWeights:
 
     def __init__(self, layout: PublishedLayout, tp_rank: int, rank: int = 0) -> None:
         self.layout, self.tp_rank, self.rank = layout, tp_rank, rank
-        self.arena = SharedArena.attach(layout.path, layout.nbytes)
+        self.arena = SharedArena.attach(layout.path, layout.nbytes) if layout.transport == "shared_memory" else None
         self.regions = {name: layout.regions[tp_rank][index] for index, name in enumerate(layout.names)}
         self.checks: Optional[SyncChecksums] = None
+        self.fetched_bytes = 0
+        """Bytes of the last publication fetched from the object store (0 with shared memory)."""
 
     @property
     def delivered_bytes(self) -> int:
@@ -129,14 +190,39 @@ class PublishedWeights:
         size = self.layout.dtype.itemsize
         return sum(box_numel(region) for region in self.regions.values()) * size
 
-    def stream(self, checked: bool) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(hf_name, full tensor view)`` of every parameter (the engine reads its region of each); ``checked``:
-        fingerprint this rank's regions for :meth:`verify`."""
+    def stream(self, checked: bool, rows: Sequence = ()) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, full tensor)`` of every parameter (the engine reads its region of each); ``checked``:
+        fingerprint this rank's regions for :meth:`verify`. ``rows``: with the object-store transport, the trainer
+        ranks' references in rank order (:class:`RankPublication`), fetched here."""
         layout = self.layout
         self.checks = SyncChecksums(layout.names, layout.tp_size) if checked else None
-        views = ((name, self.arena.view(layout.offsets[i], layout.shapes[i], layout.dtype))
-                 for i, name in enumerate(layout.names))
-        return self.checks.observe(views, self.regions, full_shaped=True) if checked else views
+        if layout.transport == "shared_memory":
+            tensors = ((name, self.arena.view(layout.offsets[i], layout.shapes[i], layout.dtype))
+                       for i, name in enumerate(layout.names))
+        else:
+            tensors = self._assembled(rows)
+        return self.checks.observe(tensors, self.regions, full_shaped=True) if checked else tensors
+
+    def _assembled(self, rows: Sequence) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full tensors from the trainer ranks' flat buffers (fetched from the object store), one at a time."""
+        import ray
+
+        layout = self.layout
+        if len(rows) != layout.writers:
+            raise ValueError(f"a publication of {layout.writers} trainer ranks came with {len(rows)} row references")
+        with warnings.catch_warnings():  # the object store's buffers are read-only, and only read here
+            warnings.simplefilter("ignore", UserWarning)
+            buffers = [torch.from_numpy(array).view(layout.dtype) for array in ray.get(list(rows))]
+        self.fetched_bytes = sum(buffer.numel() * buffer.element_size() for buffer in buffers)
+        offsets = [_flat_offsets(layout.shapes, layout.rows_of(writer))[0] for writer in range(layout.writers)]
+        for index, name in enumerate(layout.names):
+            shape, parts = layout.shapes[index], []
+            for writer, buffer in enumerate(buffers):
+                start, stop = layout.rows_of(writer)[index]
+                offset = offsets[writer][index]
+                parts.append(buffer[offset:offset + (stop - start) * math.prod(shape[1:])].view(stop - start,
+                                                                                                 *shape[1:]))
+            yield name, parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def verify(self, expected: torch.Tensor) -> None:
         """``expected``: the trainer ranks' :meth:`WeightPublisher.publish` results, summed ``[tp_size, params]``;

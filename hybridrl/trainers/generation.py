@@ -128,13 +128,14 @@ class Generation:
         versions = {version for version, _ in published}
         if len(versions) != 1:
             raise RuntimeError(f"the trainer's ranks disagree on the weight version: {sorted(versions)}")
-        fingerprints = [expected for _, expected in published]
+        fingerprints = [publication.expected for _, publication in published]
         expected = None if fingerprints[0] is None else torch.stack(fingerprints).sum(0)
+        rows = [reference for _, publication in published for reference in publication.rows]  # trainer rank order
         version = versions.pop()
         if self.notice is not None:  # a generation in flight may take these weights now (partial rollout)
             self.notice.post(Notice(policy_step, version, expected))
         self.loads = [replica.call_async(RolloutWorker.load_published_weights, self.layout, expected, version,
-                                         policy_step) for replica in self._require_live("load_published_weights")]
+                                         policy_step, rows) for replica in self._require_live("load_published_weights")]
         self.version, self.policy_step = version, policy_step
         return self.finish_loads() if wait else previous
 

@@ -19,6 +19,7 @@ from hybridrl.autotune.auto_micro_batch import resolve_plan
 from hybridrl.autotune.grad_noise import NoiseScaleMonitor
 from hybridrl.agents.lockstep import ReplicaGroup
 from hybridrl.config.plugins import load_plugins
+from hybridrl.config.pool_checks import resolved_weight_transport
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
 from hybridrl.engines.anti_forgetting import EWC_DIR, EWCRegularizer, PtxHook
@@ -30,7 +31,7 @@ from hybridrl.engines.optim import build_optimizer, build_scheduler
 from hybridrl.engines.passes import log_probs
 from hybridrl.hybrid_engine import WeightResharder, bucket_bytes_from_mb
 from hybridrl.hybrid_engine.lora_weights import MergedLoraWeights
-from hybridrl.hybrid_engine.publish import PublishedLayout, WeightPublisher
+from hybridrl.hybrid_engine.publish import PublishedLayout, RankPublication, WeightPublisher
 from hybridrl.modeling.fsdp import shard_model
 from hybridrl.modeling.lora import adapted_layers, adapters_disabled, lora_enabled, merged_state_dict
 from hybridrl.modeling.model_builder import build_model, load_tokenizer, torch_dtype
@@ -127,7 +128,8 @@ class ActorRolloutRefWorker(Worker):
         if config.rollout.n_gpus > 0:
             self.publisher = WeightPublisher(actor_model, tp_size=config.rollout.tensor_model_parallel_size,
                                              dtype=torch_dtype(config.model.dtype), group=dp.group,
-                                             source=MergedLoraWeights(actor_model) if self.lora else None)
+                                             source=MergedLoraWeights(actor_model) if self.lora else None,
+                                             transport=resolved_weight_transport(config))
             self.engine_weights = EngineWeights(None, verify=False, loaded_current=True)
             return None
         resharder = None
@@ -198,11 +200,12 @@ class ActorRolloutRefWorker(Worker):
         return self._publisher().layout
 
     @one_to_all
-    def publish_weights(self) -> tuple[int, Optional[torch.Tensor]]:
+    def publish_weights(self) -> tuple[int, RankPublication]:
         """Write this rank's rows of the current weights for the rollout pool; returns the actor's weight version and
-        (``rollout.verify_weight_sync``) this rank's fingerprints ``[t_g, params]``, which the controller sums."""
-        expected = self._publisher().publish(checked=self.config.rollout.verify_weight_sync)
-        return self.engine_weights.actor_version, expected
+        this rank's publication: (``rollout.verify_weight_sync``) its fingerprints ``[t_g, params]``, which the
+        controller sums, and with the object-store transport the reference to its rows."""
+        publication = self._publisher().publish(checked=self.config.rollout.verify_weight_sync)
+        return self.engine_weights.actor_version, publication
 
     def _publisher(self) -> WeightPublisher:
         if self.publisher is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -111,15 +111,19 @@ class RolloutWorker(Worker):
 
     @one_to_all(collect="first")
     def load_published_weights(self, layout: PublishedLayout, expected: Optional[torch.Tensor],
-                               version: int, policy_step: Optional[int] = None) -> dict[str, float]:
+                               version: int, policy_step: Optional[int] = None,
+                               rows: Sequence = ()) -> dict[str, float]:
         """Load the trainer's published weights (of training step ``policy_step``) into the engine; ``expected`` (the
-        trainer ranks' fingerprints, summed; ``None``: unchecked) is compared with what this rank read. A load that a
-        generation in flight already took (partial rollout) is not repeated. Returns rank 0's sync metrics."""
+        trainer ranks' fingerprints, summed; ``None``: unchecked) is compared with what this rank read; ``rows``: the
+        trainer ranks' object-store references in rank order (``rollout.weight_transport=object_store``). A load
+        that a generation in flight already took (partial rollout) is not repeated. Returns rank 0's sync
+        metrics (``weight_sync/bytes``: what it fetched from the object store)."""
         started = time.perf_counter()
         self._published_for(layout)
         if policy_step is None or self.notice is None or policy_step > self.policy_step:
-            self._load(expected, version, self.policy_step + 1 if policy_step is None else policy_step)
-        return {"weight_sync/seconds": time.perf_counter() - started, "weight_sync/bytes": 0.0,
+            self._load(expected, version, self.policy_step + 1 if policy_step is None else policy_step, rows)
+        return {"weight_sync/seconds": time.perf_counter() - started,
+                "weight_sync/bytes": float(self.published.fetched_bytes),
                 "weight_sync/delivered_bytes": float(self.published.delivered_bytes)}
 
     def _published_for(self, layout: PublishedLayout) -> PublishedWeights:
@@ -127,9 +131,9 @@ class RolloutWorker(Worker):
             self.published = PublishedWeights(layout, self.context.tp_rank, rank=self.rank)
         return self.published
 
-    def _load(self, expected: Optional[torch.Tensor], version: int, policy_step: int) -> None:
+    def _load(self, expected: Optional[torch.Tensor], version: int, policy_step: int, rows: Sequence = ()) -> None:
         assert self.published is not None
-        self.engine.update_weights(self.published.stream(checked=expected is not None))
+        self.engine.update_weights(self.published.stream(checked=expected is not None, rows=rows))
         if expected is not None:
             self.published.verify(expected)
         self.weight_version, self.policy_step = version, policy_step

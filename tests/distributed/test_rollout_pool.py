@@ -26,8 +26,9 @@ from hybridrl.workers.rollout_worker import RolloutWorker
 pytestmark = pytest.mark.distributed
 
 
-def split_config(model_dir, pool_size: int, tp_size: int):
+def split_config(model_dir, pool_size: int, tp_size: int, transport: str = "auto"):
     return load_config([f"model.path={model_dir}", "model.dtype=float32", "trainer.n_gpus_per_node=1",
+                        f"rollout.weight_transport={transport}",
                         "rollout=vllm_cpu", f"rollout.n_gpus={pool_size}", f"rollout.tensor_model_parallel_size={tp_size}",
                         "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4",
                         "actor.ppo_micro_batch_size_per_gpu=4", "actor.optim.lr=1e-2",
@@ -45,13 +46,17 @@ def start_split(runtime, config, name: str):
     return actor, replicas
 
 
-@pytest.fixture(scope="module", params=[1, pytest.param(2, marks=pytest.mark.long)], ids=["pool1", "pool2_tp2"])
+@pytest.fixture(scope="module", params=[(1, "shared_memory"), (1, "object_store"),
+                                        pytest.param((2, "shared_memory"), marks=pytest.mark.long),
+                                        pytest.param((2, "object_store"), marks=pytest.mark.long)],
+                ids=["pool1", "pool1_object_store", "pool2_tp2", "pool2_tp2_object_store"])
 def split(request, ray_runtime, model_dir):
-    """1 trainer rank + one replica of ``t_g = M`` on a pool of ``M``. The ``t_g = 2`` pool runs with ``make
-    test-long`` (its start took 116 s inside the parallel suite, 2026-12-02; ``test_vllm_tensor_parallel`` keeps a
-    ``t_g = 2`` engine in ``make test``)."""
-    pool_size = request.param
-    actor, replicas = start_split(ray_runtime, split_config(model_dir, pool_size, pool_size), f"split{pool_size}")
+    """1 trainer rank + one replica of ``t_g = M`` on a pool of ``M``, weights through host shared memory or Ray's
+    object store. The ``t_g = 2`` pools run with ``make test-long`` (a start took 116 s inside the parallel suite,
+    2026-12-02; ``test_vllm_tensor_parallel`` keeps a ``t_g = 2`` engine in ``make test``)."""
+    pool_size, transport = request.param
+    actor, replicas = start_split(ray_runtime, split_config(model_dir, pool_size, pool_size, transport),
+                                  f"split{pool_size}{transport}")
     yield Generation(actor, "vllm", replicas), actor, pool_size
     for group in (*replicas, actor):
         stop(group)
@@ -85,6 +90,8 @@ def check_pool_follows_the_trainer_through_published_weights(split, model_dir, t
     stats = generation.sync_weights()
     assert stats["weight_sync/delivered_bytes"] == (rank0_slice_bytes(model_dir) if pool_size == 2
                                                     else full_model_bytes(model_dir))
+    object_store = generation.layout.transport == "object_store"
+    assert stats["weight_sync/bytes"] == (full_model_bytes(model_dir) if object_store else 0)  # fetched whole
     after = generation.generate(prompt_batch(tokenizer), params)
     assert log_prob_gap(actor, after) < 1e-4
     assert log_prob_gap(actor, rollout) > 1e-3
@@ -108,10 +115,12 @@ def check_a_damaged_publication_is_named(split, tokenizer):
     parameter's name, on the rank that read it."""
     generation, actor, _ = split
     published = actor.call(ActorRolloutRefWorker.publish_weights)
-    expected = torch.stack([fingerprints for _, fingerprints in published]).sum(0)
+    expected = torch.stack([publication.expected for _, publication in published]).sum(0)
     expected[:, 3] += 1
+    rows = [reference for _, publication in published for reference in publication.rows]
     with pytest.raises(WorkerError, match="arrived different from what was sent: " + generation.layout.names[3]):
-        generation.replicas[0].call(RolloutWorker.load_published_weights, generation.layout, expected, published[0][0])
+        generation.replicas[0].call(RolloutWorker.load_published_weights, generation.layout, expected,
+                                    published[0][0], None, rows)
 
 
 def test_split_pool(split, model_dir, tokenizer):
