@@ -18,7 +18,8 @@ Sections (each guarded: a failure is recorded in the JSON and the next section r
    bf16 matmul rate.
 3. ``actor_steps``: the actor's own update path (``response_log_probs``, a policy-gradient loss, AdamW) on one
    micro-batch of ``--actor-rows`` × ``--seq-len`` tokens each (token budgets), plain and fused LM head: MFU against
-   the measured matmul rate, and peak memory — the large micro-batches the fused head makes room for.
+   the measured matmul rate, and peak memory — the large micro-batches the fused head makes room for — beside the
+   planner's prediction of that update's memory (``hybridrl.planner.memory_plan.trained_role``).
 4. ``generate``: hybridrl's HF rollout (``HFRollout`` on the same FSDP2 module, as ``rollout.name=hf`` does), sampled,
    tokens/s over the median of ``--repeats`` calls; the fast decode step (``rollout.hf_fast_decode``, the default)
    against the module's forward, alternated.
@@ -250,12 +251,30 @@ def measure_actor_steps(model: torch.nn.Module, args: argparse.Namespace, matmul
                 continue
             flops = (6 * body * rows * args.seq_len + 6 * head * rows * response
                      + 12 * config.num_hidden_layers * config.hidden_size * args.seq_len * rows * args.seq_len)
+            peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
             results[name] = {"step_s": seconds, "tokens_per_s": rows * args.seq_len / seconds,
                              "mfu_vs_measured_matmul": flops / seconds / matmul_rate,
-                             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30
-                             if torch.cuda.is_available() else None}
+                             "peak_memory_gib": peak / 2**30 if peak else None,
+                             **planner_prediction(model, rows, args, peak)}
             release_cache()
     return results
+
+
+def planner_prediction(model: torch.nn.Module, rows: int, args: argparse.Namespace,
+                       measured: int | None) -> dict[str, Any]:
+    """What ``hybridrl plan`` predicts for this actor update (one rank, bf16 compute, fp32 master and AdamW states, one
+    micro-batch of ``rows × seq_len`` with half of it response, no accumulation): GiB and its ratio to ``measured``
+    bytes (the planner bounds the fused head's path from above: it models the reference head)."""
+    from hybridrl.autotune.memory_sizing import DecoderShape, ForwardLayout
+    from hybridrl.config.precision import precision_mode
+    from hybridrl.planner.memory_plan import trained_role
+
+    predicted = trained_role("actor", DecoderShape.from_hf_config(model.config),
+                             ForwardLayout.padded(rows, args.seq_len, args.seq_len // 2), world=1,
+                             mode=precision_mode("bfloat16", "float32", "fp32", False), accumulating=False,
+                             checkpointing=False, param_offload=False, gather_once=args.gather_once)
+    return {"planner_gib": predicted.total / 2**30, "planner_terms": str(predicted),
+            "planner_over_measured": predicted.total / measured if measured else None}
 
 
 def measure_generation(model: torch.nn.Module, args: argparse.Namespace) -> dict[str, Any]:
