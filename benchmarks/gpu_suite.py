@@ -155,7 +155,7 @@ def build_model(attn_implementation: str, device: str, shape: dict[str, Any], co
 
     init_single_rank_group(device)
     dp_mesh, _ = build_device_meshes(device, 1, 1)
-    config = Qwen2Config(**shape, attn_implementation=attn_implementation)
+    config = Qwen2Config(**shape, attn_implementation=attn_implementation, use_cache=False)  # as model_builder
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen2ForCausalLM(config)

@@ -1,5 +1,5 @@
 """``ppo_micro_batch_size_per_gpu: auto`` on a CUDA device: the budget read from the allocator, candidates measured by
-a real forward/backward (GPU only; passed on one H200, 2026-11-30)."""
+a real forward/backward (GPU only; passed on one H200, 2026-11-30 and 2026-12-04)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The fast decode step on a CUDA device (``rollout.hf_fast_decode``): the module forward's logits within bf16
 rounding at every step (the module runs sdpa there, the step its own attention, so the bits may differ).
-GPU only; written without a device to run it on yet."""
+GPU only; passed on one H200 (2026-12-04, torch 2.11 + CUDA 13)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Precision modes on a GPU: 8-bit AdamW (torchao, and bitsandbytes where installed) follows fp32 AdamW, and fp8
 compute (torchao float8, Hopper only) trains a tiny model with a loss close to bf16's. Skipped without CUDA; the fp8
-test also without a Hopper GPU or torchao. Passed on one H200 (2026-11-30) with torchao 0.17; the bitsandbytes
-case was skipped there (not installed)."""
+test also without a Hopper GPU or torchao. Passed on one H200 (2026-11-30 and 2026-12-04) with torchao 0.17; the
+bitsandbytes case was skipped there (not installed)."""
 
 from __future__ import annotations
 

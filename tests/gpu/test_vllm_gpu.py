@@ -1,8 +1,8 @@
 """``VLLMRollout`` on a CUDA device: sleep/wake frees and restores memory, and the GPU weight-sync path
 (``model.load_weights`` in bounded buckets) makes rollout log-probs follow the trainer's weights.
 
-Skipped without a GPU (``tests/conftest.py``) or without vLLM. Not yet run: the one GPU machine seen (H200, 2026-11-30)
-had no vLLM, and its wheel is too large to carry there.
+Skipped without a GPU (``tests/conftest.py``) or without vLLM. Not yet run: the GPU machines seen (H200, 2026-11-30
+and 2026-12-04) had no vLLM, and its wheel is too large to carry there.
 """
 
 from __future__ import annotations
