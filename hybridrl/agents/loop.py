@@ -119,7 +119,7 @@ class AgentLoop:
             if not completion.finished:
                 continue
             episode = by_request.pop(completion.request_id)
-            episode.trajectory.add_model_turn(completion.token_ids, completion.log_probs, completion.weight_versions)
+            episode.trajectory.add_model_turn(completion.token_ids, completion.log_probs, completion.policy_versions)
             text = self.renderer.decode(completion.token_ids, self.stop_ids)
             episode.messages.append({"role": "assistant", "content": text})
             episode.trajectory.final_text = text

@@ -151,7 +151,7 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
-    weight_versions: list[int] = field(default_factory=list)
+    policy_versions: list[int] = field(default_factory=list)
     turns: int = 0
     reward: float = 0.0
     """The environment's rewards, summed over the episode's steps."""
@@ -169,14 +169,14 @@ class Trajectory:
         self.response_ids += list(ids)
         self.response_mask += [1] * len(ids)
         self.log_probs += list(log_probs)
-        self.weight_versions += list(versions)
+        self.policy_versions += list(versions)
         self.turns += 1
 
     def add_observation(self, ids: Sequence[int]) -> None:
         self.response_ids += list(ids)
         self.response_mask += [0] * len(ids)
         self.log_probs += [0.0] * len(ids)
-        self.weight_versions += [-1] * len(ids)
+        self.policy_versions += [-1] * len(ids)
         self.counters["observation_tokens"] = self.counters.get("observation_tokens", 0.0) + len(ids)
 
     def add_reward(self, reward: float) -> None:
@@ -197,6 +197,6 @@ class Trajectory:
     def truncate(self, max_response_tokens: int) -> None:
         """Keep at most ``max_response_tokens`` response ids (the episode then ends on the budget)."""
         if len(self.response_ids) > max_response_tokens:
-            for name in ("response_ids", "response_mask", "log_probs", "weight_versions"):
+            for name in ("response_ids", "response_mask", "log_probs", "policy_versions"):
                 setattr(self, name, getattr(self, name)[:max_response_tokens])
             self.end = "budget"

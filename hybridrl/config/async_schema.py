@@ -24,7 +24,7 @@ class AsyncTrainingConfig(FreezableConfig):
     partial_rollout: bool = False
     """Let a generation in flight take new weights: between engine steps a replica that sees a newer publication
     parks its requests (pause ``keep``), loads, and resumes them, so a row's later tokens come from fresher weights
-    (``token_weight_versions``; the row's staleness is its oldest token's, so the bound holds as without). The
+    (``token_policy_versions``; the row's staleness is its oldest token's, so the bound holds as without). The
     switch point depends on timing: runs are no longer reproducible bit for bit. Replicas of
     ``tensor_model_parallel_size`` 1, single-turn generation."""
 

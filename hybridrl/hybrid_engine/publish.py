@@ -234,11 +234,10 @@ class PublishedWeights:
 
 @dataclass(frozen=True)
 class Notice:
-    """What the arena holds now: the weights of training step ``policy_step`` (actor version ``version``), with the
-    trainer ranks' summed fingerprints (``None``: unchecked)."""
+    """What the arena holds now: the weights of ``policy_version`` (the trainer's count of training steps done when
+    they were taken), with the trainer ranks' summed fingerprints (``None``: unchecked)."""
 
-    policy_step: int
-    version: int
+    policy_version: int
     expected: Optional[torch.Tensor]
 
 
@@ -260,8 +259,7 @@ class PublicationNotice:
     def post(self, notice: Notice) -> None:
         expected = None if notice.expected is None else notice.expected.tolist()
         temporary = Path(self.path + ".tmp")
-        temporary.write_text(json.dumps({"policy_step": notice.policy_step, "version": notice.version,
-                                         "expected": expected}))
+        temporary.write_text(json.dumps({"policy_version": notice.policy_version, "expected": expected}))
         os.replace(temporary, self.path)
 
     def read_if_new(self) -> Optional[Notice]:
@@ -276,8 +274,8 @@ class PublicationNotice:
         self._seen = key
         payload = json.loads(Path(self.path).read_text())
         expected = payload["expected"]
-        return Notice(int(payload["policy_step"]), int(payload["version"]),
-                      None if expected is None else torch.tensor(expected, dtype=torch.int64))
+        return Notice(int(payload["policy_version"]), None if expected is None else torch.tensor(expected,
+                                                                                            dtype=torch.int64))
 
     def remove(self) -> None:
         for path in (self.path, self.path + ".tmp"):

@@ -43,10 +43,11 @@ class Fields:
     RETURNS = "returns"
     ENTROPY = "entropy"
     IS_WEIGHTS = "is_weights"  # [B, R]: off-policy importance weights the policy loss multiplies in
-    # [B] int64: the actor weight version that generated each row (-1: not known, e.g. random dummy weights)
-    WEIGHT_VERSION = "weight_version"
-    # [B, R] int64: the weights that generated each token (partial rollout: a row may span updates); -1 past the end
-    TOKEN_WEIGHT_VERSIONS = "token_weight_versions"
+    # [B] int64: the policy_version that generated each row — the trainer's count of training steps done when the
+    # weights were taken (docs/concepts.md, "One policy version")
+    POLICY_VERSION = "policy_version"
+    # [B, R] int64: the policy_version of each token (partial rollout: a row may span updates); -1 past the end
+    TOKEN_POLICY_VERSIONS = "token_policy_versions"
     # Non-tensor, one per sample: the id of the prompt a response came from (groups responses for GRPO / RLOO).
     UID = "uid"
 
@@ -147,12 +148,12 @@ class TypedFieldsMixin:
         return self._typed_tensor(Fields.IS_WEIGHTS)
 
     @property
-    def weight_version(self) -> Tensor:
-        """The training step whose weights generated each row, ``[B]`` int64 (staleness = step trained − this)."""
-        return self._typed_tensor(Fields.WEIGHT_VERSION)
+    def policy_version(self) -> Tensor:
+        """The ``policy_version`` that generated each row, ``[B]`` int64 (staleness = step trained − this)."""
+        return self._typed_tensor(Fields.POLICY_VERSION)
 
     @property
-    def token_weight_versions(self) -> Tensor:
-        """The training step whose weights generated each token, ``[B, R]`` int64, -1 past the end (partial
+    def token_policy_versions(self) -> Tensor:
+        """The ``policy_version`` that generated each token, ``[B, R]`` int64, -1 past the end (partial
         rollout: a row's tokens may come from several versions; its staleness is its oldest token's)."""
-        return self._typed_tensor(Fields.TOKEN_WEIGHT_VERSIONS)
+        return self._typed_tensor(Fields.TOKEN_POLICY_VERSIONS)

@@ -61,8 +61,10 @@ class RolloutEngine(Protocol):
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Responses for ``prompts`` (``input_ids``/``attention_mask`` ``[B, P]``, left-padded) in the layout above."""
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load new weights, given as (Hugging Face parameter name, full tensor) pairs, streamed."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                       policy_version: Optional[int] = None) -> None:
+        """Load new weights, given as (Hugging Face parameter name, full tensor) pairs, streamed, and the trainer's
+        ``policy_version`` of them (docs/concepts.md, "One policy version"; ``None``: one more than held)."""
 
     def release_memory(self) -> None:
         """Free the engine's cache memory during training (no-op where unsupported)."""

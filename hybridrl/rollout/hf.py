@@ -189,7 +189,7 @@ class HFRollout:
             logger.info("rollout.name=hf: decode steps run the module's forward: %s",
                         self.fast_decode_unsupported or forwards.failure or "no decode step ran")
 
-    def update_weights(self, named_tensors) -> None:
+    def update_weights(self, named_tensors, policy_version=None) -> None:
         """Nothing to do: this engine generates with the training module itself."""
 
     def release_memory(self) -> None:

@@ -133,8 +133,8 @@ class VLLMRollout:
         self._noted = set()
         self._send_tied_head = any(self.llm.collective_rpc("hybridrl_has_module", args=(head,))[0]
                                    for head in self.checkpoint_names.tied_output_modules())
-        self.weight_version = 0
-        self.requests = VLLMRequests(self.llm, self._vllm_params, lambda: self.weight_version)
+        self.policy_version = 0  # of the weights held: the trainer's count, given with each update_weights
+        self.requests = VLLMRequests(self.llm, self._vllm_params, lambda: self.policy_version)
         """Request-level access (``rollout.vllm_requests``): submit, stream, abort, pause/resume."""
 
     # --- generation --------------------------------------------------------------------------------------------
@@ -144,8 +144,8 @@ class VLLMRollout:
         """``B`` left-padded prompts → ``B·n`` rows, a prompt's ``n`` responses consecutive (``rollout.base``).
 
         ``between_steps(requests)``: called after every engine step — it may ``pause("keep")``, update the weights and
-        ``resume()`` (partial rollout). With it, requests are streamed and the rows carry ``token_weight_versions``
-        ``[B·n, R]`` (each token's ``weight_version``, -1 past the end)."""
+        ``resume()`` (partial rollout). With it, requests are streamed and the rows carry ``token_policy_versions``
+        ``[B·n, R]`` (each token's ``policy_version``, -1 past the end)."""
         if self._asleep:
             raise RuntimeError("VLLMRollout.generate called while the engine sleeps; call resume() first")
         if params.do_sample and (params.top_p < 1.0 or params.top_k > 0):
@@ -175,9 +175,9 @@ class VLLMRollout:
         if between_steps is not None:
             versions = torch.full((len(rows), width), -1, dtype=torch.long)
             for row, completion in enumerate(rows):
-                versions[row, :min(width, len(completion.weight_versions))] = torch.tensor(
-                    completion.weight_versions[:width], dtype=torch.long)
-            batch[Fields.TOKEN_WEIGHT_VERSIONS] = versions * mask + (mask - 1)  # -1 past the end
+                versions[row, :min(width, len(completion.policy_versions))] = torch.tensor(
+                    completion.policy_versions[:width], dtype=torch.long)
+            batch[Fields.TOKEN_POLICY_VERSIONS] = versions * mask + (mask - 1)  # -1 past the end
         return batch
 
     def _run(self, between_steps: Optional[Callable[[VLLMRequests], None]]) -> list[Completion]:
@@ -218,8 +218,10 @@ class VLLMRollout:
 
     # --- weights -----------------------------------------------------------------------------------------------
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncStats:
-        """Load new weights: (Hugging Face parameter name, full tensor) pairs, streamed (consumed once, lazily).
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                       policy_version: Optional[int] = None) -> WeightSyncStats:
+        """Load new weights: (Hugging Face parameter name, full tensor) pairs, streamed (consumed once, lazily), the
+        trainer's ``policy_version`` of them (what later tokens record; default: one more than the weights held).
 
         Names are the model's in-memory ones (``named_parameters``); what transformers holds in another form than
         the checkpoint (fused experts, renamed modules) is reverted on the way, and a tied output head is sent under
@@ -248,7 +250,7 @@ class VLLMRollout:
         if loaded != counter.num_tensors:
             raise RuntimeError(f"weight sync sent {counter.num_tensors} tensors but the engine loaded {loaded}")
         self.llm.reset_prefix_cache()
-        self.weight_version += 1
+        self.policy_version = self.policy_version + 1 if policy_version is None else policy_version
         stats = WeightSyncStats(num_tensors=counter.num_tensors, num_bytes=counter.num_bytes,
                                 seconds=time.perf_counter() - start)
         logger.info("vLLM weight sync: %d tensors, %.1f MiB (%s) in %.3f s", stats.num_tensors,

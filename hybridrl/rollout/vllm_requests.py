@@ -8,11 +8,11 @@ row and steps the engine until none is left. Multi-turn agents and asynchronous 
     for progress in requests.stream(rid):       # one engine step at a time, other requests advance too
         ...                                     # progress.token_ids grows; progress.finished at the end
     requests.pause("keep")                      # before a weight update: in-flight requests are parked
-    rollout.update_weights(stream)              # the engine's weight version goes up by one
+    rollout.update_weights(stream, policy_version=4)  # later tokens record policy_version 4
     requests.resume()                           # parked requests continue under the new weights
 
-Token ids in, token ids out: nothing is detokenised or re-tokenised. Every generated token carries the weight version
-that produced it (``Completion.weight_versions``), so a trainer can tell a partial rollout's old-policy tokens from
+Token ids in, token ids out: nothing is detokenised or re-tokenised. Every generated token carries the policy version
+that produced it (``Completion.policy_versions``), so a trainer can tell a partial rollout's old-policy tokens from
 its new ones.
 
 Pause modes, for a weight update while requests are in flight:
@@ -43,7 +43,7 @@ PAUSE_MODES = ("abort", "wait", "keep")
 
 @dataclass
 class Completion:
-    """One request's tokens so far. ``log_probs[k]`` and ``weight_versions[k]`` belong to ``token_ids[k]``;
+    """One request's tokens so far. ``log_probs[k]`` and ``policy_versions[k]`` belong to ``token_ids[k]``;
     ``finish_reason`` is ``"stop"`` (a stop token, kept as the last token), ``"length"``, ``"abort"`` or ``None``
     while it runs. ``cached_prompt_tokens``: prompt tokens whose KV came from vLLM's prefix cache (whole blocks
     another request computed) instead of this request's prefill."""
@@ -53,7 +53,7 @@ class Completion:
     params: SamplingParams
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
-    weight_versions: list[int] = field(default_factory=list)
+    policy_versions: list[int] = field(default_factory=list)
     finish_reason: Optional[str] = None
     resubmissions: int = 0
     streamed: bool = True
@@ -75,7 +75,7 @@ class VLLMRequests:
         llm: the ``vllm.LLM``.
         vllm_sampling_params: ``(SamplingParams, streamed) -> vllm.SamplingParams`` for one response (``n = 1``),
             with the engine's stop ids, log-probs on, output ``DELTA`` (streamed) or ``FINAL_ONLY``.
-        version: a zero-argument callable giving the engine's current weight version.
+        version: a zero-argument callable giving the ``policy_version`` of the weights the engine holds now.
     """
 
     def __init__(self, llm, vllm_sampling_params, version) -> None:
@@ -139,7 +139,7 @@ class VLLMRequests:
                 new_ids = list(piece.token_ids)
                 completion.token_ids += new_ids
                 completion.log_probs += [step[token].logprob for step, token in zip(piece.logprobs or [], new_ids)]
-                completion.weight_versions += [version] * len(new_ids)
+                completion.policy_versions += [version] * len(new_ids)
                 if piece.finish_reason is not None:
                     completion.finish_reason = piece.finish_reason
             if output.finished:

@@ -9,12 +9,16 @@
   others; only when none is left does the error reach the trainer (``trainer.max_restarts`` then applies).
   A sync is two calls in order: every trainer rank publishes its rows (``ActorRolloutRefWorker.publish_weights``),
   then every live replica loads them, checked against the trainer ranks' summed fingerprints. Each generation names
-  the actor version it expects the engines to hold, so a skipped sync is an error, not a silent off-policy step.
+  the ``policy_version`` it expects the engines to hold, so a skipped sync is an error, not a silent off-policy step.
+
+**One policy version** (docs/concepts.md): the trainer owns the count — training steps done when the weights were
+taken — and hands it to every sync (:meth:`Generation.sync_weights`) and every relabelling of unchanged weights
+(:meth:`Generation.advance`); engines record it on each token, rows carry it (``Fields.POLICY_VERSION``).
 
 Generation can run ahead of training (``async_training``, ``trainers/async_rollout.py``): :meth:`Generation.submit`
 returns at once, and ``sync_weights(wait=False)`` queues the loads behind the generations in flight. A replica runs
 its calls in the order they were made, so which weights generate a batch follows from the order of the controller's
-calls alone — not from timing: every row records it (``weight_version``, the training step of its weights).
+calls alone — not from timing: every row records it (``policy_version``).
 """
 
 from __future__ import annotations
@@ -60,8 +64,7 @@ class Generation:
             self.notice = PublicationNotice.create()
             for replica in self.replicas:
                 replica.call(RolloutWorker.follow_publications, self.layout, self.notice.path)
-        self.version: Optional[int] = None  # the actor version the replicas hold (standalone); None: as loaded
-        self.policy_step = 0  # the training step whose weights the engines hold (or will, once the loads run)
+        self.policy_version = 0  # of the weights the engines hold (or will, once the queued loads run)
         self.loads: list = []  # load futures queued by sync_weights(wait=False), not yet waited for
         self.replicas_lost = 0
 
@@ -75,21 +78,21 @@ class Generation:
     def submit(self, prompts: Batch, params: SamplingParams) -> "PendingGeneration":
         """Start generating ``prompts`` and return at once; ``.result()`` waits for the rows. A replica runs its calls
         in order, so a batch submitted after a :meth:`sync_weights` is generated with those weights (the rows'
-        ``weight_version`` is the sync's ``policy_step``) and one submitted before it with the older ones."""
+        ``policy_version`` is the sync's) and one submitted before it with the older ones."""
         if not self.replicas:
             future = self.actor.call_async(ActorRolloutRefWorker.generate_sequences, prompts, params)
-            return PendingGeneration(self, [prompts], [params], {0: (future, self.policy_step)})
+            return PendingGeneration(self, [prompts], [params], {0: (future, self.policy_version)})
         live = self._require_live("generate_sequences")
         sizes = [size for size in even_sizes(len(prompts), len(live)) if size]
         chunks = prompts.split(sizes)
         seeded = [params if params.seed is None else params.with_seed(derive_seed(params.seed, "replica", index))
                   for index in range(len(chunks))]
-        futures = {index: (self._call_generate(live[index], chunk, seeded[index]), self.policy_step)
+        futures = {index: (self._call_generate(live[index], chunk, seeded[index]), self.policy_version)
                    for index, chunk in enumerate(chunks)}
         return PendingGeneration(self, chunks, seeded, futures)
 
     def _call_generate(self, replica: WorkerGroup[RolloutWorker], prompts: Batch, params: SamplingParams):
-        return replica.call_async(RolloutWorker.generate_sequences, prompts, params, self.version)
+        return replica.call_async(RolloutWorker.generate_sequences, prompts, params, self.policy_version)
 
     def _replica_lost(self, error: WorkerDiedError, resubmitting: bool) -> WorkerGroup[RolloutWorker]:
         """Count and log a dead replica; the first live replica, which takes over its chunk when ``resubmitting``
@@ -109,45 +112,58 @@ class Generation:
             raise RuntimeError(f"{method}: every rollout replica has died ({len(self.replicas)} lost)")
         return live
 
-    def sync_weights(self, policy_step: Optional[int] = None, wait: bool = True) -> dict[str, float]:
-        """Bring the generating engines to the actor's current weights, the weights of training step
-        ``policy_step`` (what later rows' ``weight_version`` says; default: one more than the last sync's); the
-        sync's metrics.
+    def sync_weights(self, policy_version: Optional[int] = None, wait: bool = True) -> dict[str, float]:
+        """Bring the generating engines to the actor's current weights, as those of the trainer's ``policy_version``
+        (what later rows record; default: one more than the last); the sync's metrics.
 
         ``wait=False`` (standalone pool, asynchronous training): the loads are queued behind the generations the
         replicas are running and this returns after publishing; the metrics are those of the previous loads. The next
         sync (or :meth:`finish_loads`) waits for them first: the published arena is rewritten only once read."""
-        policy_step = self.policy_step + 1 if policy_step is None else policy_step
+        policy_version = self.policy_version + 1 if policy_version is None else policy_version
         if not self.replicas:
-            self.policy_step = policy_step
+            self.policy_version = policy_version
             if not holds_own_weights(self.rollout_name):
                 return dict(NO_WEIGHT_SYNC)
-            return self.actor.call(ActorRolloutRefWorker.sync_rollout_weights)
+            return self.actor.call(ActorRolloutRefWorker.sync_rollout_weights, policy_version)
         previous = self.finish_loads()
         published = self.actor.call(ActorRolloutRefWorker.publish_weights)
-        versions = {version for version, _ in published}
-        if len(versions) != 1:
-            raise RuntimeError(f"the trainer's ranks disagree on the weight version: {sorted(versions)}")
-        fingerprints = [publication.expected for _, publication in published]
+        fingerprints = [publication.expected for publication in published]
         expected = None if fingerprints[0] is None else torch.stack(fingerprints).sum(0)
-        rows = [reference for _, publication in published for reference in publication.rows]  # trainer rank order
-        version = versions.pop()
+        rows = [reference for publication in published for reference in publication.rows]  # trainer rank order
         if self.notice is not None:  # a generation in flight may take these weights now (partial rollout)
-            self.notice.post(Notice(policy_step, version, expected))
-        self.loads = [replica.call_async(RolloutWorker.load_published_weights, self.layout, expected, version,
-                                         policy_step, rows) for replica in self._require_live("load_published_weights")]
-        self.version, self.policy_step = version, policy_step
+            self.notice.post(Notice(policy_version, expected))
+        self.loads = [replica.call_async(RolloutWorker.load_published_weights, self.layout, expected, policy_version,
+                                         rows) for replica in self._require_live("load_published_weights")]
+        self.policy_version = policy_version
         return self.finish_loads() if wait else previous
 
+    def advance(self, policy_version: int) -> None:
+        """The trainer moved on to ``policy_version`` without changing the actor's weights (``trainer.critic_warmup``):
+        the engines' weights are relabelled, nothing is moved. Standalone replicas take it in order, behind the
+        generations they are running (a partial rollout's tokens in flight keep the older label: staleness is then
+        over-counted, never under)."""
+        if policy_version == self.policy_version:
+            return
+        if not self.replicas:
+            if holds_own_weights(self.rollout_name):
+                self.actor.call(ActorRolloutRefWorker.relabel_rollout_weights, policy_version)
+        else:
+            self.loads += [replica.call_async(RolloutWorker.relabel_weights, policy_version)
+                           for replica in self._require_live("relabel_weights")]
+        self.policy_version = policy_version
+
     def finish_loads(self) -> dict[str, float]:
-        """Wait for the queued loads; their metrics (empty when none was queued). A replica that died meanwhile is
-        counted; its share moves to a live replica at the next generation."""
+        """Wait for the queued loads (and relabellings); the loads' metrics (empty when none was queued). A replica
+        that died meanwhile is counted; its share moves to a live replica at the next generation."""
         metrics = []
         for future in self.loads:
             try:
-                metrics.append(future.result())
+                result = future.result()
             except WorkerDiedError as error:
                 self._replica_lost(error, resubmitting=False)
+                continue
+            if result is not None:  # a relabelling returns nothing
+                metrics.append(result)
         self.loads = []
         if not metrics:
             return {}
@@ -160,20 +176,20 @@ class Generation:
             self.notice.remove()
 
 
-def row_weight_versions(rows: Batch, submitted_at: int) -> torch.Tensor:
-    """Each row's ``weight_version`` ``[B]``: the version of its oldest token when the engine recorded them
-    (``token_weight_versions``, partial rollout), else ``submitted_at`` — the sync it was queued behind."""
-    if Fields.TOKEN_WEIGHT_VERSIONS not in rows:
+def row_policy_versions(rows: Batch, submitted_at: int) -> torch.Tensor:
+    """Each row's ``policy_version`` ``[B]``: the version of its oldest token when the engine recorded them
+    (``token_policy_versions``, partial rollout), else ``submitted_at`` — the sync it was queued behind."""
+    if Fields.TOKEN_POLICY_VERSIONS not in rows:
         return torch.full((len(rows),), submitted_at, dtype=torch.int64)
-    versions = rows[Fields.TOKEN_WEIGHT_VERSIONS]
+    versions = rows[Fields.TOKEN_POLICY_VERSIONS]
     valid = versions >= 0  # -1 past a row's end
     oldest = versions.masked_fill(~valid, torch.iinfo(torch.int64).max).min(-1).values
     return torch.where(valid.any(-1), oldest, submitted_at)
 
 
 class PendingGeneration:
-    """A batch being generated (:meth:`Generation.submit`): one future per chunk, each with the ``policy_step`` of
-    the weights it is generated with. :meth:`result` gathers the chunks in order; a chunk whose replica died is
+    """A batch being generated (:meth:`Generation.submit`): one future per chunk, each with the ``policy_version``
+    of the weights it is generated with. :meth:`result` gathers the chunks in order; a chunk whose replica died is
     resubmitted — same prompts, same seed — to a live replica, with the weights that replica will then hold."""
 
     def __init__(self, generation: Generation, chunks: list[Batch], params: list[SamplingParams],
@@ -182,12 +198,12 @@ class PendingGeneration:
         self._rows: Optional[Batch] = None
 
     def result(self) -> Batch:
-        """The ``B·n`` rows, with ``weight_version`` ``[B·n]`` (int64) per row; waits for the chunks still running."""
+        """The ``B·n`` rows, with ``policy_version`` ``[B·n]`` (int64) per row; waits for the chunks still running."""
         if self._rows is not None:
             return self._rows
         outputs: dict[int, Batch] = {}
         while self.futures:
-            index, (future, policy_step) = next(iter(self.futures.items()))
+            index, (future, policy_version) = next(iter(self.futures.items()))
             del self.futures[index]
             try:
                 rows = future.result()
@@ -196,9 +212,9 @@ class PendingGeneration:
                     raise
                 replica = self.generation._replica_lost(error, resubmitting=True)
                 self.futures[index] = (self.generation._call_generate(replica, self.chunks[index], self.params[index]),
-                                       self.generation.policy_step)
+                                       self.generation.policy_version)
                 continue
-            rows[Fields.WEIGHT_VERSION] = row_weight_versions(rows, policy_step)
+            rows[Fields.POLICY_VERSION] = row_policy_versions(rows, policy_version)
             outputs[index] = rows
         self._rows = Batch.concat([outputs[index] for index in range(len(self.chunks))])
         return self._rows

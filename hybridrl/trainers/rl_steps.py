@@ -130,11 +130,11 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
 
 def current_weights_log_prob_gap(batch: Batch, step: int) -> dict[str, float]:
     """Partial rollout: ``rollout/log_prob_diff_max_current`` — the largest gap between the engine's and the
-    trainer's log-probs over the tokens generated with the weights being trained (``token_weight_versions ==
+    trainer's log-probs over the tokens generated with the weights being trained (``token_policy_versions ==
     step``): the log-prob gate for tokens produced after new weights landed mid-generation. Empty without them."""
-    if Fields.TOKEN_WEIGHT_VERSIONS not in batch or Fields.OLD_LOG_PROBS not in batch:
+    if Fields.TOKEN_POLICY_VERSIONS not in batch or Fields.OLD_LOG_PROBS not in batch:
         return {}
-    current = batch[Fields.TOKEN_WEIGHT_VERSIONS] == step
+    current = batch[Fields.TOKEN_POLICY_VERSIONS] == step
     if not bool(current.any()):
         return {}
     gap = (batch[Fields.ROLLOUT_LOG_PROBS] - batch[Fields.OLD_LOG_PROBS]).abs()[current]

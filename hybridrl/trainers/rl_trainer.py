@@ -235,7 +235,7 @@ class RLTrainer:
         """The actor's update (after ``trainer.critic_warmup``) and the weight sync into the generating engines."""
         generation, metrics = self._generation(), {}
         if self.global_step < self.config.trainer.critic_warmup:  # no update: the next step's weights are these
-            generation.policy_step = self.global_step + 1
+            generation.advance(self.global_step + 1)
             return metrics
         with timer.phase("update_actor"):
             ptx = self.ptx.batch(self.global_step) if self.ptx is not None else None

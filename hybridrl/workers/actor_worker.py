@@ -174,8 +174,9 @@ class ActorRolloutRefWorker(Worker):
         return ReplicaGroup.of(self.context.rollout_mesh, self.context.tp_size)
 
     @one_to_all(collect="first")
-    def sync_rollout_weights(self) -> dict[str, float]:
-        """Stream the updated actor weights into a separate engine (vLLM); nothing to do for ``hf``.
+    def sync_rollout_weights(self, policy_version: Optional[int] = None) -> dict[str, float]:
+        """Stream the updated actor weights into a separate engine (vLLM), as the weights of the trainer's
+        ``policy_version`` (``None``: one more than the engine held); nothing to do for ``hf``.
 
         Returns the sync's seconds, the bytes rank 0 received from other ranks, and the bytes delivered to its engine
         (received + its own; with ``t_g > 1`` exactly its tensor-parallel slices). The collective runs on every rank.
@@ -187,7 +188,7 @@ class ActorRolloutRefWorker(Worker):
         free_cache = self.config.rollout.free_cache_engine
         if free_cache:  # a sleeping engine (GPU) has dropped its weights' memory: wake it to load new ones
             self.rollout.resume()
-        self.engine_weights.sync(self.rollout)
+        self.engine_weights.sync(self.rollout, policy_version)
         if free_cache:
             self.rollout.release_memory()
         stats = resharder.last_stats
@@ -199,13 +200,18 @@ class ActorRolloutRefWorker(Worker):
         """Where the standalone rollout pool finds the published weights (``rollout.n_gpus > 0``)."""
         return self._publisher().layout
 
+    @one_to_all(collect="first")
+    def relabel_rollout_weights(self, policy_version: int) -> None:
+        """The trainer moved on without changing the actor (``trainer.critic_warmup``): the colocated engine's
+        weights are now those of ``policy_version``; refused if the actor did change since the last sync."""
+        self.engine_weights.relabel(policy_version)
+
     @one_to_all
-    def publish_weights(self) -> tuple[int, RankPublication]:
-        """Write this rank's rows of the current weights for the rollout pool; returns the actor's weight version and
-        this rank's publication: (``rollout.verify_weight_sync``) its fingerprints ``[t_g, params]``, which the
-        controller sums, and with the object-store transport the reference to its rows."""
-        publication = self._publisher().publish(checked=self.config.rollout.verify_weight_sync)
-        return self.engine_weights.actor_version, publication
+    def publish_weights(self) -> RankPublication:
+        """Write this rank's rows of the current weights for the rollout pool; returns this rank's publication:
+        (``rollout.verify_weight_sync``) its fingerprints ``[t_g, params]``, which the controller sums, and with the
+        object-store transport the reference to its rows."""
+        return self._publisher().publish(checked=self.config.rollout.verify_weight_sync)
 
     def _publisher(self) -> WeightPublisher:
         if self.publisher is None:

@@ -3,9 +3,10 @@
 The pool's ``M`` devices form ``M / t_g`` replicas, each its own worker group of ``t_g`` ranks (its own process group:
 a replica that dies takes no other down, and its prompts go to a live one — ``trainers/generation.py``). A replica
 is one ``t_g``-way tensor-parallel vLLM engine in the same SPMD form as the colocated engine: every rank runs vLLM's
-``external_launcher`` executor in-process over the replica's group. There is no training model here: new weights arrive through the trainer's published arena
-(``hybrid_engine/publish.py``), checked against the trainer's fingerprints, and each load records the actor's
-weight version, so a generation asked for at another version is refused (a skipped sync cannot pass silently).
+``external_launcher`` executor in-process over the replica's group. There is no training model here: new weights
+arrive through the trainer's published arena (``hybrid_engine/publish.py``), checked against the trainer's
+fingerprints, and each load records the trainer's ``policy_version`` of them, so a generation asked for at another
+version is refused (a skipped sync cannot pass silently).
 """
 
 from __future__ import annotations
@@ -61,24 +62,23 @@ class RolloutWorker(Worker):
             max_model_len=engine_context_length(config, episodes),
             dtype=config.model.dtype, seed=config.trainer.seed))
         self.published: Optional[PublishedWeights] = None
-        self.weight_version: Optional[int] = 0 if config.rollout.load_format != "dummy" else None
-        self.policy_step = 0  # the training step whose weights the engine holds (the engine's token versions)
+        # the trainer's policy_version of the weights the engine holds (None: random, rollout.load_format=dummy)
+        self.policy_version: Optional[int] = 0 if config.rollout.load_format != "dummy" else None
         self.notice: Optional[PublicationNotice] = None  # partial rollout: polled between engine steps
 
     @dp_leaders
     def generate_sequences(self, prompts: Batch, params: SamplingParams,
-                           weight_version: Optional[int] = None) -> Batch:
+                           policy_version: Optional[int] = None) -> Batch:
         """Responses for ``prompts`` with ``params`` as given (the caller seeds each chunk of a batch, so a chunk
-        resubmitted to another replica samples the same). ``weight_version``: the actor version the caller expects
-        the engine to hold; :class:`StaleEngineWeightsError` otherwise."""
+        resubmitted to another replica samples the same). ``policy_version``: the version the caller expects the
+        engine to hold; :class:`StaleEngineWeightsError` otherwise."""
         partial = self.notice is not None  # newer weights may already have landed during an earlier generation
-        if weight_version is not None and not (
-                self.weight_version is not None and (self.weight_version >= weight_version if partial
-                                                     else self.weight_version == weight_version)):
-            held = "random weights (rollout.load_format=dummy)" if self.weight_version is None else \
-                f"the weights of version {self.weight_version}"
-            raise StaleEngineWeightsError(f"rollout rank {self.rank} holds {held} but generation asked for version "
-                                          f"{weight_version}: a weight sync was skipped")
+        held = self.policy_version
+        if policy_version is not None and not (
+                held is not None and (held >= policy_version if partial else held == policy_version)):
+            what = "random weights (rollout.load_format=dummy)" if held is None else f"the weights of version {held}"
+            raise StaleEngineWeightsError(f"rollout rank {self.rank} holds {what} but generation asked for version "
+                                          f"{policy_version}: a weight sync was skipped")
         self._injected_delay(params)
         if self.episodes is not None:
             return self.episodes.run(self.engine, prompts, params,
@@ -96,10 +96,10 @@ class RolloutWorker(Worker):
         resume them under the new weights (their next tokens carry its version)."""
         self._injected_step_delay()
         notice = self.notice.read_if_new() if self.notice is not None else None
-        if notice is None or notice.policy_step <= self.policy_step or self.published is None:
+        if notice is None or notice.policy_version <= self._held() or self.published is None:
             return
         requests.pause("keep")
-        self._load(notice.expected, notice.version, notice.policy_step)
+        self._load(notice.expected, notice.policy_version)
         requests.resume()
 
     def _injected_delay(self, params: SamplingParams) -> None:
@@ -111,17 +111,16 @@ class RolloutWorker(Worker):
 
     @one_to_all(collect="first")
     def load_published_weights(self, layout: PublishedLayout, expected: Optional[torch.Tensor],
-                               version: int, policy_step: Optional[int] = None,
-                               rows: Sequence = ()) -> dict[str, float]:
-        """Load the trainer's published weights (of training step ``policy_step``) into the engine; ``expected`` (the
+                               policy_version: int, rows: Sequence = ()) -> dict[str, float]:
+        """Load the trainer's published weights (of ``policy_version``) into the engine; ``expected`` (the
         trainer ranks' fingerprints, summed; ``None``: unchecked) is compared with what this rank read; ``rows``: the
         trainer ranks' object-store references in rank order (``rollout.weight_transport=object_store``). A load
         that a generation in flight already took (partial rollout) is not repeated. Returns rank 0's sync
         metrics (``weight_sync/bytes``: what it fetched from the object store)."""
         started = time.perf_counter()
         self._published_for(layout)
-        if policy_step is None or self.notice is None or policy_step > self.policy_step:
-            self._load(expected, version, self.policy_step + 1 if policy_step is None else policy_step, rows)
+        if self.notice is None or policy_version > self._held():
+            self._load(expected, policy_version, rows)
         return {"weight_sync/seconds": time.perf_counter() - started,
                 "weight_sync/bytes": float(self.published.fetched_bytes),
                 "weight_sync/delivered_bytes": float(self.published.delivered_bytes)}
@@ -131,13 +130,26 @@ class RolloutWorker(Worker):
             self.published = PublishedWeights(layout, self.context.tp_rank, rank=self.rank)
         return self.published
 
-    def _load(self, expected: Optional[torch.Tensor], version: int, policy_step: int, rows: Sequence = ()) -> None:
+    @one_to_all(collect="first")
+    def relabel_weights(self, policy_version: int) -> None:
+        """The trainer moved on without changing the actor (``trainer.critic_warmup``): the weights held are now
+        those of ``policy_version``. Queued behind the generations in flight, as a load would be."""
+        if self.policy_version is None:
+            raise StaleEngineWeightsError(f"rollout rank {self.rank} holds random weights (rollout.load_format="
+                                          "dummy): they cannot be relabelled, a weight sync was skipped")
+        self.policy_version = self.engine.policy_version = policy_version
+
+    def _held(self) -> int:
+        """The version held, -1 for random weights (any load is newer)."""
+        return -1 if self.policy_version is None else self.policy_version
+
+    def _load(self, expected: Optional[torch.Tensor], policy_version: int, rows: Sequence = ()) -> None:
         assert self.published is not None
-        self.engine.update_weights(self.published.stream(checked=expected is not None, rows=rows))
+        self.engine.update_weights(self.published.stream(checked=expected is not None, rows=rows),
+                                   policy_version=policy_version)
         if expected is not None:
             self.published.verify(expected)
-        self.weight_version, self.policy_step = version, policy_step
-        self.engine.weight_version = policy_step  # the version each generated token records
+        self.policy_version = policy_version
 
     def _injected_step_delay(self) -> None:
         """``trainer.fault_injection.rollout_step_delay_s`` (tests only): a slow engine step, so that new weights

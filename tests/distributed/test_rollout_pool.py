@@ -103,9 +103,11 @@ def check_pool_refuses_to_generate_from_weights_it_was_not_given(split, tokenize
     params = SamplingParams(n=2, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=11)
     rollout = generation.generate(prompt_batch(tokenizer), params)
     update(actor, rollout, step=1)
-    published = actor.call(ActorRolloutRefWorker.publish_weights)  # published, but never loaded
-    with pytest.raises(WorkerError, match="a weight sync was skipped"):
-        generation.replicas[0].call(RolloutWorker.generate_sequences, prompt_batch(tokenizer), params, published[0][0])
+    actor.call(ActorRolloutRefWorker.publish_weights)  # published, but never loaded
+    asked = generation.policy_version + 1
+    with pytest.raises(WorkerError, match=f"holds the weights of version {asked - 1} but generation asked for "
+                                          f"version {asked}: a weight sync was skipped"):
+        generation.replicas[0].call(RolloutWorker.generate_sequences, prompt_batch(tokenizer), params, asked)
     generation.sync_weights()
     assert log_prob_gap(actor, generation.generate(prompt_batch(tokenizer), params)) < 1e-4
 
@@ -115,12 +117,12 @@ def check_a_damaged_publication_is_named(split, tokenizer):
     parameter's name, on the rank that read it."""
     generation, actor, _ = split
     published = actor.call(ActorRolloutRefWorker.publish_weights)
-    expected = torch.stack([publication.expected for _, publication in published]).sum(0)
+    expected = torch.stack([publication.expected for publication in published]).sum(0)
     expected[:, 3] += 1
-    rows = [reference for _, publication in published for reference in publication.rows]
+    rows = [reference for publication in published for reference in publication.rows]
     with pytest.raises(WorkerError, match="arrived different from what was sent: " + generation.layout.names[3]):
         generation.replicas[0].call(RolloutWorker.load_published_weights, generation.layout, expected,
-                                    published[0][0], None, rows)
+                                    generation.policy_version + 1, rows)
 
 
 def test_split_pool(split, model_dir, tokenizer):

@@ -77,7 +77,7 @@ def test_stream_yields_growing_tokens_and_ends_as_greedy_transformers(requests, 
         last = progress
     assert lengths == sorted(lengths) and lengths[0] >= 1 and last.finished
     assert last.token_ids == transformers_greedy(hf_model, tokenizer, prompt, MAX_NEW_TOKENS)
-    assert last.weight_versions == [engine.weight_version] * len(last.token_ids)
+    assert last.policy_versions == [engine.policy_version] * len(last.token_ids)
 
 
 def test_abort_keeps_the_tokens_so_far_and_the_others_finish(requests, tokenizer):
@@ -108,7 +108,7 @@ def test_pause_keep_resumes_under_new_weights_with_token_versions(requests, engi
     request_id = requests.submit(prompt, params)
     for _ in range(3):
         requests.step()
-    version = engine.weight_version
+    version = engine.policy_version
     try:
         with pytest.raises(RuntimeError, match="request\\(s\\) in flight: pause the requests first"):
             engine.update_weights(updated.named_parameters())
@@ -121,7 +121,7 @@ def test_pause_keep_resumes_under_new_weights_with_token_versions(requests, engi
         assert requests.resume() == [request_id]
         completion = requests.run()[0]
         assert completion.token_ids[:3] == before
-        assert completion.weight_versions == [version] * 3 + [version + 1] * (len(completion.token_ids) - 3)
+        assert completion.policy_versions == [version] * 3 + [version + 1] * (len(completion.token_ids) - 3)
         continuation = transformers_greedy(updated, tokenizer, prompt + before, 40 - 3)
         assert completion.token_ids[3:] == continuation
     finally:

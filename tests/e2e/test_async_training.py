@@ -134,3 +134,19 @@ def test_partial_rollout_takes_new_weights_mid_generation(model_dir, tmp_path):
     trained_each_prompt_once(trainer.sample_log)
     for step, _, _, versions in trainer.sample_log:
         assert all(max(step - 1, 0) <= version <= step for version in versions), step
+
+
+def test_a_step_without_an_actor_update_relabels_the_pool_weights(model_dir, tmp_path):
+    """PPO with ``trainer.critic_warmup=1`` on the standalone pool, η = 0: step 0 updates only the critic, so the
+    weights the pool holds become step 1's without a load (``Generation.advance``). The replica checks the version
+    each generation names, so step 1's batch is generated only if the relabelling reached it; every row records the
+    trainer's one ``policy_version``."""
+    trainer = run(model_dir, tmp_path / "warmup", 3, "async_training.mode=bounded", "async_training.max_staleness=0",
+                  "algorithm=gae", "trainer.critic_warmup=1", "critic.ppo_mini_batch_size=2",
+                  "critic.ppo_micro_batch_size_per_gpu=2")
+    assert [(step, set(versions)) for step, _, _, versions in trainer.sample_log] == [(0, {0}), (1, {1}), (2, {2})]
+    rows = read_metrics(tmp_path / "warmup")
+    assert "actor/pg_loss" not in rows[0] and "actor/pg_loss" in rows[1]  # the warm-up step left the actor as is
+    # a step's weight_sync figures are those of the load queued a step before (async): step 0 queued a relabelling
+    # and no load, so step 1 reports none; step 1's load is reported at step 2
+    assert ["weight_sync/seconds" in row for row in rows] == [False, False, True]

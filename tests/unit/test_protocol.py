@@ -467,13 +467,13 @@ def test_a_batch_survives_a_weights_only_checkpoint(tmp_path):
     from hybridrl.protocol.state import batch_from_state, batch_state
     from hybridrl.modeling.safe_load import load_tensors
 
-    batch = Batch({"x": torch.randn(3, 2), Fields.WEIGHT_VERSION: torch.tensor([4, 4, 5])},
+    batch = Batch({"x": torch.randn(3, 2), Fields.POLICY_VERSION: torch.tensor([4, 4, 5])},
                   {Fields.UID: ["a", "b", "c"],
                    "extra_info": [{"index": np.int64(i), "tags": np.array(["p", "q"])} for i in range(3)]},
                   {"temperature": np.float32(0.5)})
     torch.save(batch_state(batch), tmp_path / "state.pt")
     restored = batch_from_state(load_tensors(tmp_path / "state.pt"))
-    assert torch.equal(restored["x"], batch["x"]) and torch.equal(restored.weight_version, batch.weight_version)
+    assert torch.equal(restored["x"], batch["x"]) and torch.equal(restored.policy_version, batch.policy_version)
     assert list(restored[Fields.UID]) == ["a", "b", "c"]
     assert list(restored["extra_info"]) == [{"index": i, "tags": ["p", "q"]} for i in range(3)]
     assert restored.meta == {"temperature": 0.5}

@@ -128,7 +128,7 @@ def test_trajectory_masks_observations_and_truncates_to_the_budget():
     trajectory.add_observation([7, 8, 9])
     trajectory.add_model_turn([10], [-1.0], [4])
     assert trajectory.response_mask == [1, 1, 0, 0, 0, 1] and trajectory.log_probs[2:5] == [0.0] * 3
-    assert trajectory.weight_versions == [3, 3, -1, -1, -1, 4] and trajectory.counters["observation_tokens"] == 3
+    assert trajectory.policy_versions == [3, 3, -1, -1, -1, 4] and trajectory.counters["observation_tokens"] == 3
     assert trajectory.ids == [1, 2, 5, 6, 7, 8, 9, 10] and trajectory.turns == 2
     trajectory.truncate(4)
     assert trajectory.response_ids == [5, 6, 7, 8] and trajectory.end == "budget"

@@ -9,6 +9,7 @@ import torch
 from hybridrl.config.schema import AlgorithmConfig
 from hybridrl.trainers.rl_steps import apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages
 from hybridrl.protocol import Batch, Fields
+from hybridrl.trainers.async_rollout import with_current_field_names
 
 
 def rollout_batch(rows=8, width=5, seed=0) -> Batch:
@@ -73,3 +74,12 @@ def test_batch_metrics_report_scores_lengths_and_rollout_gap():
     assert metrics["critic/score/mean"] == pytest.approx(float(batch[Fields.TOKEN_LEVEL_SCORES].sum(-1).mean()))
     assert metrics["response_length/mean"] == pytest.approx(float(np.mean([1 + r % 5 for r in range(8)])))
     assert metrics["rollout/log_prob_diff_max"] == pytest.approx(0.25, abs=1e-6)
+
+
+def test_rows_saved_under_the_old_version_names_are_read_back_under_policy_version():
+    """An async checkpoint written before the one ``policy_version`` holds its rows' versions as ``weight_version``
+    and ``token_weight_versions``; resuming moves them to the current names, values unchanged."""
+    rows = with_current_field_names(Batch({"weight_version": torch.tensor([2, 3]),
+                                           "token_weight_versions": torch.tensor([[2, 3], [3, -1]])}))
+    assert set(rows.keys()) == {Fields.POLICY_VERSION, Fields.TOKEN_POLICY_VERSIONS}
+    assert rows.policy_version.tolist() == [2, 3] and rows.token_policy_versions.tolist() == [[2, 3], [3, -1]]
