@@ -12,8 +12,6 @@ from hybridrl.config.schema import TrainConfig
 _SYNC_ONLY = (
     ("algorithm.filter_groups.enable", lambda c: c.algorithm.filter_groups.enable,
      "dynamic sampling draws extra batches after scoring; in async modes batches are drawn ahead"),
-    ("algorithm.adv_estimator", lambda c: c.algorithm.adv_estimator == "remax",
-     "ReMax's greedy baseline must come from the weights being trained, which async generation does not hold"),
     ("data.replay.enable", lambda c: c.data.replay.enable,
      "prompt replay mixes prompts by the rewards of the step before, which async generation has not seen yet"),
 )
@@ -53,6 +51,9 @@ def _check_partial_rollout(config: TrainConfig, error: ConfigError) -> None:
                              "on the engine step at which new weights land)")
     if config.rollout.multi_turn.enable:
         error.add(key, True, "is not built for multi-turn episodes (rollout.multi_turn.enable)")
+    if config.algorithm.adv_estimator == "remax":
+        error.add(key, True, "not with algorithm.adv_estimator=remax: the greedy baseline, generated behind its batch, "
+                             "could take newer weights mid-generation than the rows it is the baseline of")
 
 
 def check_off_policy_correction(config: TrainConfig, error: ConfigError) -> None:

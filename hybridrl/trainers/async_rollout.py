@@ -21,6 +21,8 @@ updates in); a row generated with them has ``policy_version = v``. A row trained
   position. Nothing is regenerated, so nothing depends on weights the checkpoint no longer has.
 - **lost replicas**: a chunk whose replica died is resubmitted to a live one (``PendingGeneration``) and generated
   once, with the weights that replica then holds (never older than planned): no sample is lost or counted twice.
+- **ReMax**: each prompt's greedy response, the baseline, is submitted right behind its batch, so it comes from the
+  weights that sampled the batch — as in a synchronous step, where it is generated before the update.
 """
 
 from __future__ import annotations
@@ -47,19 +49,27 @@ class StalenessBoundError(RuntimeError):
 
 @dataclass
 class QueuedBatch:
-    """The batch of training step ``step``: its sampling parameters, and the generation (or its rows)."""
+    """The batch of training step ``step``: its sampling parameters, and the generation (or its rows); with ReMax
+    also its prompts' greedy responses (``greedy``)."""
 
     step: int
     params: SamplingParams
     prompt_uids: list[str]
     pending: Optional[PendingGeneration] = None
     rows: Optional[Batch] = None
+    greedy: Optional[PendingGeneration | Batch] = None
 
     def result(self) -> Batch:
         if self.rows is None:
             assert self.pending is not None
             self.rows, self.pending = self.pending.result(), None
         return self.rows
+
+    def greedy_result(self) -> Optional[Batch]:
+        """The greedy responses (one row per prompt), or ``None`` when none were asked for."""
+        if isinstance(self.greedy, PendingGeneration):
+            self.greedy = self.greedy.result()
+        return self.greedy
 
 
 class RolloutQueue:
@@ -70,13 +80,15 @@ class RolloutQueue:
         bound: η, the largest staleness a row may be trained at.
         draw_prompts: the next batch of prompts from the train loader (called once per step, in step order).
         params_for: the sampling parameters of a step's batch (its seed comes from the step).
-        sample_log: where each take appends ``(step, prompt uids drawn, row uids, row weight versions)`` (bounded;
+        sample_log: where each take appends ``(step, prompt uids drawn, row uids, row policy versions)`` (bounded;
             for debugging and the contract tests: every drawn prompt trained once, with its ``rollout.n`` rows).
+        greedy_params: (ReMax) also generate each batch's prompts with these, right behind the batch.
     """
 
     def __init__(self, generation: Generation, bound: int, draw_prompts: Callable[[], Batch],
-                 params_for: Callable[[int], SamplingParams], sample_log: Optional[deque] = None) -> None:
-        self.generation, self.bound = generation, bound
+                 params_for: Callable[[int], SamplingParams], sample_log: Optional[deque] = None,
+                 greedy_params: Optional[SamplingParams] = None) -> None:
+        self.generation, self.bound, self.greedy_params = generation, bound, greedy_params
         self.sample_log = sample_log if sample_log is not None else deque(maxlen=SAMPLE_LOG_STEPS)
         self.draw_prompts, self.params_for = draw_prompts, params_for
         self.queued: dict[int, QueuedBatch] = {}
@@ -90,8 +102,11 @@ class RolloutQueue:
             self.next_step = step
         while self.next_step <= step + self.bound:
             prompts, params = self.draw_prompts(), self.params_for(self.next_step)
-            self.queued[self.next_step] = QueuedBatch(self.next_step, params, list(prompts[Fields.UID]),
-                                                      self.generation.submit(prompts, params))
+            entry = QueuedBatch(self.next_step, params, list(prompts[Fields.UID]),
+                                self.generation.submit(prompts, params))
+            if self.greedy_params is not None:  # queued behind the batch: the same weights generate it
+                entry.greedy = self.generation.submit(prompts, self.greedy_params)
+            self.queued[self.next_step] = entry
             self.next_step += 1
 
     def take(self, step: int) -> tuple[QueuedBatch, dict[str, float]]:
@@ -104,6 +119,11 @@ class RolloutQueue:
         rows = entry.result()
         waited = time.perf_counter() - started
         versions = rows[Fields.POLICY_VERSION]
+        greedy = entry.greedy_result()
+        if greedy is not None and set(greedy[Fields.POLICY_VERSION].tolist()) != set(versions.tolist()):
+            raise StalenessBoundError(f"step {step}: the ReMax baseline was generated with the weights of versions "
+                                      f"{sorted(set(greedy[Fields.POLICY_VERSION].tolist()))}, its rows with "
+                                      f"{sorted(set(versions.tolist()))}")
         self.sample_log.append((step, entry.prompt_uids, list(rows[Fields.UID]), versions.tolist()))
         staleness = step - versions
         if int(staleness.max()) > self.bound or int(staleness.min()) < 0:
@@ -116,16 +136,17 @@ class RolloutQueue:
     def state_dict(self) -> dict:
         """The batches queued for later steps, each waited for and saved with its rows (a checkpoint's part)."""
         return {"next_step": self.next_step,
-                "batches": [{"step": entry.step, "prompt_uids": entry.prompt_uids, "rows": batch_state(entry.result())}
+                "batches": [{"step": entry.step, "prompt_uids": entry.prompt_uids, "rows": batch_state(entry.result()),
+                             **({"greedy": batch_state(entry.greedy_result())} if entry.greedy is not None else {})}
                             for entry in self.queued.values()]}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`'s batches: taken later exactly as saved (never regenerated)."""
         self.next_step = state["next_step"]
-        self.queued = {int(saved["step"]): QueuedBatch(int(saved["step"]), self.params_for(int(saved["step"])),
-                                                       list(saved["prompt_uids"]),
-                                                       rows=with_current_field_names(batch_from_state(saved["rows"])))
-                       for saved in state["batches"]}
+        self.queued = {int(saved["step"]): QueuedBatch(
+            int(saved["step"]), self.params_for(int(saved["step"])), list(saved["prompt_uids"]),
+            rows=with_current_field_names(batch_from_state(saved["rows"])),
+            greedy=batch_from_state(saved["greedy"]) if "greedy" in saved else None) for saved in state["batches"]}
 
 
 LEGACY_FIELD_NAMES = {"weight_version": Fields.POLICY_VERSION, "token_weight_versions": Fields.TOKEN_POLICY_VERSIONS}

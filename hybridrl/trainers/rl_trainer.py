@@ -197,22 +197,28 @@ class RLTrainer:
             entry, queue_metrics = self.queue.take(self.global_step)
         with timer.phase("reward"):
             batch, reward_metrics = self._score(entry.result())
-        metrics = self._train_on(batch, entry.params, timer, {**queue_metrics, **reward_metrics})
+        metrics = self._train_on(batch, entry.params, timer, {**queue_metrics, **reward_metrics},
+                                 greedy=entry.greedy_result())
         metrics["async/trainer_idle_fraction"] = metrics["timing/generate"] / max(timer.total(), 1e-9)
         metrics.update(self._generator_idle())
         return metrics
 
-    def _train_on(self, batch: Batch, params: SamplingParams, timer: PhaseTimer,
-                  extra: dict[str, float]) -> dict[str, float]:
-        """Log-probs, advantages and the updates on a generated, scored batch; the step's metrics."""
+    def _train_on(self, batch: Batch, params: SamplingParams, timer: PhaseTimer, extra: dict[str, float],
+                  greedy: Optional[Batch] = None) -> dict[str, float]:
+        """Log-probs, advantages and the updates on a generated, scored batch; the step's metrics. ``greedy``
+        (ReMax): each prompt's greedy response, generated with the weights that sampled ``batch`` — by the queue
+        beside the batch (async), else here, before anything reorders the rows."""
         config, actor = self.config, self._actor()
         temperature = params.effective_temperature  # log-probs are of the distribution the rollout sampled from
+        if config.algorithm.adv_estimator == "remax" and greedy is None:
+            with timer.phase("generate"):
+                greedy = self._generation().generate(prompt_rows(batch)[0], self._remax_params())
         # Balance tokens across DP ranks before any forward (only reorders rows; groups are found by uid).
         batch = balance_batch(batch, world_size(config)) if config.trainer.balance_batch else batch
         with timer.phase("log_probs_and_values"):
             batch = self._old_log_probs_ref_and_values(batch, temperature)
         with timer.phase("advantages"):
-            baselines = self._remax_baselines(batch) if config.algorithm.adv_estimator == "remax" else None
+            baselines = self._remax_baselines(batch, greedy) if greedy is not None else None
             metrics = self._rewards_and_advantages(batch, baselines)
             self.faults.corrupt_advantages(self.global_step + 1, batch)
             actor_batch, correction_metrics = off_policy_corrected(batch, config.algorithm.off_policy_correction,
@@ -292,14 +298,17 @@ class RLTrainer:
             batch, _ = self._generate_and_score(next(iter(self.loaders.train)),
                                                 params.with_seed(derive_seed(params.seed, "refill", attempts)), timer)
 
-    def _remax_baselines(self, batch: Batch) -> torch.Tensor:
-        """ReMax: the score of each prompt's greedy response, for every row of that prompt ``[B]``."""
-        prompts, group_of_row = prompt_rows(batch)
-        params = SamplingParams(n=1, max_new_tokens=self.config.data.max_response_length, do_sample=False)
-        greedy = self._generation().generate(prompts, params)
+    def _remax_params(self) -> SamplingParams:
+        """ReMax's baseline generation: one greedy response per prompt."""
+        return SamplingParams(n=1, max_new_tokens=self.config.data.max_response_length, do_sample=False)
+
+    def _remax_baselines(self, batch: Batch, greedy: Batch) -> torch.Tensor:
+        """ReMax: the score of each prompt's greedy response (``greedy``, one row per prompt), for every row of that
+        prompt ``[B]`` (matched by uid, so the rows may have been reordered since)."""
         greedy[Fields.TOKEN_LEVEL_SCORES], _ = self.scoring.token_level_scores(greedy)
         shape_rewards(greedy, self.config)  # the baseline must be on the same scale as the rewards it is compared to
-        return greedy[Fields.TOKEN_LEVEL_SCORES].sum(-1)[torch.as_tensor(group_of_row)]
+        score_of = dict(zip(greedy[Fields.UID].tolist(), greedy[Fields.TOKEN_LEVEL_SCORES].sum(-1)))
+        return torch.stack([score_of[uid] for uid in batch[Fields.UID].tolist()])
 
     def _old_log_probs_ref_and_values(self, batch: Batch, temperature: float) -> Batch:
         """Start the old-log-prob, reference and value forwards together, then merge their outputs. The old-log-prob
@@ -342,7 +351,9 @@ class RLTrainer:
         if config.async_training.mode != "sync":
             self._last_generator_check = None  # a restart: idle shares count from the new workers' first step
             self.queue = RolloutQueue(self.generation, config.async_training.staleness_bound,
-                                      lambda: next(iter(self.loaders.train)), self._training_params, self.sample_log)
+                                      lambda: next(iter(self.loaders.train)), self._training_params, self.sample_log,
+                                      greedy_params=self._remax_params()
+                                      if config.algorithm.adv_estimator == "remax" else None)
         if critic_enabled(config):
             self.critic = WorkerGroup(CriticWorker, pools.pool_for("critic"), name="critic", bundle_share=share,
                                       args=(config, self.total_steps))

@@ -150,3 +150,16 @@ def test_a_step_without_an_actor_update_relabels_the_pool_weights(model_dir, tmp
     # a step's weight_sync figures are those of the load queued a step before (async): step 0 queued a relabelling
     # and no load, so step 1 reports none; step 1's load is reported at step 2
     assert ["weight_sync/seconds" in row for row in rows] == [False, False, True]
+
+
+def test_remax_in_async_takes_its_baseline_from_the_weights_that_sampled(model_dir, tmp_path):
+    """ReMax in the async pipeline: each batch's greedy baseline is queued right behind it, so it is generated with
+    the same weights (``RolloutQueue.take`` refuses a batch whose baseline's version differs); with η = 0 the run
+    is the synchronous ReMax run bit for bit, and one_step_off keeps the staleness bound."""
+    run(model_dir, tmp_path / "sync", 3, "algorithm=remax")
+    run(model_dir, tmp_path / "bounded0", 3, "algorithm=remax", "async_training.mode=bounded",
+        "async_training.max_staleness=0")
+    assert_same_runs(tmp_path / "sync", tmp_path / "bounded0", 3)
+    trainer = run(model_dir, tmp_path / "one_step_off", 3, "algorithm=remax", "async_training.mode=one_step_off")
+    assert [set(versions) for _, _, _, versions in trainer.sample_log] == [{0}, {0}, {1}]
+    trained_each_prompt_once(trainer.sample_log)
