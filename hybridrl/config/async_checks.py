@@ -12,8 +12,6 @@ from hybridrl.config.schema import TrainConfig
 _SYNC_ONLY = (
     ("algorithm.filter_groups.enable", lambda c: c.algorithm.filter_groups.enable,
      "dynamic sampling draws extra batches after scoring; in async modes batches are drawn ahead"),
-    ("data.replay.enable", lambda c: c.data.replay.enable,
-     "prompt replay mixes prompts by the rewards of the step before, which async generation has not seen yet"),
 )
 
 

@@ -23,13 +23,15 @@ updates in); a row generated with them has ``policy_version = v``. A row trained
   once, with the weights that replica then holds (never older than planned): no sample is lost or counted twice.
 - **ReMax**: each prompt's greedy response, the baseline, is submitted right behind its batch, so it comes from the
   weights that sampled the batch — as in a synchronous step, where it is generated before the update.
+- **prompt replay**: a batch's prompts are drawn, and mixed with replayed ones, when it is submitted — by the buffer
+  as the steps trained so far left it (with η = 0 exactly the synchronous step's draw).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -56,6 +58,7 @@ class QueuedBatch:
     params: SamplingParams
     prompt_uids: list[str]
     pending: Optional[PendingGeneration] = None
+    draw_metrics: dict[str, float] = field(default_factory=dict)  # the prompt draw's (replay/share …)
     rows: Optional[Batch] = None
     greedy: Optional[PendingGeneration | Batch] = None
 
@@ -78,14 +81,15 @@ class RolloutQueue:
     Args:
         generation: the standalone pool (``Generation`` with replicas).
         bound: η, the largest staleness a row may be trained at.
-        draw_prompts: the next batch of prompts from the train loader (called once per step, in step order).
+        draw_prompts: ``step`` → the step's prompts (the train loader's next batch, replayed prompts mixed in) and
+            the draw's metrics; called once per step, in step order.
         params_for: the sampling parameters of a step's batch (its seed comes from the step).
         sample_log: where each take appends ``(step, prompt uids drawn, row uids, row policy versions)`` (bounded;
             for debugging and the contract tests: every drawn prompt trained once, with its ``rollout.n`` rows).
         greedy_params: (ReMax) also generate each batch's prompts with these, right behind the batch.
     """
 
-    def __init__(self, generation: Generation, bound: int, draw_prompts: Callable[[], Batch],
+    def __init__(self, generation: Generation, bound: int, draw_prompts: Callable[[int], tuple[Batch, dict]],
                  params_for: Callable[[int], SamplingParams], sample_log: Optional[deque] = None,
                  greedy_params: Optional[SamplingParams] = None) -> None:
         self.generation, self.bound, self.greedy_params = generation, bound, greedy_params
@@ -101,9 +105,9 @@ class RolloutQueue:
         if self.next_step is None:
             self.next_step = step
         while self.next_step <= step + self.bound:
-            prompts, params = self.draw_prompts(), self.params_for(self.next_step)
+            (prompts, draw_metrics), params = self.draw_prompts(self.next_step), self.params_for(self.next_step)
             entry = QueuedBatch(self.next_step, params, list(prompts[Fields.UID]),
-                                self.generation.submit(prompts, params))
+                                self.generation.submit(prompts, params), draw_metrics=draw_metrics)
             if self.greedy_params is not None:  # queued behind the batch: the same weights generate it
                 entry.greedy = self.generation.submit(prompts, self.greedy_params)
             self.queued[self.next_step] = entry
@@ -137,6 +141,7 @@ class RolloutQueue:
         """The batches queued for later steps, each waited for and saved with its rows (a checkpoint's part)."""
         return {"next_step": self.next_step,
                 "batches": [{"step": entry.step, "prompt_uids": entry.prompt_uids, "rows": batch_state(entry.result()),
+                             "draw_metrics": entry.draw_metrics,
                              **({"greedy": batch_state(entry.greedy_result())} if entry.greedy is not None else {})}
                             for entry in self.queued.values()]}
 
@@ -146,7 +151,8 @@ class RolloutQueue:
         self.queued = {int(saved["step"]): QueuedBatch(
             int(saved["step"]), self.params_for(int(saved["step"])), list(saved["prompt_uids"]),
             rows=with_current_field_names(batch_from_state(saved["rows"])),
-            greedy=batch_from_state(saved["greedy"]) if "greedy" in saved else None) for saved in state["batches"]}
+            greedy=batch_from_state(saved["greedy"]) if "greedy" in saved else None,
+            draw_metrics=dict(saved.get("draw_metrics", {}))) for saved in state["batches"]}
 
 
 LEGACY_FIELD_NAMES = {"weight_version": Fields.POLICY_VERSION, "token_weight_versions": Fields.TOKEN_POLICY_VERSIONS}

@@ -180,9 +180,7 @@ class RLTrainer:
         """One PPO/GRPO step on a batch of prompts; returns the step's metrics."""
         timer = PhaseTimer()
         self._pop_worker_seconds()  # calls made since the last step (validation, a resume) are not this step's
-        replay_metrics: dict[str, float] = {}
-        if self.replay is not None:  # a share of the prompts comes back from earlier steps
-            prompts, replay_metrics = self.replay.mix(prompts, self.global_step)
+        prompts, replay_metrics = self._with_replay(prompts, self.global_step)
         params = self._training_params(self.global_step)
         batch, reward_metrics = self._rollout(prompts, params, timer)
         return self._train_on(batch, params, timer, {**reward_metrics, **replay_metrics})
@@ -197,7 +195,7 @@ class RLTrainer:
             entry, queue_metrics = self.queue.take(self.global_step)
         with timer.phase("reward"):
             batch, reward_metrics = self._score(entry.result())
-        metrics = self._train_on(batch, entry.params, timer, {**queue_metrics, **reward_metrics},
+        metrics = self._train_on(batch, entry.params, timer, {**queue_metrics, **entry.draw_metrics, **reward_metrics},
                                  greedy=entry.greedy_result())
         metrics["async/trainer_idle_fraction"] = metrics["timing/generate"] / max(timer.total(), 1e-9)
         metrics.update(self._generator_idle())
@@ -298,6 +296,15 @@ class RLTrainer:
             batch, _ = self._generate_and_score(next(iter(self.loaders.train)),
                                                 params.with_seed(derive_seed(params.seed, "refill", attempts)), timer)
 
+    def _with_replay(self, prompts: Batch, step: int) -> tuple[Batch, dict[str, float]]:
+        """``prompts`` with a share replaced by prompts replayed from earlier steps (``data.replay``), and the draw's
+        metrics; ``prompts`` as they are without replay."""
+        return self.replay.mix(prompts, step) if self.replay is not None else (prompts, {})
+
+    def _draw_prompts(self, step: int) -> tuple[Batch, dict[str, float]]:
+        """Step ``step``'s prompts (the loader's next batch, replayed prompts mixed in) for the async queue."""
+        return self._with_replay(next(iter(self.loaders.train)), step)
+
     def _remax_params(self) -> SamplingParams:
         """ReMax's baseline generation: one greedy response per prompt."""
         return SamplingParams(n=1, max_new_tokens=self.config.data.max_response_length, do_sample=False)
@@ -351,7 +358,7 @@ class RLTrainer:
         if config.async_training.mode != "sync":
             self._last_generator_check = None  # a restart: idle shares count from the new workers' first step
             self.queue = RolloutQueue(self.generation, config.async_training.staleness_bound,
-                                      lambda: next(iter(self.loaders.train)), self._training_params, self.sample_log,
+                                      self._draw_prompts, self._training_params, self.sample_log,
                                       greedy_params=self._remax_params()
                                       if config.algorithm.adv_estimator == "remax" else None)
         if critic_enabled(config):

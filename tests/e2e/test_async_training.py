@@ -163,3 +163,20 @@ def test_remax_in_async_takes_its_baseline_from_the_weights_that_sampled(model_d
     trainer = run(model_dir, tmp_path / "one_step_off", 3, "algorithm=remax", "async_training.mode=one_step_off")
     assert [set(versions) for _, _, _, versions in trainer.sample_log] == [{0}, {0}, {1}]
     trained_each_prompt_once(trainer.sample_log)
+
+
+def test_prompt_replay_in_async_draws_when_a_batch_is_submitted(model_dir, tmp_path):
+    """Prompt replay in the async pipeline: a batch's prompts are mixed with replayed ones when it is submitted, by
+    the buffer the trained steps left; η = 0 is the synchronous replay run bit for bit (same draws, same uids), and
+    one_step_off trains replayed prompts within the bound."""
+    replay = ("data.replay.enable=true", "data.replay.fraction=0.5", "data.replay.capacity=6")
+    run(model_dir, tmp_path / "sync", 3, *replay)
+    trainer = run(model_dir, tmp_path / "bounded0", 3, *replay, "async_training.mode=bounded",
+                  "async_training.max_staleness=0")
+    assert_same_runs(tmp_path / "sync", tmp_path / "bounded0", 3)
+    assert [row["replay/share"] for row in read_metrics(tmp_path / "sync")] == \
+        [row["replay/share"] for row in read_metrics(tmp_path / "bounded0")]
+    assert any(uid.startswith("replay-") for _, uids, _, _ in trainer.sample_log for uid in uids)
+    one_step_off = run(model_dir, tmp_path / "one_step_off", 3, *replay, "async_training.mode=one_step_off")
+    assert all(row["async/staleness_max"] <= 1 for row in read_metrics(tmp_path / "one_step_off"))
+    assert any(uid.startswith("replay-") for _, uids, _, _ in one_step_off.sample_log for uid in uids)
