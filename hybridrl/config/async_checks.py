@@ -4,20 +4,14 @@ from __future__ import annotations
 
 from hybridrl.config.async_schema import ASYNC_MODES, CORRECTION_KINDS, CORRECTION_LEVELS
 from hybridrl.config.checks import _choice, _require
-from hybridrl.config.components import value_at
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.schema import TrainConfig
 
-# What the async loop cannot do yet, with the reason a user is told.
-_SYNC_ONLY = (
-    ("algorithm.filter_groups.enable", lambda c: c.algorithm.filter_groups.enable,
-     "dynamic sampling draws extra batches after scoring; in async modes batches are drawn ahead"),
-)
 
 
 def check_async_training(config: TrainConfig, error: ConfigError) -> None:
-    """``async_training.*``: a known mode, a staleness bound >= 0, the standalone pool it needs, and the features
-    the async loop does not combine with (named, with the reason)."""
+    """``async_training.*``: a known mode, a staleness bound >= 0, the standalone pool it needs, and what partial
+    rollout does not combine with (named, with the reason)."""
     settings = config.async_training
     _choice(error, "async_training.mode", settings.mode, ASYNC_MODES)
     _require(error, "async_training.max_staleness", settings.max_staleness, settings.max_staleness >= 0,
@@ -33,9 +27,6 @@ def check_async_training(config: TrainConfig, error: ConfigError) -> None:
         error.add("async_training.mode", settings.mode,
                   "overlaps generation with training on the standalone rollout pool: set rollout.n_gpus > 0 "
                   "(colocated engines share the trainer's devices and cannot generate while it trains)")
-    for key, enabled, reason in _SYNC_ONLY:
-        if enabled(config):
-            error.add(key, value_at(config, key), f"not with async_training.mode={settings.mode}: {reason}")
 
 
 def _check_partial_rollout(config: TrainConfig, error: ConfigError) -> None:

@@ -195,6 +195,7 @@ class RLTrainer:
             entry, queue_metrics = self.queue.take(self.global_step)
         with timer.phase("reward"):
             batch, reward_metrics = self._score(entry.result())
+        batch, reward_metrics = self._filter_groups(batch, reward_metrics, entry.params, timer)
         metrics = self._train_on(batch, entry.params, timer, {**queue_metrics, **entry.draw_metrics, **reward_metrics},
                                  greedy=entry.greedy_result())
         metrics["async/trainer_idle_fraction"] = metrics["timing/generate"] / max(timer.total(), 1e-9)
@@ -204,19 +205,21 @@ class RLTrainer:
     def _train_on(self, batch: Batch, params: SamplingParams, timer: PhaseTimer, extra: dict[str, float],
                   greedy: Optional[Batch] = None) -> dict[str, float]:
         """Log-probs, advantages and the updates on a generated, scored batch; the step's metrics. ``greedy``
-        (ReMax): each prompt's greedy response, generated with the weights that sampled ``batch`` — by the queue
-        beside the batch (async), else here, before anything reorders the rows."""
+        (ReMax): prompts' greedy responses, generated with the weights that sampled their rows — by the queue beside
+        the batch (async); those of the other prompts (all in sync; refills of dynamic sampling) are generated here
+        with the current weights, which generated those rows, before anything reorders the rows."""
         config, actor = self.config, self._actor()
         temperature = params.effective_temperature  # log-probs are of the distribution the rollout sampled from
-        if config.algorithm.adv_estimator == "remax" and greedy is None:
+        greedy_batches = []
+        if config.algorithm.adv_estimator == "remax":
             with timer.phase("generate"):
-                greedy = self._generation().generate(prompt_rows(batch)[0], self._remax_params())
+                greedy_batches = self._greedy_responses(batch, greedy)
         # Balance tokens across DP ranks before any forward (only reorders rows; groups are found by uid).
         batch = balance_batch(batch, world_size(config)) if config.trainer.balance_batch else batch
         with timer.phase("log_probs_and_values"):
             batch = self._old_log_probs_ref_and_values(batch, temperature)
         with timer.phase("advantages"):
-            baselines = self._remax_baselines(batch, greedy) if greedy is not None else None
+            baselines = self._remax_baselines(batch, greedy_batches) if greedy_batches else None
             metrics = self._rewards_and_advantages(batch, baselines)
             self.faults.corrupt_advantages(self.global_step + 1, batch)
             actor_batch, correction_metrics = off_policy_corrected(batch, config.algorithm.off_policy_correction,
@@ -277,8 +280,15 @@ class RLTrainer:
         """Generate and score; with dynamic sampling, keep informative groups and generate more batches (of
         ``data.gen_batch_size`` prompts, the loader's batch) until ``data.train_batch_size`` groups are collected
         (``algorithm.filter_groups``)."""
-        config, filtering = self.config, self.config.algorithm.filter_groups
         batch, metrics = self._generate_and_score(prompts, params, timer)
+        return self._filter_groups(batch, metrics, params, timer)
+
+    def _filter_groups(self, batch: Batch, metrics: dict[str, float], params: SamplingParams,
+                       timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
+        """Dynamic sampling (``algorithm.filter_groups``) on a scored batch: keep its informative groups and
+        generate more batches with the current weights (``data.gen_batch_size`` prompts from the loader, seeds
+        derived from ``params``) until ``data.train_batch_size`` groups are collected; ``batch`` as it is without."""
+        config, filtering = self.config, self.config.algorithm.filter_groups
         if not filtering.enable:
             return batch, metrics
         kept, attempts = [], 1
@@ -309,12 +319,24 @@ class RLTrainer:
         """ReMax's baseline generation: one greedy response per prompt."""
         return SamplingParams(n=1, max_new_tokens=self.config.data.max_response_length, do_sample=False)
 
-    def _remax_baselines(self, batch: Batch, greedy: Batch) -> torch.Tensor:
-        """ReMax: the score of each prompt's greedy response (``greedy``, one row per prompt), for every row of that
-        prompt ``[B]`` (matched by uid, so the rows may have been reordered since)."""
-        greedy[Fields.TOKEN_LEVEL_SCORES], _ = self.scoring.token_level_scores(greedy)
-        shape_rewards(greedy, self.config)  # the baseline must be on the same scale as the rewards it is compared to
-        score_of = dict(zip(greedy[Fields.UID].tolist(), greedy[Fields.TOKEN_LEVEL_SCORES].sum(-1)))
+    def _greedy_responses(self, batch: Batch, greedy: Optional[Batch]) -> list[Batch]:
+        """ReMax: ``greedy`` (generated beside the batch) and, for the prompts of ``batch`` it lacks, their greedy
+        responses generated now — one row per prompt in all."""
+        prompts, _ = prompt_rows(batch)
+        have = set(greedy[Fields.UID].tolist()) if greedy is not None else set()
+        missing = [index for index, uid in enumerate(prompts[Fields.UID].tolist()) if uid not in have]
+        fresh = [self._generation().generate(prompts.index(torch.tensor(missing, dtype=torch.long)),
+                                             self._remax_params())] if missing else []
+        return ([greedy] if greedy is not None else []) + fresh
+
+    def _remax_baselines(self, batch: Batch, greedy_batches: list[Batch]) -> torch.Tensor:
+        """ReMax: the score of each prompt's greedy response (``greedy_batches``, one row per prompt), for every row
+        of that prompt ``[B]`` (matched by uid, so the rows may have been reordered since)."""
+        score_of = {}
+        for greedy in greedy_batches:
+            greedy[Fields.TOKEN_LEVEL_SCORES], _ = self.scoring.token_level_scores(greedy)
+            shape_rewards(greedy, self.config)  # the baseline must be on the rewards' scale
+            score_of.update(zip(greedy[Fields.UID].tolist(), greedy[Fields.TOKEN_LEVEL_SCORES].sum(-1)))
         return torch.stack([score_of[uid] for uid in batch[Fields.UID].tolist()])
 
     def _old_log_probs_ref_and_values(self, batch: Batch, temperature: float) -> Batch:

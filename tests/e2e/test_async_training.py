@@ -180,3 +180,25 @@ def test_prompt_replay_in_async_draws_when_a_batch_is_submitted(model_dir, tmp_p
     one_step_off = run(model_dir, tmp_path / "one_step_off", 3, *replay, "async_training.mode=one_step_off")
     assert all(row["async/staleness_max"] <= 1 for row in read_metrics(tmp_path / "one_step_off"))
     assert any(uid.startswith("replay-") for _, uids, _, _ in one_step_off.sample_log for uid in uids)
+
+
+def test_dynamic_sampling_in_async_refills_with_the_current_weights(model_dir, tmp_path):
+    """Dynamic sampling in the async pipeline: a step keeps its queued batch's informative groups and generates more
+    batches with the current weights until it has ``data.train_batch_size`` groups; η = 0 is the synchronous run bit
+    for bit, and one_step_off keeps the bound (refilled rows have staleness 0)."""
+    dapo = ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=20",
+            "algorithm.filter_groups.metric=seq_reward", "data.gen_batch_size=8",
+            "algorithm.overlong_buffer.enable=true", "algorithm.overlong_buffer.len=2")  # length spreads the rewards
+    run(model_dir, tmp_path / "sync", 3, *dapo)
+    run(model_dir, tmp_path / "bounded0", 3, *dapo, "async_training.mode=bounded", "async_training.max_staleness=0")
+    assert_same_runs(tmp_path / "sync", tmp_path / "bounded0", 3)
+    rows = read_metrics(tmp_path / "bounded0")
+    assert any(row["dapo/num_gen_batches"] > 1 for row in rows)  # refills ran (measured: 11, 12, 3 batches)
+    assert [row["dapo/num_gen_batches"] for row in rows] == \
+        [row["dapo/num_gen_batches"] for row in read_metrics(tmp_path / "sync")]
+    # four samples a prompt: after an update at lr 1e-2 the tiny model's lengths spread less (N = 2 found 3 of 4
+    # informative groups in 20 generation batches)
+    run(model_dir, tmp_path / "one_step_off", 3, *dapo, "rollout.n=4", "async_training.mode=one_step_off")
+    rows = read_metrics(tmp_path / "one_step_off")
+    assert all(row["async/staleness_max"] <= 1 for row in rows)
+    assert all(row["dapo/num_gen_batches"] >= 1 for row in rows)

@@ -70,8 +70,6 @@ BAD_CONFIGS = [
     (["async_training.mode=bounded"], "async_training.mode", "set rollout.n_gpus > 0"),
     (["async_training.mode=one_step_off", "async_training.max_staleness=2"], "async_training.max_staleness",
      "set async_training.mode=bounded"),
-    (["rollout.name=vllm", "rollout.n_gpus=1", "async_training.mode=one_step_off",
-      "algorithm.filter_groups.enable=true"], "algorithm.filter_groups.enable", "not with async_training.mode"),
     (["async_training.partial_rollout=true"], "async_training.partial_rollout", "max_staleness >= 1"),
     (["rollout.name=vllm", "rollout.n_gpus=1", "async_training.mode=one_step_off", "async_training.partial_rollout=true",
       "algorithm=remax"], "async_training.partial_rollout", "greedy baseline"),
