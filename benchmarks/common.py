@@ -179,8 +179,7 @@ def _wait_for_exit(processes: list[Any], timeout_s: float) -> None:
 
 def fit_with_step_clock(trainer: Any) -> list[float]:
     """Run ``trainer.fit()`` (a hybridrl ``RLTrainer``) and return each step's wall seconds: the interval between the
-    ends of consecutive training steps (``train_step``, or ``_train_step_async`` in ``async_training`` modes), the
-    first from the start of the first one. Includes the loop's own work between steps (tracking, validation if
+    ends of consecutive training steps (``train_step``, every mode), the first from the start of the first one. Includes the loop's own work between steps (tracking, validation if
     configured), as a user's clock would."""
     edges: list[float] = []
 
@@ -193,8 +192,7 @@ def fit_with_step_clock(trainer: Any) -> list[float]:
             return metrics
         return timed_step
 
-    # instance attributes over the real methods: a timestamp around each step, whichever the loop calls
-    trainer.train_step, trainer._train_step_async = clocked(trainer.train_step), clocked(trainer._train_step_async)
+    trainer.train_step = clocked(trainer.train_step)  # an instance attribute over the real method
     trainer.fit()
     return [end - start for start, end in zip(edges, edges[1:])]
 

@@ -90,13 +90,13 @@ def profile_one_step(workdir: Path, overrides: list[str], top: int = 18) -> str:
     train_step = trainer.train_step
     calls: list[int] = []
 
-    def profiled(prompts):
+    def profiled():
         calls.append(1)
         if len(calls) < 2:
-            return train_step(prompts)
+            return train_step()
         profiler.enable()
         try:
-            return train_step(prompts)
+            return train_step()
         finally:
             profiler.disable()
 

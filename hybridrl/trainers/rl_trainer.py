@@ -104,7 +104,7 @@ class RLTrainer:
         self.with_reference = config.actor.use_kl_loss or config.algorithm.use_kl_in_reward
         self.ptx = PtxBatches(config, self.tokenizer) if config.actor.ptx.coef > 0 else None
         self.replay = PromptReplay.from_config(config, self.loaders.train.pad_token_id)
-        self.queue: Optional[RolloutQueue] = None  # async_training: the batches generated ahead
+        self.queue: Optional[RolloutQueue] = None  # the batches generated for the next steps (η ahead; 0 in sync)
         self._last_generator_check: Optional[float] = None
         self.sample_log: deque = deque(maxlen=SAMPLE_LOG_STEPS)  # async: what each step trained (RolloutQueue)
         self.global_step = self.first_step = 0  # first_step: where this process's run started (after a resume)
@@ -162,8 +162,7 @@ class RLTrainer:
             result.first_validation = self.validate()
             tracker.log(result.first_validation, step=0)
         while self.global_step < self.total_steps:
-            metrics = self._train_step_async() if self.queue is not None else \
-                self.train_step(next(iter(self.loaders.train)))
+            metrics = self.train_step()
             self.global_step += 1
             if self._due(trainer.test_freq) or self.global_step == self.total_steps:
                 result.last_validation = self.validate() if self.loaders.val is not None else None
@@ -176,38 +175,34 @@ class RLTrainer:
                 self.save_checkpoint()
             self.health.raise_if_stopping()
 
-    def train_step(self, prompts: Batch) -> dict[str, float]:
-        """One PPO/GRPO step on a batch of prompts; returns the step's metrics."""
-        timer = PhaseTimer()
-        self._pop_worker_seconds()  # calls made since the last step (validation, a resume) are not this step's
-        prompts, replay_metrics = self._with_replay(prompts, self.global_step)
-        params = self._training_params(self.global_step)
-        batch, reward_metrics = self._rollout(prompts, params, timer)
-        return self._train_on(batch, params, timer, {**reward_metrics, **replay_metrics})
-
-    def _train_step_async(self) -> dict[str, float]:
-        """One step of ``async_training``: this step's batch from the queue (generated ahead, within the staleness
-        bound), scored and trained on exactly like a synchronous step."""
+    def train_step(self) -> dict[str, float]:
+        """One PPO/GRPO step; returns its metrics. One pipeline for every mode: the producer (:class:`RolloutQueue`)
+        draws, and generates the batches of steps up to η ahead (``async_training``; η = 0 in sync: this step's
+        batch, now, with the weights of the last update); the consumer scores this step's batch, filters its
+        groups (dynamic sampling), and trains on it."""
         assert self.queue is not None
         timer = PhaseTimer()
-        self._pop_worker_seconds()
+        self._pop_worker_seconds()  # calls made since the last step (validation, a resume) are not this step's
         with timer.phase("generate"):
             entry, queue_metrics = self.queue.take(self.global_step)
         with timer.phase("reward"):
             batch, reward_metrics = self._score(entry.result())
         batch, reward_metrics = self._filter_groups(batch, reward_metrics, entry.params, timer)
-        metrics = self._train_on(batch, entry.params, timer, {**queue_metrics, **entry.draw_metrics, **reward_metrics},
+        asynchronous = self.config.async_training.mode != "sync"
+        metrics = self._train_on(batch, entry.params, timer, {**(queue_metrics if asynchronous else {}),
+                                                              **entry.draw_metrics, **reward_metrics},
                                  greedy=entry.greedy_result())
-        metrics["async/trainer_idle_fraction"] = metrics["timing/generate"] / max(timer.total(), 1e-9)
-        metrics.update(self._generator_idle())
+        if asynchronous:
+            metrics["async/trainer_idle_fraction"] = metrics["timing/generate"] / max(timer.total(), 1e-9)
+            metrics.update(self._generator_idle())
         return metrics
 
     def _train_on(self, batch: Batch, params: SamplingParams, timer: PhaseTimer, extra: dict[str, float],
                   greedy: Optional[Batch] = None) -> dict[str, float]:
         """Log-probs, advantages and the updates on a generated, scored batch; the step's metrics. ``greedy``
-        (ReMax): prompts' greedy responses, generated with the weights that sampled their rows — by the queue beside
-        the batch (async); those of the other prompts (all in sync; refills of dynamic sampling) are generated here
-        with the current weights, which generated those rows, before anything reorders the rows."""
+        (ReMax): prompts' greedy responses, generated with the weights that sampled their rows by the queue, right
+        behind the batch; those of prompts it lacks (dynamic sampling's refills) are generated here with the current
+        weights, which generated those rows, before anything reorders the rows."""
         config, actor = self.config, self._actor()
         temperature = params.effective_temperature  # log-probs are of the distribution the rollout sampled from
         greedy_batches = []
@@ -250,7 +245,8 @@ class RLTrainer:
                                                                  step=self.global_step, temperature=temperature,
                                                                  ptx=ptx)[0]))
         with timer.phase("weight_sync"):  # async: queued behind the generation in flight (metrics one step late)
-            metrics.update(generation.sync_weights(self.global_step + 1, wait=self.queue is None))
+            metrics.update(generation.sync_weights(self.global_step + 1,
+                                                   wait=self.config.async_training.mode == "sync"))
         return metrics
 
     def validate(self) -> dict[str, float]:
@@ -275,13 +271,6 @@ class RLTrainer:
         if self.replay is not None:
             self.replay.observe(batch)
         return batch, metrics
-
-    def _rollout(self, prompts: Batch, params: SamplingParams, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
-        """Generate and score; with dynamic sampling, keep informative groups and generate more batches (of
-        ``data.gen_batch_size`` prompts, the loader's batch) until ``data.train_batch_size`` groups are collected
-        (``algorithm.filter_groups``)."""
-        batch, metrics = self._generate_and_score(prompts, params, timer)
-        return self._filter_groups(batch, metrics, params, timer)
 
     def _filter_groups(self, batch: Batch, metrics: dict[str, float], params: SamplingParams,
                        timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
@@ -312,7 +301,7 @@ class RLTrainer:
         return self.replay.mix(prompts, step) if self.replay is not None else (prompts, {})
 
     def _draw_prompts(self, step: int) -> tuple[Batch, dict[str, float]]:
-        """Step ``step``'s prompts (the loader's next batch, replayed prompts mixed in) for the async queue."""
+        """Step ``step``'s prompts (the loader's next batch, replayed prompts mixed in), drawn by the queue."""
         return self._with_replay(next(iter(self.loaders.train)), step)
 
     def _remax_params(self) -> SamplingParams:
@@ -377,12 +366,11 @@ class RLTrainer:
                                            with_reference=self.with_reference,
                                            partial_rollout=config.async_training.partial_rollout)
         self.actor, self.rollout_replicas = self.generation.actor, list(self.generation.replicas)
-        if config.async_training.mode != "sync":
-            self._last_generator_check = None  # a restart: idle shares count from the new workers' first step
-            self.queue = RolloutQueue(self.generation, config.async_training.staleness_bound,
-                                      self._draw_prompts, self._training_params, self.sample_log,
-                                      greedy_params=self._remax_params()
-                                      if config.algorithm.adv_estimator == "remax" else None)
+        self._last_generator_check = None  # a restart: idle shares count from the new workers' first step
+        self.queue = RolloutQueue(self.generation, config.async_training.staleness_bound, self._draw_prompts,
+                                  self._training_params, self.sample_log,
+                                  greedy_params=self._remax_params() if config.algorithm.adv_estimator == "remax"
+                                  else None)
         if critic_enabled(config):
             self.critic = WorkerGroup(CriticWorker, pools.pool_for("critic"), name="critic", bundle_share=share,
                                       args=(config, self.total_steps))

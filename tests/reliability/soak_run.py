@@ -31,8 +31,8 @@ class SoakTrainer(RLTrainer):
 
     samples: list[dict] = []
 
-    def train_step(self, prompts):
-        metrics = super().train_step(prompts)
+    def train_step(self):
+        metrics = super().train_step()
         gc.collect()
         pids = {"controller": psutil.Process().pid}
         pids.update({f"actor{rank}": location.pid for rank, location in enumerate(self._actor().locations)})
