@@ -37,7 +37,7 @@ from hybridrl.trainers.async_rollout import SAMPLE_LOG_STEPS, RolloutQueue
 from hybridrl.trainers.generation import Generation, start_generation
 from hybridrl.agents.batch import agent_metrics
 from hybridrl.trainers.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups, num_groups,
-                                          prompt_rows, shape_rewards)
+                                          prompts_without_greedy, remax_baselines, remax_params, shape_rewards)
 from hybridrl.data.loader import build_prompt_loaders
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rewards.custom import RewardFunctionSource
@@ -106,7 +106,7 @@ class RLTrainer:
         self.replay = PromptReplay.from_config(config, self.loaders.train.pad_token_id)
         self.queue: Optional[RolloutQueue] = None  # the batches generated for the next steps (η ahead; 0 in sync)
         self._last_generator_check: Optional[float] = None
-        self.sample_log: deque = deque(maxlen=SAMPLE_LOG_STEPS)  # async: what each step trained (RolloutQueue)
+        self.sample_log: deque = deque(maxlen=SAMPLE_LOG_STEPS)  # what each step trained (RolloutQueue)
         self.global_step = self.first_step = 0  # first_step: where this process's run started (after a resume)
         self.initial_state = self._controller_state()  # what a restart before the first checkpoint goes back to
         self.restart_point: Optional[Path] = None  # the checkpoint a restart resumes from (last loaded or committed)
@@ -214,7 +214,8 @@ class RLTrainer:
         with timer.phase("log_probs_and_values"):
             batch = self._old_log_probs_ref_and_values(batch, temperature)
         with timer.phase("advantages"):
-            baselines = self._remax_baselines(batch, greedy_batches) if greedy_batches else None
+            baselines = remax_baselines(batch, greedy_batches, config, self.scoring.token_level_scores) \
+                if greedy_batches else None
             metrics = self._rewards_and_advantages(batch, baselines)
             self.faults.corrupt_advantages(self.global_step + 1, batch)
             actor_batch, correction_metrics = off_policy_corrected(batch, config.algorithm.off_policy_correction,
@@ -295,38 +296,18 @@ class RLTrainer:
             batch, _ = self._generate_and_score(next(iter(self.loaders.train)),
                                                 params.with_seed(derive_seed(params.seed, "refill", attempts)), timer)
 
-    def _with_replay(self, prompts: Batch, step: int) -> tuple[Batch, dict[str, float]]:
-        """``prompts`` with a share replaced by prompts replayed from earlier steps (``data.replay``), and the draw's
-        metrics; ``prompts`` as they are without replay."""
-        return self.replay.mix(prompts, step) if self.replay is not None else (prompts, {})
-
     def _draw_prompts(self, step: int) -> tuple[Batch, dict[str, float]]:
-        """Step ``step``'s prompts (the loader's next batch, replayed prompts mixed in), drawn by the queue."""
-        return self._with_replay(next(iter(self.loaders.train)), step)
-
-    def _remax_params(self) -> SamplingParams:
-        """ReMax's baseline generation: one greedy response per prompt."""
-        return SamplingParams(n=1, max_new_tokens=self.config.data.max_response_length, do_sample=False)
+        """Step ``step``'s prompts, drawn by the queue: the loader's next batch with a share replaced by prompts
+        replayed from earlier steps (``data.replay``), and the draw's metrics."""
+        prompts = next(iter(self.loaders.train))
+        return self.replay.mix(prompts, step) if self.replay is not None else (prompts, {})
 
     def _greedy_responses(self, batch: Batch, greedy: Optional[Batch]) -> list[Batch]:
         """ReMax: ``greedy`` (generated beside the batch) and, for the prompts of ``batch`` it lacks, their greedy
         responses generated now — one row per prompt in all."""
-        prompts, _ = prompt_rows(batch)
-        have = set(greedy[Fields.UID].tolist()) if greedy is not None else set()
-        missing = [index for index, uid in enumerate(prompts[Fields.UID].tolist()) if uid not in have]
-        fresh = [self._generation().generate(prompts.index(torch.tensor(missing, dtype=torch.long)),
-                                             self._remax_params())] if missing else []
+        missing = prompts_without_greedy(batch, greedy)
+        fresh = [self._generation().generate(missing, remax_params(self.config))] if missing is not None else []
         return ([greedy] if greedy is not None else []) + fresh
-
-    def _remax_baselines(self, batch: Batch, greedy_batches: list[Batch]) -> torch.Tensor:
-        """ReMax: the score of each prompt's greedy response (``greedy_batches``, one row per prompt), for every row
-        of that prompt ``[B]`` (matched by uid, so the rows may have been reordered since)."""
-        score_of = {}
-        for greedy in greedy_batches:
-            greedy[Fields.TOKEN_LEVEL_SCORES], _ = self.scoring.token_level_scores(greedy)
-            shape_rewards(greedy, self.config)  # the baseline must be on the rewards' scale
-            score_of.update(zip(greedy[Fields.UID].tolist(), greedy[Fields.TOKEN_LEVEL_SCORES].sum(-1)))
-        return torch.stack([score_of[uid] for uid in batch[Fields.UID].tolist()])
 
     def _old_log_probs_ref_and_values(self, batch: Batch, temperature: float) -> Batch:
         """Start the old-log-prob, reference and value forwards together, then merge their outputs. The old-log-prob
@@ -369,7 +350,7 @@ class RLTrainer:
         self._last_generator_check = None  # a restart: idle shares count from the new workers' first step
         self.queue = RolloutQueue(self.generation, config.async_training.staleness_bound, self._draw_prompts,
                                   self._training_params, self.sample_log,
-                                  greedy_params=self._remax_params() if config.algorithm.adv_estimator == "remax"
+                                  greedy_params=remax_params(config) if config.algorithm.adv_estimator == "remax"
                                   else None)
         if critic_enabled(config):
             self.critic = WorkerGroup(CriticWorker, pools.pool_for("critic"), name="critic", bundle_share=share,

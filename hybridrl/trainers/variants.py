@@ -2,6 +2,8 @@
 
 - **Reward shapers** (``REWARD_SHAPERS``): ``(batch, config) -> (token_level_scores, metrics)``, applied in order
   after scoring. Built in: ``overlong_buffer`` (DAPO), enabled by ``algorithm.overlong_buffer.enable``.
+- **ReMax baselines**: each prompt's greedy response, scored and shaped as the rewards are
+  (:func:`remax_baselines`).
 - **Group filters** (``GROUP_FILTERS``): ``(batch) -> keep [num_groups] bool`` over prompt groups (``uid``), used by
   dynamic sampling (``algorithm.filter_groups.enable``): groups whose responses all scored the same carry no GRPO
   signal and are replaced by freshly generated ones; registered by ``algorithm.filter_groups.metric``.
@@ -11,13 +13,14 @@ A recipe registers its own (``@REWARD_SHAPERS.register("mine")``) and lists it i
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 
 from hybridrl.config.schema import TrainConfig
 from hybridrl.protocol import Batch, Fields
+from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.registry import Registry
 
 RewardShaper = Callable[[Batch, TrainConfig], tuple[torch.Tensor, dict[str, float]]]
@@ -128,3 +131,30 @@ def prompt_rows(batch: Batch) -> tuple[Batch, np.ndarray]:
                              Fields.ATTENTION_MASK: rows[Fields.ATTENTION_MASK][:, :width]},
                     non_tensors=dict(rows.non_tensors))
     return prompts, np.array([order.index(uid) for uid in uids])
+
+
+def remax_params(config: TrainConfig) -> SamplingParams:
+    """ReMax's baseline generation: one greedy response per prompt."""
+    return SamplingParams(n=1, max_new_tokens=config.data.max_response_length, do_sample=False)
+
+
+def prompts_without_greedy(batch: Batch, greedy: Optional[Batch]) -> Optional[Batch]:
+    """The prompts of ``batch`` (one row per group) whose greedy response ``greedy`` lacks (all without it);
+    ``None`` when none is missing."""
+    prompts, _ = prompt_rows(batch)
+    have = set(greedy[Fields.UID].tolist()) if greedy is not None else set()
+    missing = [index for index, uid in enumerate(prompts[Fields.UID].tolist()) if uid not in have]
+    return prompts.index(torch.tensor(missing, dtype=torch.long)) if missing else None
+
+
+def remax_baselines(batch: Batch, greedy_batches: list[Batch], config: TrainConfig,
+                    token_level_scores: Callable[[Batch], tuple[torch.Tensor, dict]]) -> torch.Tensor:
+    """ReMax: the score of each prompt's greedy response (``greedy_batches``, one row per prompt, scored here and
+    shaped as the rewards are, so the baseline is on their scale), for every row of that prompt ``[B]`` (matched by
+    uid, so the rows may have been reordered since)."""
+    score_of = {}
+    for greedy in greedy_batches:
+        greedy[Fields.TOKEN_LEVEL_SCORES], _ = token_level_scores(greedy)
+        shape_rewards(greedy, config)
+        score_of.update(zip(greedy[Fields.UID].tolist(), greedy[Fields.TOKEN_LEVEL_SCORES].sum(-1)))
+    return torch.stack([score_of[uid] for uid in batch[Fields.UID].tolist()])
