@@ -1,9 +1,11 @@
-"""Checks of a standalone rollout pool (``rollout.n_gpus > 0``): its size, engine and weight transport."""
+"""Checks of replicas in processes of their own — a standalone rollout pool (``rollout.n_gpus > 0``) or colocated
+ones (``rollout.engine_process=own``): the pool's size and engine, and the weight transport that reaches them."""
 
 from __future__ import annotations
 
 from hybridrl.config.checks import _choice, _require
 from hybridrl.config.errors import ConfigError
+from hybridrl.config.rollout_placement import check_engine_process, replicas_apart
 from hybridrl.config.rollout_schema import WEIGHT_TRANSPORTS
 from hybridrl.config.schema import TrainConfig
 
@@ -12,18 +14,19 @@ def check_rollout_pool(config: TrainConfig, error: ConfigError) -> None:
     """``rollout.n_gpus``: a standalone pool of vLLM replicas, whole ones, and a weight transport that reaches it."""
     pool, tp, key = config.rollout.n_gpus, config.rollout.tensor_model_parallel_size, "rollout.n_gpus"
     _require(error, key, pool, pool >= 0, "must be >= 0 (0: generate on the actor's devices; M: a pool of M)")
-    if pool <= 0:
-        return
-    if config.rollout.name == "hf":
+    check_engine_process(config, error)
+    if pool > 0 and config.rollout.name == "hf":
         error.add(key, pool, "rollout.name=hf generates with the actor's own module; a standalone pool needs "
                              "rollout.name=vllm")
-    if pool % tp:
+    if pool > 0 and pool % tp:
         error.add(key, pool, f"must be a multiple of rollout.tensor_model_parallel_size={tp} (whole replicas)")
+    if pool < 0 or not replicas_apart(config):
+        return
     transport = config.rollout.weight_transport
     _choice(error, "rollout.weight_transport", transport, WEIGHT_TRANSPORTS)
     if transport == "shared_memory" and config.trainer.nnodes > 1:
-        error.add("rollout.weight_transport", transport, "a host-shared copy reaches a pool on the trainer's host "
-                  f"only; trainer.nnodes={config.trainer.nnodes}: use object_store (or auto)")
+        error.add("rollout.weight_transport", transport, "a host-shared copy reaches replicas on the trainer's "
+                  f"host only; trainer.nnodes={config.trainer.nnodes}: use object_store (or auto)")
     if resolved_weight_transport(config) == "object_store" and config.async_training.partial_rollout:
         error.add("async_training.partial_rollout", True, "new weights reach a generation in flight through the "
                   "host's shared memory, which the object_store weight transport does not use; turn partial "

@@ -34,7 +34,8 @@ backend's constraint, vLLM 0.32)."""
 @dataclass
 class RolloutConfig(FreezableConfig):
     name: str = "hf"
-    """Generation engine: ``hf`` (a KV-cached decode loop on the actor's module) | ``vllm`` (in-process vLLM)."""
+    """Generation engine: ``hf`` (a KV-cached decode loop on the actor's module) | ``vllm`` (vLLM, in the actor's
+    processes or in its own: ``engine_process``)."""
     n: int = 1
     """Responses per prompt (the group size of GRPO/RLOO)."""
     temperature: float = 1.0
@@ -52,9 +53,19 @@ class RolloutConfig(FreezableConfig):
     hybrid engine, weights resharded in place); ``M > 0`` runs ``M / tensor_model_parallel_size`` vLLM replicas on
     ``M`` devices of their own beside the trainer's ``trainer.n_gpus_per_node`` (weights reach them by
     ``weight_transport``, checked). What asynchronous training overlaps; on its own it only adds devices."""
+    engine_process: str = "auto"
+    """Where a colocated vLLM engine (``n_gpus = 0``) runs: ``actor`` (inside each actor rank's process, the
+    tensor-parallel ranks in lockstep: the resharder slices weights straight into it), ``own`` (each replica in
+    processes of its own on the actor's devices, as a standalone pool's are: vLLM's process-wide changes stay out of
+    training, and its weights arrive through ``weight_transport``, checked) or ``auto`` (``own`` for an architecture
+    vLLM serves through its Transformers backend, which rewrites transformers' model class in the process the engine
+    runs in; ``actor`` otherwise, measured the faster on one host: ``benchmarks/placement.py``). A standalone
+    pool's replicas always run in their own processes. On GPU an ``own`` replica shares its device with the actor
+    and sleeps while the actor trains (``free_cache_engine``)."""
     weight_transport: str = "auto"
-    """How a standalone pool (``n_gpus > 0``) receives the trainer's weights: ``shared_memory`` (the trainer's ranks
-    write one host-shared copy in ``/dev/shm`` that the replicas read in place: the pool on the trainer's host),
+    """How replicas in processes of their own (a standalone pool, or ``engine_process=own``) receive the trainer's
+    weights: ``shared_memory`` (the trainer's ranks write one host-shared copy in ``/dev/shm`` that the replicas read
+    in place: the replicas on the trainer's host),
     ``object_store`` (each trainer rank puts its rows into Ray's object store and the replicas fetch them, across
     nodes over the network; on a GPU cluster NCCL would be faster) or ``auto`` (``shared_memory`` for a local Ray
     instance on one node, ``object_store`` when attached to a cluster or with ``trainer.nnodes > 1``)."""

@@ -17,6 +17,7 @@ from hybridrl.config.precision import check_precision_on_device
 from hybridrl.config.rollout_schema import CPU_KV_BLOCK_SIZE
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH
+from hybridrl.config.rollout_placement import replicas_apart
 from hybridrl.config.vllm_architectures import vllm_support
 from hybridrl.utils.host_memory import host_memory_mb
 
@@ -179,11 +180,12 @@ def _check_vllm_serves(config: TrainConfig, architectures: list, error: ConfigEr
         if support == "unsupported":
             error.add("rollout.name", "vllm", f"the installed vLLM does not serve {architecture} (the architecture of "
                                               "model.path); generate with rollout=hf, or install a vLLM that does")
-        elif support == "transformers_backend" and config.rollout.n_gpus == 0:
-            error.add("rollout.n_gpus", 0, f"vLLM serves {architecture} through its Transformers backend, which "
-                      "rewrites transformers' own model class in the process the engine runs in; colocated, that is "
-                      "the process the actor trains in, and its forward breaks. Give the engine devices of its own "
-                      "(rollout.n_gpus > 0: a standalone pool) or generate with rollout=hf")
+        elif support == "transformers_backend" and not replicas_apart(config):
+            error.add("rollout.engine_process", "actor", f"vLLM serves {architecture} through its Transformers "
+                      "backend, which rewrites transformers' own model class in the process the engine runs in; in "
+                      "the actor's process its training forward breaks. Run the engine in processes of its own "
+                      "(rollout.engine_process=own or auto, or a standalone pool: rollout.n_gpus > 0) or generate "
+                      "with rollout=hf")
 
 
 def _check_tensor_parallel_fits(tp: int, model_config: dict, error: ConfigError) -> None:

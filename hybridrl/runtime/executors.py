@@ -156,7 +156,7 @@ def _remote_host_class() -> Any:
 def _bundle_strategy(slot: Slot) -> PlacementGroupSchedulingStrategy:
     assert slot.placement_group is not None, "a Ray executor needs a placed pool"
     return PlacementGroupSchedulingStrategy(placement_group=slot.placement_group,
-                                            placement_group_bundle_index=slot.local_rank,
+                                            placement_group_bundle_index=slot.bundle,
                                             placement_group_capture_child_tasks=False)
 
 

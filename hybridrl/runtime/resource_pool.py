@@ -20,7 +20,7 @@ fails at once), then waited for at most ``placement_timeout_s``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence
 
 import ray
@@ -76,6 +76,12 @@ class Slot:
     node_index: int
     local_rank: int
     placement_group: Optional[PlacementGroup]
+    bundle_index: Optional[int] = None
+    """The bundle of ``placement_group`` it is (``None``: ``local_rank``; a :class:`PoolSlice` renumbers ranks)."""
+
+    @property
+    def bundle(self) -> int:
+        return self.local_rank if self.bundle_index is None else self.bundle_index
 
 
 class ResourcePool:
@@ -109,6 +115,10 @@ class ResourcePool:
                      self.placement_groups[rank // per_node] if self.placement_groups else None)
                 for rank in range(self.world_size)]
 
+    def slice(self, first: int, count: int) -> "PoolSlice":
+        """Ranks ``first .. first + count - 1`` of this pool as a pool of their own (see :class:`PoolSlice`)."""
+        return PoolSlice(self, first, count)
+
     def release(self) -> None:
         """Give the devices back (ends any actor still placed in the pool). Idempotent."""
         for group in self.placement_groups:
@@ -119,6 +129,43 @@ class ResourcePool:
         spec = self.spec
         where = "local" if self.local_mode else f"{len(self.placement_groups)} placement group(s)"
         return f"ResourcePool({spec.name!r}, {spec.nnodes}x{spec.devices_per_node} {spec.device}, {where})"
+
+
+class PoolSlice:
+    """``count`` consecutive devices of a placed pool, on one node, seen as a pool of ``count`` ranks numbered from 0.
+
+    A group started on it takes a share of those bundles (``bundle_share``) beside the pool's own group: a
+    colocated rollout replica's ``t_g`` processes on the devices of actor ranks ``first .. first + t_g - 1``
+    (``config/rollout_placement.py``). Its torch threads are counted against the whole node's slots. Releasing is
+    the parent pool's business.
+    """
+
+    def __init__(self, parent: ResourcePool, first: int, count: int) -> None:
+        per_node = parent.spec.devices_per_node
+        last = first + count - 1
+        if count < 1 or first < 0 or last >= parent.world_size or first // per_node != last // per_node:
+            raise ValueError(f"pool {parent.spec.name!r}: ranks {first}..{last} are not {count} "
+                             f"device(s) of one node ({parent.spec.nnodes} × {per_node})")
+        self.parent, self.first, self.runtime = parent, first, parent.runtime
+        self.spec = replace(parent.spec, name=f"{parent.spec.name}[{first}:{first + count}]", nnodes=1,
+                            devices_per_node=count, node_slots=parent.spec.node_slots or per_node)
+
+    @property
+    def local_mode(self) -> bool:
+        return self.parent.local_mode
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.devices_per_node
+
+    def slots(self) -> list[Slot]:
+        """The slice's devices as ranks ``0 .. count - 1``, each still naming its bundle of the parent's group."""
+        chosen = self.parent.slots()[self.first:self.first + self.world_size]
+        return [Slot(rank, 0, rank, slot.placement_group, bundle_index=slot.bundle)
+                for rank, slot in enumerate(chosen)]
+
+    def __repr__(self) -> str:
+        return f"PoolSlice({self.spec.name!r} of {self.parent!r})"
 
 
 class ResourcePoolManager:

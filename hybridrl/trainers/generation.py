@@ -1,15 +1,18 @@
-"""Who generates, and how new weights reach them: the controller's one view of colocated and standalone rollout.
+"""Who generates, and how new weights reach them: the controller's one view of every placement.
 
-- **colocated** (``rollout.n_gpus = 0``, the hybrid engine): the actor's group generates; a sync is the actor group's
-  own ``sync_rollout_weights`` (the resharder; nothing for ``rollout.name=hf``).
-- **standalone** (``rollout.n_gpus = M``, split placement): ``M / t_g`` replicas, each a ``RolloutWorker`` group of
-  ``t_g`` ranks. A batch is cut into one chunk per live replica, each chunk seeded by its position (not by who serves
-  it), and sent to the replicas concurrently. A replica that dies is reported with its rank and its chunk is
-  resubmitted to a live replica — same prompts, same seed, so the same samples — and the run goes on with the
-  others; only when none is left does the error reach the trainer (``trainer.max_restarts`` then applies).
-  A sync is two calls in order: every trainer rank publishes its rows (``ActorRolloutRefWorker.publish_weights``),
-  then every live replica loads them, checked against the trainer ranks' summed fingerprints. Each generation names
-  the ``policy_version`` it expects the engines to hold, so a skipped sync is an error, not a silent off-policy step.
+- **engines in the actor** (``rollout.n_gpus = 0``, ``rollout.engine_process`` → ``actor``; the hybrid engine): the
+  actor's group generates; a sync is the actor group's own ``sync_rollout_weights`` (the resharder; nothing for
+  ``rollout.name=hf``).
+- **replicas in processes of their own** — a standalone pool (``rollout.n_gpus = M``, split placement: ``M / t_g``
+  replicas) or colocated ones (``rollout.engine_process`` → ``own``: ``devices / t_g`` replicas on the actor's
+  devices; ``config/rollout_placement.py``). Each replica is a ``RolloutWorker`` group of ``t_g`` ranks. A batch is
+  cut into one chunk per live replica, each chunk seeded by its position (not by who serves it), and sent to the
+  replicas concurrently. A replica that dies is reported with its rank and its chunk is resubmitted to a live
+  replica — same prompts, same seed, so the same samples — and the run goes on with the others; only when none is
+  left does the error reach the trainer (``trainer.max_restarts`` then applies). A sync is two calls in order: every
+  trainer rank publishes its rows (``ActorRolloutRefWorker.publish_weights``), then every live replica loads them,
+  checked against the trainer ranks' summed fingerprints. Each generation names the ``policy_version`` it expects
+  the engines to hold, so a skipped sync is an error, not a silent off-policy step.
 
 **One policy version** (docs/concepts.md): the trainer owns the count — training steps done when the weights were
 taken — and hands it to every sync (:meth:`Generation.sync_weights`) and every relabelling of unchanged weights
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
+from hybridrl.config.rollout_placement import colocated_replicas, replica_count, replicas_apart
 from hybridrl.hybrid_engine.publish import Notice, PublicationNotice
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout import holds_own_weights
@@ -222,21 +226,33 @@ class PendingGeneration:
 
 def start_generation(config: "TrainConfig", pools: "ResourcePoolManager", *, total_steps: int,
                      with_reference: bool, partial_rollout: bool = False) -> Generation:
-    """Start the groups that generate — the actor group (colocated engines, ``actor_rollout_ref``) and, with a
-    standalone pool, one ``RolloutWorker`` group per replica (``rollout0 …``) — on ``pools`` (created), and return
-    their :class:`Generation`. On a failure the groups already started are shut down before it propagates."""
+    """Start the groups that generate — the actor group (``actor_rollout_ref``; engines in its processes unless
+    they run apart) and, for replicas in processes of their own, one ``RolloutWorker`` group per replica
+    (``rollout0 …``: on the standalone pool's devices, or on ``t_g`` of the actor's beside its ranks) — on ``pools``
+    (created), and return their :class:`Generation`. On a failure the groups already started are shut down before it
+    propagates."""
     share = 1.0 / len(pools.roles_in("global"))  # colocated roles: separate processes on each bundle
+    tp = config.rollout.tensor_model_parallel_size
     started: list[WorkerGroup] = []
     try:
         actor = WorkerGroup(ActorRolloutRefWorker, pools.pool_for("actor"), name="actor_rollout_ref",
                             bundle_share=share, args=(config, total_steps, with_reference),
-                            tp_size=1 if config.rollout.n_gpus else config.rollout.tensor_model_parallel_size)
+                            tp_size=1 if replicas_apart(config) else tp)
         started.append(actor)
-        for role in rollout_replica_roles(config):  # split placement: the engines on their own devices
-            started.append(WorkerGroup(RolloutWorker, pools.pool_for(role), name=role, args=(config,),
-                                       tp_size=config.rollout.tensor_model_parallel_size))
+        for index, (pool, bundle_share) in enumerate(_replica_pools(config, pools, share)):
+            started.append(WorkerGroup(RolloutWorker, pool, name=f"rollout{index}", args=(config,), tp_size=tp,
+                                       bundle_share=bundle_share))
         return Generation(actor, config.rollout.name, started[1:], partial_rollout=partial_rollout)
     except BaseException:
         for group in reversed(started):
             group.shutdown()
         raise
+
+
+def _replica_pools(config: "TrainConfig", pools: "ResourcePoolManager", share: float) -> list:
+    """Each replica's devices and its share of them: a standalone replica's own pool, whole; a colocated replica's
+    ``t_g`` devices of the actor's pool (ranks ``d·t_g …``), shared with the actor's ranks there."""
+    if not colocated_replicas(config):
+        return [(pools.pool_for(role), 1.0) for role in rollout_replica_roles(config)]
+    tp, actor_pool = config.rollout.tensor_model_parallel_size, pools.pool_for("actor")
+    return [(actor_pool.slice(index * tp, tp), share) for index in range(replica_count(config))]

@@ -7,6 +7,7 @@ from typing import Optional
 
 from hybridrl.algorithms import build_kl_controller
 from hybridrl.config import critic_enabled, resolved_device
+from hybridrl.config.rollout_placement import colocated_replicas, replica_count
 from hybridrl.config.schema import TrainConfig
 from hybridrl.runtime import PoolSpec, ResourcePoolManager
 
@@ -14,12 +15,15 @@ from hybridrl.runtime import PoolSpec, ResourcePoolManager
 def role_pools(config: TrainConfig) -> ResourcePoolManager:
     """The run's pools and which role runs where: actor (+ rollout, reference), critic and a colocated reward model on
     the ``global`` pool; a reward model with ``reward_model.n_gpus > 0`` and a rollout with ``rollout.n_gpus > 0`` on
-    pools of their own."""
+    pools of their own. Colocated replicas in processes of their own (``rollout.engine_process=own``) are the
+    ``rollout`` role of the ``global`` pool: they take a share of its bundles, on slices of ``t_g`` devices."""
     device = resolved_device(config)
     slots = concurrent_node_slots(config) if device == "cpu" else None
     specs = [PoolSpec("global", nnodes=config.trainer.nnodes, devices_per_node=config.trainer.n_gpus_per_node,
                       device=device, node_slots=slots)]
     roles = {"actor": "global", **({"critic": "global"} if critic_enabled(config) else {})}
+    if colocated_replicas(config):
+        roles["rollout"] = "global"
     for role in rollout_replica_roles(config):
         specs.append(PoolSpec(role, devices_per_node=config.rollout.tensor_model_parallel_size, device=device,
                               node_slots=slots))
@@ -43,8 +47,9 @@ def concurrent_node_slots(config: TrainConfig) -> Optional[int]:
 
 
 def rollout_replica_roles(config: TrainConfig) -> list[str]:
-    """``rollout0 .. rollout{R-1}``: the standalone pool's replicas (``rollout.n_gpus / t_g``; none when colocated)."""
-    return [f"rollout{index}" for index in range(config.rollout.n_gpus // config.rollout.tensor_model_parallel_size)]
+    """``rollout0 .. rollout{R-1}``: the standalone pool's replicas, each a pool of its own (``rollout.n_gpus / t_g``;
+    none when colocated)."""
+    return [f"rollout{index}" for index in range(replica_count(config))] if config.rollout.n_gpus else []
 
 
 def kl_controller_for(config: TrainConfig, total_steps: int):

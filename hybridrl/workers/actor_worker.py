@@ -20,6 +20,7 @@ from hybridrl.autotune.grad_noise import NoiseScaleMonitor
 from hybridrl.agents.lockstep import ReplicaGroup
 from hybridrl.config.plugins import load_plugins
 from hybridrl.config.pool_checks import resolved_weight_transport
+from hybridrl.config.rollout_placement import replicas_apart
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
 from hybridrl.engines.anti_forgetting import EWC_DIR, EWCRegularizer, PtxHook
@@ -121,11 +122,11 @@ class ActorRolloutRefWorker(Worker):
 
     def _build_rollout(self, actor_model, dp) -> Optional[RolloutEngine]:
         """The generation engine: ``hf`` shares ``actor_model``; ``vllm`` holds its own copy, fed by a resharder.
-        With a standalone rollout pool (``rollout.n_gpus > 0``) there is none here: the weights are published for
-        the pool instead (``publish_weights``)."""
+        With replicas in processes of their own (a standalone pool, or ``rollout.engine_process=own``) there is
+        none here: the weights are published for them instead (``publish_weights``)."""
         config = self.config
         self.publisher: Optional[WeightPublisher] = None
-        if config.rollout.n_gpus > 0:
+        if replicas_apart(config):
             self.publisher = WeightPublisher(actor_model, tp_size=config.rollout.tensor_model_parallel_size,
                                              dtype=torch_dtype(config.model.dtype), group=dp.group,
                                              source=MergedLoraWeights(actor_model) if self.lora else None,
@@ -197,7 +198,7 @@ class ActorRolloutRefWorker(Worker):
 
     @one_to_all(collect="first")
     def published_layout(self) -> PublishedLayout:
-        """Where the standalone rollout pool finds the published weights (``rollout.n_gpus > 0``)."""
+        """Where the replicas in processes of their own find the published weights."""
         return self._publisher().layout
 
     @one_to_all(collect="first")
@@ -215,7 +216,8 @@ class ActorRolloutRefWorker(Worker):
 
     def _publisher(self) -> WeightPublisher:
         if self.publisher is None:
-            raise RuntimeError("publish_weights needs a standalone rollout pool (rollout.n_gpus > 0)")
+            raise RuntimeError("publish_weights needs rollout replicas in processes of their own (rollout.n_gpus > 0 "
+                               "or rollout.engine_process=own)")
         return self.publisher
 
     def close(self) -> None:

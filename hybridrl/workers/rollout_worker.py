@@ -1,7 +1,10 @@
-"""A rank of a standalone rollout replica (split placement, ``rollout.n_gpus > 0``): an engine and nothing else.
+"""A rank of a rollout replica in processes of its own: an engine and nothing else.
 
-The pool's ``M`` devices form ``M / t_g`` replicas, each its own worker group of ``t_g`` ranks (its own process group:
-a replica that dies takes no other down, and its prompts go to a live one — ``trainers/generation.py``). A replica
+Replicas run apart from the actor on a standalone pool (split placement, ``rollout.n_gpus = M``: ``M / t_g``
+replicas on devices of their own) or colocated (``rollout.engine_process=own``: ``devices / t_g`` replicas, each
+on ``t_g`` of the actor's devices beside its ranks, asleep while the actor trains — GPU memory; a no-op on CPU).
+Each replica is its own worker group of ``t_g`` ranks (its own process group: a replica that dies takes no other
+down, and its prompts go to a live one — ``trainers/generation.py``). A replica
 is one ``t_g``-way tensor-parallel vLLM engine in the same SPMD form as the colocated engine: every rank runs vLLM's
 ``external_launcher`` executor in-process over the replica's group. There is no training model here: new weights
 arrive through the trainer's published arena (``hybrid_engine/publish.py``), checked against the trainer's
@@ -13,12 +16,14 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Optional, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence
 
 import torch
 
 from hybridrl.agents.lockstep import ReplicaGroup
 from hybridrl.config.plugins import load_plugins
+from hybridrl.config.rollout_placement import colocated_replicas
 from hybridrl.config.schema import TrainConfig
 from hybridrl.hybrid_engine.publish import PublicationNotice, PublishedLayout, PublishedWeights
 from hybridrl.modeling.model_builder import load_tokenizer
@@ -43,10 +48,11 @@ def generation_eos_ids(model_path: str) -> object:
 
 
 class RolloutWorker(Worker):
-    """One rank of the standalone rollout pool.
+    """One rank of a rollout replica (a standalone pool's, or a colocated one in processes of its own).
 
     Args:
-        config: the validated trainer config (``rollout.n_gpus > 0``, ``rollout.name=vllm``).
+        config: the validated trainer config (``rollout.name=vllm``; ``rollout.n_gpus > 0`` or
+            ``rollout.engine_process`` resolved to ``own``).
     """
 
     def __init__(self, config: TrainConfig) -> None:
@@ -65,6 +71,10 @@ class RolloutWorker(Worker):
         # the trainer's policy_version of the weights the engine holds (None: random, rollout.load_format=dummy)
         self.policy_version: Optional[int] = 0 if config.rollout.load_format != "dummy" else None
         self.notice: Optional[PublicationNotice] = None  # partial rollout: polled between engine steps
+        # on the actor's devices: the engine sleeps but while it generates or loads (rollout.free_cache_engine)
+        self.sleeps_between_calls = colocated_replicas(config) and config.rollout.free_cache_engine
+        if self.sleeps_between_calls:
+            self.engine.release_memory()
 
     @dp_leaders
     def generate_sequences(self, prompts: Batch, params: SamplingParams,
@@ -80,10 +90,22 @@ class RolloutWorker(Worker):
             raise StaleEngineWeightsError(f"rollout rank {self.rank} holds {what} but generation asked for version "
                                           f"{policy_version}: a weight sync was skipped")
         self._injected_delay(params)
-        if self.episodes is not None:
-            return self.episodes.run(self.engine, prompts, params,
-                                     replica=ReplicaGroup.of(self.context.rollout_mesh, self.context.tp_size))
-        return self.engine.generate(prompts, params, between_steps=self._take_new_weights if partial else None)
+        with self._awake():
+            if self.episodes is not None:
+                return self.episodes.run(self.engine, prompts, params,
+                                         replica=ReplicaGroup.of(self.context.rollout_mesh, self.context.tp_size))
+            return self.engine.generate(prompts, params, between_steps=self._take_new_weights if partial else None)
+
+    @contextmanager
+    def _awake(self) -> Iterator[None]:
+        """The engine awake for one call: a colocated replica gives its memory back to the actor afterwards."""
+        if self.sleeps_between_calls:
+            self.engine.resume()
+        try:
+            yield
+        finally:
+            if self.sleeps_between_calls:
+                self.engine.release_memory()
 
     @one_to_all(collect="first")
     def follow_publications(self, layout: PublishedLayout, notice_path: str) -> None:
@@ -120,7 +142,8 @@ class RolloutWorker(Worker):
         started = time.perf_counter()
         self._published_for(layout)
         if self.notice is None or policy_version > self._held():
-            self._load(expected, policy_version, rows)
+            with self._awake():
+                self._load(expected, policy_version, rows)
         return {"weight_sync/seconds": time.perf_counter() - started,
                 "weight_sync/bytes": float(self.published.fetched_bytes),
                 "weight_sync/delivered_bytes": float(self.published.delivered_bytes)}

@@ -45,7 +45,7 @@ BAD_CONFIGS = [
     (["rollout.name=vllm", "rollout.n_gpus=3", "rollout.tensor_model_parallel_size=2"], "rollout.n_gpus",
      "multiple of rollout.tensor_model_parallel_size=2"),
     (["rollout.name=vllm", "rollout.n_gpus=1", "trainer.nnodes=2", "rollout.weight_transport=shared_memory"],
-     "rollout.weight_transport", "reaches a pool on the trainer's host only"),
+     "rollout.weight_transport", "reaches replicas on the trainer's host only"),
     (["rollout.name=vllm", "rollout.n_gpus=1", "rollout.weight_transport=by_pigeon"], "rollout.weight_transport",
      "expected one of auto, shared_memory, object_store"),
     (["rollout.name=vllm", "rollout.n_gpus=1", "trainer.nnodes=2", "async_training.mode=one_step_off",
