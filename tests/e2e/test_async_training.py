@@ -202,3 +202,73 @@ def test_dynamic_sampling_in_async_refills_with_the_current_weights(model_dir, t
     rows = read_metrics(tmp_path / "one_step_off")
     assert all(row["async/staleness_max"] <= 1 for row in rows)
     assert all(row["dapo/num_gen_batches"] >= 1 for row in rows)
+
+
+# An environment whose every step is a side effect: one line per call, with the process that made it and the split
+# of its prompt.
+COUNTING_ENVIRONMENT = '''
+import os
+from hybridrl.agents.environment import ENVIRONMENTS, Environment, StepResult
+
+@ENVIRONMENTS.register("counting")
+class CountingEnvironment(Environment):
+    def __init__(self, tools, reward, max_tool_calls=4):
+        self.turns = 0
+
+    def reset(self, row):
+        self.split = row["extra_info"]["split"]
+        return super().reset(row)
+
+    def step(self, model_text):
+        with open({log!r}, "a") as log:
+            log.write(f"{{os.getpid()}} {{self.split}}\\n")
+        self.turns += 1
+        return StepResult(observations=[{{"role": "user", "content": "go on"}}], done=self.turns >= 3)
+'''
+
+
+@pytest.fixture(scope="module")
+def agent_setup(tmp_path_factory):
+    """A tiny model whose digits also end a turn (its generation config), so that random episodes take several
+    short turns, and the counting environment as a plugin file."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    root = tmp_path_factory.mktemp("async_agent")
+    model = save_tiny_model(root / "model")
+    tokenizer, generation = AutoTokenizer.from_pretrained(model), GenerationConfig.from_pretrained(model)
+    generation.eos_token_id = [tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(list("0123456789"))]
+    generation.save_pretrained(model)
+    log = root / "calls.log"
+    (root / "counting.py").write_text(COUNTING_ENVIRONMENT.format(log=str(log)))
+    return model, root / "counting.py", log
+
+
+def environment_calls(log) -> tuple[int, set]:
+    """The logged environment steps of training episodes (the run's last validation has its own prompts, and η = 0
+    generates no batch ahead), and the processes that ran them."""
+    lines = [line.split() for line in log.read_text().splitlines()]
+    return sum(split == "train" for _, split in lines), {pid for pid, _ in lines}
+
+
+def test_multi_turn_on_a_tensor_pool_in_async_runs_each_environment_step_once(agent_setup, tmp_path):
+    """Multi-turn episodes on a standalone pool of one t_g = 2 replica: η = 0 is the synchronous run bit for bit, each
+    environment step runs once — in one process, the replica's leader — and one_step_off keeps the bound. The
+    response budget is wide enough that no turn is cut by it: every model turn is then answered by one step."""
+    model, plugin, log = agent_setup
+    agent = ("rollout.n_gpus=2", "rollout.tensor_model_parallel_size=2", "rollout.multi_turn.enable=true",
+             "rollout.multi_turn.environment=counting", "rollout.multi_turn.tools=[]",
+             "rollout.multi_turn.max_assistant_turns=3", "data.max_response_length=192", f"trainer.plugins=[{plugin}]")
+    for name, mode in (("sync", ()), ("bounded0", ("async_training.mode=bounded", "async_training.max_staleness=0"))):
+        log.write_text("")
+        trainer = run(model, tmp_path / name, 3, *agent, *mode)
+        rows = read_metrics(tmp_path / name)
+        assert all(row["agent/cut_by_budget"] == 0 and row["agent/env_failures"] == 0 for row in rows), name
+        turns = round(sum(row["agent/turns"] * 4 * N for row in rows))  # 4 prompts × N responses a step
+        calls, processes = environment_calls(log)
+        assert calls == turns > 3 * 4 * N, f"{name}: {calls} environment steps ran for {turns} model turns"
+        assert len(processes) == 1, f"{name}: environment steps ran in {len(processes)} processes"
+        trained_each_prompt_once(trainer.sample_log)
+    assert_same_runs(tmp_path / "sync", tmp_path / "bounded0", 3)
+    trainer = run(model, tmp_path / "one_step_off", 3, *agent, "async_training.mode=one_step_off")
+    assert all(row["async/staleness_max"] <= 1 for row in read_metrics(tmp_path / "one_step_off"))
+    trained_each_prompt_once(trainer.sample_log)
