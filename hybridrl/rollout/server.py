@@ -1,0 +1,288 @@
+"""A replica as a server: many callers, one engine thread, token ids in and out (docs/architecture.md §6).
+
+``ReplicaServer`` puts a request queue (``VLLMRequests``, or a tensor-parallel leader's ``LeaderRequests``) behind
+an asynchronous, thread-safe interface. One thread owns the engine: it takes the callers' commands between engine
+steps — submit, abort, pause, resume, or any function to run on the engine (a weight update, sleep / wake) — and
+steps while anything is in flight, handing each request's new tokens to its caller as they come. Callers are
+coroutines on any event loop, in any thread (an HTTP handler, an agent's episode, a batch generation)::
+
+    server = ReplicaServer(rollout.requests, version=lambda: rollout.policy_version)
+    completion = await server.generate(prompt_ids, SamplingParams(max_new_tokens=64, seed=3))
+    async for delta in server.stream(prompt_ids, params):    # the tokens of each engine step, as they come
+        ...
+    await server.pause("keep"); await server.call(rollout.update_weights, weights, 4); await server.resume()
+
+Every token carries the ``policy_version`` of the weights that produced it (``Completion.policy_versions``); a
+request runs once however many callers wait on the server. Nothing touches the engine outside its thread, so a
+caller cannot interleave with a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Optional, Sequence
+
+import torch
+
+from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.vllm_requests import Completion, PauseMode
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one engine step added to a request: ``token_ids`` with their ``log_probs`` (nats, at the request's
+    temperature) and ``policy_versions``; ``finish_reason`` once it ended (``stop`` / ``length`` / ``abort``)."""
+
+    request_id: str
+    token_ids: list[int]
+    log_probs: list[float]
+    policy_versions: list[int]
+    finish_reason: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ReplicaHealth:
+    """A replica's state as its server sees it: ``alive`` until closed or its engine thread failed (``error``)."""
+
+    alive: bool
+    in_flight: int
+    paused: Optional[str]
+    policy_version: Optional[int]
+    engine_steps: int
+    seconds_since_step: Optional[float]
+    error: Optional[str] = None
+
+
+class ReplicaClosed(RuntimeError):
+    """The replica's server was closed, or its engine thread failed (the reason is the message)."""
+
+
+@dataclass
+class _Waiter:
+    """One request's channel back to its caller: deltas are put on ``queue`` in the caller's event loop."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    sent: int = 0  # tokens of the completion already handed over
+
+    def put(self, item: Any) -> None:
+        _post(self.loop, self.queue.put_nowait, item)
+
+
+@dataclass
+class _Command:
+    """A function to run on the engine thread, and where its result goes."""
+
+    run: Callable[[], Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+
+class ReplicaServer:
+    """The asynchronous request interface of one replica (see the module docstring).
+
+    Args:
+        requests: the replica's request queue (``submit`` / ``step`` / ``has_work`` / ``abort`` / ``pause`` /
+            ``resume``; ``VLLMRequests``), used from the server's engine thread only from now on.
+        version: the ``policy_version`` of the weights the engine holds (for :meth:`health`).
+        name: the engine thread's name (logs).
+    """
+
+    def __init__(self, requests, version: Callable[[], Optional[int]] = lambda: None,
+                 name: str = "replica") -> None:
+        self._requests, self._version = requests, version
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._waiters: dict[str, _Waiter] = {}
+        self._engine_steps, self._last_step = 0, None
+        self._error: Optional[BaseException] = None
+        self._closed = False
+        # vLLM's CPU kernels check that a step runs with the thread count its engine was built with; OpenMP's count
+        # is per thread, so the engine thread takes its creator's
+        self._torch_threads = torch.get_num_threads()
+        self._thread = threading.Thread(target=self._serve, name=f"{name}-engine", daemon=True)
+        self._thread.start()
+
+    # --- the callers' side ----------------------------------------------------------------------------------------
+
+    async def stream(self, prompt_token_ids: Sequence[int], params: SamplingParams,
+                     request_id: Optional[str] = None) -> AsyncIterator[Delta]:
+        """Submit one request and yield what each engine step adds to it, the last delta with its
+        ``finish_reason``. Leaving the iteration early aborts the request."""
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop, asyncio.Queue())
+        request_id = await self.call(self._submit, list(prompt_token_ids), params, request_id, waiter)
+        finished = False
+        try:
+            while not finished:
+                item = await waiter.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finish_reason is not None
+                yield item
+        finally:
+            if not finished and not self._closed:
+                await self.abort(request_id)
+
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
+                       request_id: Optional[str] = None) -> Completion:
+        """Submit one request and return it finished (its tokens, log-probs and each token's policy version)."""
+        completion = Completion(request_id or "", list(prompt_token_ids), params)
+        async for delta in self.stream(prompt_token_ids, params, request_id):
+            completion.request_id = delta.request_id
+            completion.token_ids += delta.token_ids
+            completion.log_probs += delta.log_probs
+            completion.policy_versions += delta.policy_versions
+            completion.finish_reason = delta.finish_reason
+        return completion
+
+    async def abort(self, request_id: str) -> Optional[Completion]:
+        """End ``request_id`` now (its caller gets a last delta with ``finish_reason="abort"``); ``None`` when it
+        had already finished."""
+        return await self.call(self._abort, request_id)
+
+    async def pause(self, mode: PauseMode) -> list[Completion]:
+        """``abort`` / ``wait`` / ``keep`` (``rollout.vllm_requests``), e.g. around a weight update: callers of kept
+        requests go on waiting, and get the rest of their tokens after :meth:`resume`."""
+        return await self.call(self._pause, mode)
+
+    async def resume(self) -> list[str]:
+        """Generate again; requests kept by ``pause("keep")`` continue (their ids)."""
+        return await self.call(self._requests.resume)
+
+    async def call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``function(*args, **kwargs)`` on the engine thread between two steps (a weight update, sleep or
+        wake) and return its result; its exception is raised here."""
+        if self._closed:
+            raise ReplicaClosed(self._closed_reason())
+        loop = asyncio.get_running_loop()
+        command = _Command(lambda: function(*args, **kwargs), loop, loop.create_future())
+        self._commands.put(command)
+        return await command.future
+
+    def health(self) -> ReplicaHealth:
+        """The replica's state now (read without waiting for the engine thread)."""
+        since = None if self._last_step is None else time.monotonic() - self._last_step
+        return ReplicaHealth(alive=not self._closed and self._thread.is_alive(), in_flight=len(self._waiters),
+                             paused=self._requests.paused, policy_version=self._version(),
+                             engine_steps=self._engine_steps, seconds_since_step=since,
+                             error=None if self._error is None else f"{type(self._error).__name__}: {self._error}")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the engine thread; requests still waiting end with :class:`ReplicaClosed`."""
+        if not self._closed:
+            self._commands.put(None)
+            self._thread.join(timeout_s)
+        self._fail_waiting(ReplicaClosed(self._closed_reason()))  # a command queued as the thread ended
+
+    # --- the engine thread ----------------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        torch.set_num_threads(self._torch_threads)
+        try:
+            while True:
+                block = not self._requests.has_work() or self._requests.paused is not None
+                if not self._run_commands(block):
+                    break
+                if self._requests.paused is None and self._requests.has_work():
+                    self._step()
+        except BaseException as error:  # noqa: BLE001 - reported to every waiting caller and by health()
+            self._error = error
+            logger.error("replica engine thread failed: %s: %s", type(error).__name__, error)
+        finally:
+            self._closed = True
+            self._fail_waiting(ReplicaClosed(self._closed_reason()))
+
+    def _run_commands(self, block: bool) -> bool:
+        """Run the queued commands (waiting for one when ``block``); ``False`` once told to close."""
+        while True:
+            try:
+                command = self._commands.get(block=block)
+            except queue.Empty:
+                return True
+            if command is None:
+                return False
+            try:
+                result = command.run()
+            except Exception as error:  # noqa: BLE001 - the caller's mistake, raised in the caller
+                _post(command.loop, _settle, command.future, None, error)
+            else:
+                _post(command.loop, _settle, command.future, result, None)
+            block = False
+
+    def _step(self) -> None:
+        for completion in self._requests.step():
+            self._deliver(completion)
+        self._engine_steps += 1
+        self._last_step = time.monotonic()
+
+    def _deliver(self, completion: Completion) -> None:
+        waiter = self._waiters.get(completion.request_id)
+        if waiter is None:
+            return
+        start = waiter.sent
+        waiter.sent = len(completion.token_ids)
+        if completion.finished:  # before the caller hears of it: health() then counts it done
+            del self._waiters[completion.request_id]
+        waiter.put(Delta(completion.request_id, completion.token_ids[start:], completion.log_probs[start:],
+                         completion.policy_versions[start:], completion.finish_reason))
+
+    def _submit(self, prompt: list[int], params: SamplingParams, request_id: Optional[str],
+                waiter: _Waiter) -> str:
+        request_id = self._requests.submit(prompt, params, request_id=request_id, streamed=True)
+        self._waiters[request_id] = waiter
+        return request_id
+
+    def _abort(self, request_id: str) -> Optional[Completion]:
+        if request_id not in self._requests.in_flight:
+            return None
+        completion = self._requests.abort(request_id)
+        self._deliver(completion)
+        return completion
+
+    def _pause(self, mode: PauseMode) -> list[Completion]:
+        affected = self._requests.pause(mode)
+        for completion in affected:
+            if completion.finished:  # abort / wait: their callers are answered now; keep: they wait on
+                self._deliver(completion)
+        return affected
+
+    def _fail_waiting(self, error: BaseException) -> None:
+        for waiter in self._waiters.values():
+            waiter.put(error)
+        self._waiters.clear()
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command is not None:
+                _post(command.loop, _settle, command.future, None, error)
+
+    def _closed_reason(self) -> str:
+        if self._error is not None:
+            return f"the replica's engine thread failed: {type(self._error).__name__}: {self._error}"
+        return "the replica's server is closed"
+
+
+def _post(loop: asyncio.AbstractEventLoop, function: Callable[..., None], *args: Any) -> None:
+    """Run ``function(*args)`` in ``loop``'s thread; nothing when that loop has ended (its caller is gone)."""
+    try:
+        loop.call_soon_threadsafe(function, *args)
+    except RuntimeError:  # "Event loop is closed"
+        pass
+
+
+def _settle(future: asyncio.Future, result: Any, error: Optional[BaseException]) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
