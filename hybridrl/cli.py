@@ -74,8 +74,8 @@ def load_for(command_name: str, args: argparse.Namespace, schema: type):
 @command("config", "compose and validate a config (with every check `train` runs before its workers: data rows, "
          "rewards, tokenizer), then print it and its batch plan")
 def show_config(args: argparse.Namespace) -> int:
-    from hybridrl.config import config_to_yaml, critic_enabled
-    from hybridrl.config.plan_report import batch_plan_report
+    from hybridrl.config import TrainConfig, config_to_yaml, critic_enabled
+    from hybridrl.config.plan_report import batch_plan_report, job_plan_report
     from hybridrl.trainers.preflight import check_run_inputs
 
     report: list[str] = []
@@ -87,7 +87,11 @@ def show_config(args: argparse.Namespace) -> int:
         print("# ---- verl's layout: what each verl key became (docs/verl.md) ----")
         print("\n".join(f"# {line}" for line in report))
     print("# ---- derived (never written back into the config) ----")
-    print(batch_plan_report(config, include_critic=critic_enabled(config)))
+    if isinstance(config, TrainConfig):
+        print(batch_plan_report(config, include_critic=critic_enabled(config)))
+    else:  # SFT and reward-model configs: no rollout, no critic
+        print(job_plan_report(config, "pairs" if COMMAND_OF_SCHEMA.get(type(config).__name__) == "rm" else
+                              "sequences"))
     return 0
 
 

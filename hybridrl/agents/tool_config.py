@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -48,6 +49,11 @@ VERL_EQUIVALENTS = {
 """verl's tool classes → hybridrl's classes that do the same (see ``verl_tools.py`` for how each differs)."""
 
 DEFAULT_TIMEOUT_S = 30.0
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""A function name OpenAI's function-calling format accepts (``get-weather`` is one); the model writes it as a
+JSON string in its call, so it need not be a Python identifier."""
+VERL_TOOL_METHODS = ("create", "execute", "release")
+"""verl's ``BaseTool`` interface (async methods), which hybridrl does not call (see :func:`_check_accepts`)."""
 
 
 class ToolConfigError(ValueError):
@@ -119,8 +125,9 @@ def _schema_parts(schema: Any, where: str) -> tuple[str, str, dict]:
     if not isinstance(function, dict):
         raise ToolConfigError(f"{where}.function: missing (name, description, parameters)")
     name = function.get("name")
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ToolConfigError(f"{where}.function.name: {name!r} is not a name a model can call")
+    if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
+        raise ToolConfigError(f"{where}.function.name: {name!r} is not a function name a model can call (OpenAI's "
+                              "rule: 1 to 64 letters, digits, '_' or '-')")
     description = function.get("description", "")
     if not isinstance(description, str):
         raise ToolConfigError(f"{where}.function.description: expected text")
@@ -167,7 +174,18 @@ def _resolve(class_name: str, where: str, base: Path) -> Callable[..., Any]:
 
 
 def _check_accepts(target: Callable[..., Any], parameters: dict, where: str) -> None:
-    """The function (a class: its ``__call__``) must take every argument of the schema by name."""
+    """The function (a class: its ``__call__``, which it must define) must take every argument of the schema by
+    name. A class written for verl's tool interface (async ``create``/``execute``/``release``) is refused here,
+    at start-up, rather than failing in every episode."""
+    if inspect.isclass(target) and not _defines_call(target):
+        verl_style = all(callable(getattr(target, method, None)) for method in VERL_TOOL_METHODS)
+        what = ("is written for verl's tool interface (async create/execute/release), which hybridrl does not call"
+                if verl_style else "defines no __call__, so its instances cannot answer a tool call")
+        raise ToolConfigError(
+            f"{where}: class {target.__name__} {what}. hybridrl builds one instance per episode as "
+            "cls(config, **create_kwargs) (verl's create), calls it with the model's arguments as "
+            "__call__(self, **arguments) returning text or a ToolResult (verl's execute), and calls its close() if "
+            "it has one when the episode ends (verl's release): give the class those methods, or name a function")
     call = target.__call__ if inspect.isclass(target) else target
     signature = inspect.signature(call)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
@@ -175,6 +193,11 @@ def _check_accepts(target: Callable[..., Any], parameters: dict, where: str) -> 
     missing = [name for name in parameters["properties"] if name not in signature.parameters]
     if missing:
         raise ToolConfigError(f"{where}: takes no parameter(s) {missing} of its tool_schema")
+
+
+def _defines_call(cls: type) -> bool:
+    """Whether instances of ``cls`` are callable: ``__call__`` defined by the class or a base (not ``object``)."""
+    return any("__call__" in vars(base) for base in cls.__mro__ if base is not object)
 
 
 def timeout_of(config: dict, where: str = "config") -> float:

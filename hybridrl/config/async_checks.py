@@ -10,8 +10,9 @@ from hybridrl.config.schema import TrainConfig
 
 
 def check_async_training(config: TrainConfig, error: ConfigError) -> None:
-    """``async_training.*``: a known mode, a staleness bound >= 0, the standalone pool it needs, and what partial
-    rollout does not combine with (named, with the reason)."""
+    """``async_training.*``: a known mode, a staleness bound >= 0 that the mode uses (a bound above the default
+    with ``mode=sync`` would be ignored), the standalone pool it needs, and what partial rollout does not combine
+    with (named, with the reason)."""
     settings = config.async_training
     _choice(error, "async_training.mode", settings.mode, ASYNC_MODES)
     _require(error, "async_training.max_staleness", settings.max_staleness, settings.max_staleness >= 0,
@@ -19,6 +20,11 @@ def check_async_training(config: TrainConfig, error: ConfigError) -> None:
     if settings.mode == "one_step_off" and settings.max_staleness != 1:
         error.add("async_training.max_staleness", settings.max_staleness,
                   "one_step_off is bounded staleness with η = 1; for another bound set async_training.mode=bounded")
+    if settings.mode == "sync" and settings.max_staleness > 1:  # 1 is the default, so not told apart from unset
+        error.add("async_training.max_staleness", settings.max_staleness,
+                  "has no effect with async_training.mode=sync (η = 0: every sample is generated with the newest "
+                  "weights); set async_training.mode=bounded to let samples lag up to this many steps, or drop "
+                  "async_training.max_staleness")
     if settings.partial_rollout:
         _check_partial_rollout(config, error)
     if settings.mode == "sync" or settings.mode not in ASYNC_MODES:

@@ -18,9 +18,10 @@ TOOL_CONFIG_LOADER = "hybridrl.agents.tool_config:load_tool_config"
 
 
 def check_multi_turn(config: TrainConfig, error: ConfigError) -> None:
-    """``rollout.multi_turn``: what does not depend on this machine's files."""
+    """``rollout.multi_turn``: what does not depend on this machine's files (while it is off: no tools given)."""
     multi_turn = config.rollout.multi_turn
     if not multi_turn.enable:
+        _check_ignored_while_off(multi_turn, error)
         return
     if config.rollout.name != "vllm":
         error.add("rollout.multi_turn.enable", True, f"multi-turn episodes run on vLLM's request API: set "
@@ -35,6 +36,17 @@ def check_multi_turn(config: TrainConfig, error: ConfigError) -> None:
         _choice(error, "rollout.multi_turn.tools", name, BUILTIN_TOOL_NAMES)
     _choice(error, "rollout.multi_turn.tool_prompt", multi_turn.tool_prompt, ("template", "system"))
     _choice(error, "rollout.multi_turn.reward_placement", multi_turn.reward_placement, REWARD_PLACEMENTS)
+
+
+def _check_ignored_while_off(multi_turn, error: ConfigError) -> None:
+    """Tools given while multi-turn is off would be ignored without a word: refused, naming the key."""
+    for key, value, also in (("rollout.multi_turn.tool_config_path", multi_turn.tool_config_path,
+                              " (verl's data.tool_config_path and actor_rollout_ref.rollout.multi_turn."
+                              "tool_config_path land here)"),
+                             ("rollout.multi_turn.tools", multi_turn.tools, "")):
+        if value:
+            error.add(key, value, f"is read only by multi-turn episodes, and rollout.multi_turn.enable=false{also}: "
+                                  "set rollout.multi_turn.enable=true to give the model these tools, or drop this key")
 
 
 def check_tool_config(config: TrainConfig, error: ConfigError) -> None:

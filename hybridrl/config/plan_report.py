@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import role_plan
 
@@ -27,3 +29,14 @@ def batch_plan_report(config: TrainConfig, include_critic: bool) -> str:
             f" per rank ({plan.num_data_parallel_ranks} ranks) {plan.local_mini_batch_sequences} = {per_rank}"
         )
     return "\n".join(lines)
+
+
+def job_plan_report(config: Any, unit: str) -> str:
+    """The SFT / reward-model trainers' one line (their configs have no rollout and no critic): ``unit`` per
+    optimizer step, then per rank ``micro × accumulation``. ``validate_*_config`` has checked the sizes divide."""
+    data, trainer = config.data, config.trainer
+    devices = trainer.nnodes * trainer.n_gpus_per_node
+    per_rank = data.train_batch_size // devices
+    return (f"# {data.train_batch_size} {unit} per optimizer step; per rank ({devices} ranks) {per_rank} = "
+            f"{data.micro_batch_size_per_gpu} per micro-batch × {per_rank // data.micro_batch_size_per_gpu} "
+            "accumulation steps")

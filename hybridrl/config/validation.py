@@ -13,7 +13,7 @@ from hybridrl.config.async_checks import check_async_training, check_off_policy_
 from hybridrl.config.components import COMPONENT_REGISTRIES, registered_names, value_at
 from hybridrl.config.checks import _choice, _fsdp_size, _positive, _require, critic_enabled
 from hybridrl.config.errors import PREFORMATTED, ConfigError
-from hybridrl.config.multi_turn_checks import check_multi_turn, check_tool_config
+from hybridrl.config.multi_turn_checks import BUILTIN_TOOL_NAMES, check_multi_turn, check_tool_config
 from hybridrl.config.plugins import load_plugins, resolved_plugins
 from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS
 from hybridrl.config.rm_schema import SYNTHETIC_PREFERENCES, RMConfig
@@ -389,6 +389,8 @@ def validate_sft_config(config: SFTConfig, *, check_paths: bool = True) -> None:
     _fsdp_size(error, "fsdp.fsdp_size", config.fsdp.fsdp_size, config.trainer.nnodes * config.trainer.n_gpus_per_node)
     for logger in trainer.logger:
         _choice(error, "trainer.logger", logger, LOGGERS)
+    for name in data.tools:  # the schemas the chat template renders come from the built-in tools
+        _choice(error, "data.tools", name, BUILTIN_TOOL_NAMES)
     if not data.train_files and data.synthetic_task is None:
         error.add("data.train_files", [], "give at least one parquet/JSONL file, or set data.synthetic_task")
     devices = trainer.nnodes * trainer.n_gpus_per_node

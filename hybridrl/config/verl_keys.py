@@ -199,7 +199,9 @@ RULES: tuple[Rule, ...] = (
     NoEffect(ARR + "rollout.checkpoint_engine.engine_kwargs", "no engine arguments", ("{}",)),
     NoEffect(ARR + "rollout.agent.num_workers", "single-turn generation runs in the actor worker (no agent loop "
              "workers)"),
-    NoEffect(ARR + "rollout.agent.default_agent_loop", "single-turn generation", ("single_turn_agent",)),
+    NoEffect(ARR + "rollout.agent.default_agent_loop", "the loop follows rollout.multi_turn.enable: single-turn "
+             "generation when off, tool and environment episodes (verl's tool_agent) when on",
+             ("single_turn_agent",)),
     Moved(ARR + "rollout.multi_turn.enable", "rollout.multi_turn.enable"),
     Moved(ARR + "rollout.multi_turn.max_assistant_turns", "rollout.multi_turn.max_assistant_turns"),
     NoEffect(ARR + "rollout.profiler.", _PROFILER),
@@ -214,7 +216,13 @@ RULES: tuple[Rule, ...] = (
                 "rollout.multi_turn.tool_config_path (verl's file format), its environments registered by name "
                 "(rollout.multi_turn.environment, a row's agent_name); verl's interaction_config_path files and "
                 "user turns are not read", ("null",)),
-    Unsupported(ARR + "rollout.agent.", "agent loops are not implemented yet"),
+    Unsupported(ARR + "rollout.agent.agent_loop_config_path", "verl's agent-loop classes are not loaded: "
+                "multi-turn episodes run in hybridrl's agent loop (rollout.multi_turn.enable=true), their tools from "
+                "rollout.multi_turn.tool_config_path (verl's tool file format) or rollout.multi_turn.tools, other "
+                "environments registered by name in a trainer.plugins file (rollout.multi_turn.environment, a "
+                "row's agent_name)", ("null",)),
+    Unsupported(ARR + "rollout.agent.", "verl's agent-loop workers are not used: multi-turn episodes run in "
+                "hybridrl's agent loop (rollout.multi_turn.*)"),
     Unsupported(ARR + "rollout.engine_kwargs.", "vLLM's arguments are set through rollout.* keys (gpu_memory_"
                 "utilization, max_num_seqs, max_num_batched_tokens, block_size, enforce_eager, "
                 "enable_chunked_prefill, ...)", ("{}",)),
@@ -317,7 +325,7 @@ RULES: tuple[Rule, ...] = (
     NoEffect("data.return_multi_modal_inputs", _TEXT_ONLY),
     NoEffect("data.train_max_samples", "every row is used", ("-1",)),
     NoEffect("data.val_max_samples", "every row is used", ("-1",)),
-    NoEffect("data.tool_config_path", "multi-turn tools are not implemented yet", ("null",)),
+    Moved("data.tool_config_path", "rollout.multi_turn.tool_config_path"),
     Unsupported("data.custom_cls.", "a custom dataset class is not loaded: write verl-schema parquet or JSONL files",
                 ("null",)),
     Unsupported("data.sampler.", "a custom sampler is not loaded (data.shuffle, data.replay)", ("null",)),

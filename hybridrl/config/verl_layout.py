@@ -119,16 +119,24 @@ def _moved_key(rule: Moved, target: str, verl_key: str) -> str:
 
 
 def _note_target(ours: Override, source: Override, rule, sources: dict, problems: ConfigError) -> None:
-    """Two different verl keys that land on one hybridrl key must agree (hybridrl has one setting for both); the
-    same key given twice, or hybridrl's own spelling after a verl one, is an override: the later wins."""
+    """Keys spelt differently that land on one hybridrl key must agree: two verl keys (hybridrl has one setting
+    for both roles), or a verl key and hybridrl's own spelling of it (one of the two would be dropped without a
+    word). The same key given twice is an override, as in Hydra: the later wins."""
     earlier = sources.get(ours.key)
-    sources[ours.key] = (source, rule)
-    if earlier is None or rule is None or earlier[1] is None or earlier[0].key == source.key:
+    sources[ours.key] = (source, rule, ours.value)
+    if earlier is None or earlier[0].key == source.key or (rule is None and earlier[1] is None):
         return
-    if _normal(earlier[0].value) != _normal(source.value):
+    if _same_value(earlier[2], ours.value):
+        return
+    if rule is not None and earlier[1] is not None:
         problems.add(source.key, source.value,
                      f"and {earlier[0].key}={earlier[0].value} are both hybridrl's {ours.key}, one setting for "
                      "both roles: give them the same value")
+    else:
+        verl, mine = (source, earlier[0]) if rule is not None else (earlier[0], source)
+        problems.add(source.key, source.value,
+                     f"{verl.key}={verl.value} (verl's spelling) and {mine.key}={mine.value} (hybridrl's) are one "
+                     f"setting, hybridrl's {ours.key}, given different values: keep one of the two")
 
 
 def _check_known(key: str, source: Override, schema: type, problems: ConfigError) -> None:
@@ -206,6 +214,15 @@ def _as_list(override: Override) -> Override:
         text = text[1:-1]
     escaped = text.replace("\\", "\\\\").replace("'", "\\'")
     return Override(override.prefix, override.key, f"['{escaped}']")
+
+
+def _same_value(first: Optional[str], second: Optional[str]) -> bool:
+    """Whether two override values say the same (``1e-5`` and ``0.00001`` do; so do ``True`` and ``true``)."""
+    first, second = _normal(first), _normal(second)
+    try:
+        return float(first) == float(second)
+    except ValueError:
+        return first == second
 
 
 def _normal(value: Optional[str]) -> str:

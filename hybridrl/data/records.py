@@ -109,6 +109,9 @@ def _check_message(message: Any, where: str, key: str) -> dict[str, str]:
     if not isinstance(message, Mapping):
         raise ValueError(f"{where}: '{key}' must be a dict with 'role' and 'content', got {type(message).__name__}")
     role, content = message.get("role"), message.get("content")
+    if role is None and content is None and "from" in message and "value" in message:
+        raise ValueError(f"{where}: '{key}' is a ShareGPT-style message ({{'from', 'value'}}): write it as "
+                         "{'role', 'content'} with chat roles ('human' as 'user', 'gpt' as 'assistant')")
     if not isinstance(role, str) or not role:
         raise ValueError(f"{where}: '{key}.role' must be a non-empty string, got {role!r}")
     if not isinstance(content, str):

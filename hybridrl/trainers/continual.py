@@ -21,7 +21,7 @@ from hybridrl.trainers.variants import prompt_rows
 from hybridrl.data.dataset import TokenizedPrompt
 from hybridrl.data.loader import DataFields, collate_prompts
 from hybridrl.data.replay import PrioritizedReplay, group_score_spread
-from hybridrl.data.sft import encode_sft_examples
+from hybridrl.data.sft import check_sft_roles, encode_sft_examples
 from hybridrl.data.sft_source import build_sft_source
 from hybridrl.protocol import Batch, Fields
 from hybridrl.utils.seeding import derive_seed
@@ -40,6 +40,7 @@ class PtxBatches:
         self.data, self.batch_size, self.tokenizer = data, ptx.batch_size, tokenizer
         self.source = build_sft_source(ptx.train_files, data.synthetic_task, data.synthetic_task_kwargs,
                                        seed=derive_seed(data.seed, "ptx"))
+        check_sft_roles(tokenizer, self.source.examples, data.apply_chat_template)  # file rows named now
 
     def batch(self, step: int) -> Batch:
         """``actor.ptx.batch_size`` SFT rows for ``step``: ``input_ids``/``attention_mask`` ``[B, P + R]``,

@@ -19,7 +19,7 @@ from hybridrl.config.validation import resolved_device
 from hybridrl.runtime import PoolSpec, WorkerGroup
 from hybridrl.agents.conversation import encode_conversations
 from hybridrl.agents.environment import resolve_tools
-from hybridrl.data.sft import check_sft_lengths, encode_sft_examples
+from hybridrl.data.sft import check_sft_lengths, check_sft_roles, encode_sft_examples
 from hybridrl.data.sft_source import build_sft_source
 from hybridrl.trainers.run_lock import run_directory_lock
 from hybridrl.trainers.scaffold import cluster, open_tracker
@@ -66,6 +66,7 @@ class SFTTrainer:
         self.source = build_sft_source(data.train_files if data.synthetic_task is None else [], data.synthetic_task,
                                        data.synthetic_task_kwargs, seed=data.seed)
         # every file row is checked now, naming its file and row, not when its step comes
+        check_sft_roles(self.tokenizer, self.source.examples, data.apply_chat_template)
         check_sft_lengths(self.tokenizer, [e for e in self.source.examples if not e.turns], data.max_response_length,
                           data.apply_chat_template, data.max_prompt_length)
         self.tool_schemas = [tool.schema() for tool in resolve_tools(data.tools)]

@@ -171,9 +171,16 @@ def test_two_verl_keys_that_are_one_hybridrl_key_must_agree():
 
 
 def test_a_later_override_wins_as_in_hydra():
-    config = load(["actor_rollout_ref.rollout.n=5", "rollout.n=8", "actor_rollout_ref.actor.optim.lr=1e-6",
+    config = load(["rollout.n=5", "rollout.n=8", "actor_rollout_ref.actor.optim.lr=1e-6",
                    "actor_rollout_ref.actor.optim.lr=2e-6"])
     assert config.rollout.n == 8 and config.actor.optim.lr == 2e-6
+
+
+def test_a_verl_key_and_its_hybridrl_twin_must_agree():
+    """Spelt two ways, one setting: different values are refused naming both (neither is dropped unsaid)."""
+    message = problems_of(["actor_rollout_ref.rollout.n=5", "rollout.n=8"])
+    assert "actor_rollout_ref.rollout.n=5 (verl's spelling) and rollout.n=8 (hybridrl's) are one setting" in message
+    assert load(["actor_rollout_ref.rollout.n=8", "rollout.n=8"]).rollout.n == 8
 
 
 def test_verl_defaults_apply_only_to_a_verl_command_line():
