@@ -46,14 +46,17 @@ def start_split(runtime, config, name: str):
     return actor, replicas
 
 
-@pytest.fixture(scope="module", params=[(1, "shared_memory"), (1, "object_store"),
+@pytest.fixture(scope="module", params=[(1, "shared_memory"),
+                                        pytest.param((1, "object_store"), marks=pytest.mark.long),
                                         pytest.param((2, "shared_memory"), marks=pytest.mark.long),
                                         pytest.param((2, "object_store"), marks=pytest.mark.long)],
                 ids=["pool1", "pool1_object_store", "pool2_tp2", "pool2_tp2_object_store"])
 def split(request, ray_runtime, model_dir):
     """1 trainer rank + one replica of ``t_g = M`` on a pool of ``M``, weights through host shared memory or Ray's
-    object store. The ``t_g = 2`` pools run with ``make test-long`` (a start took 116 s inside the parallel suite,
-    2026-12-02; ``test_vllm_tensor_parallel`` keeps a ``t_g = 2`` engine in ``make test``)."""
+    object store. The ``t_g = 2`` pools and the object store run with ``make test-long`` (a start took 116 s, and
+    79 s, inside the parallel suite, 2026-12-02 and -04; ``test_vllm_tensor_parallel`` keeps a ``t_g = 2`` engine in
+    ``make test``, and the colocated replicas in processes of their own, ``test_architectures``' OLMo-2 case, the
+    shared-memory publication)."""
     pool_size, transport = request.param
     actor, replicas = start_split(ray_runtime, split_config(model_dir, pool_size, pool_size, transport),
                                   f"split{pool_size}{transport}")
