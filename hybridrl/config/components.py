@@ -32,6 +32,13 @@ def registered_names(key: str) -> tuple[str, ...]:
     return tuple(getattr(importlib.import_module(module), attribute))
 
 
+def registered_component(key: str, name: str) -> object:
+    """The component registered as ``name`` in ``key``'s registry (``None`` when there is none of that name)."""
+    module, attribute = COMPONENT_REGISTRIES[key].split(":")
+    registry = getattr(importlib.import_module(module), attribute)
+    return registry[name] if name in registry else None
+
+
 def value_at(config: object, key: str) -> object:
     """``config``'s value at dotted ``key`` (``"actor.policy_loss"`` → ``config.actor.policy_loss``)."""
     for part in key.split("."):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 
+from hybridrl.config.components import registered_component
 from hybridrl.config.checks import _choice, _require
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.schema import TrainConfig
@@ -23,9 +24,11 @@ def check_multi_turn(config: TrainConfig, error: ConfigError) -> None:
     if not multi_turn.enable:
         _check_ignored_while_off(multi_turn, error)
         return
-    if config.rollout.name != "vllm":
-        error.add("rollout.multi_turn.enable", True, f"multi-turn episodes run on vLLM's request API: set "
-                                                     f"rollout.name=vllm (got {config.rollout.name!r})")
+    engine = registered_component("rollout.name", config.rollout.name)
+    if engine is not None and not getattr(engine, "serves_requests", False):  # an unknown name is refused elsewhere
+        error.add("rollout.multi_turn.enable", True, f"multi-turn episodes run on an engine's request queue "
+                  f"(rollout.base.RequestQueue), which rollout.name={config.rollout.name!r} does not have: set "
+                  "rollout.name=vllm, or register an engine class with serves_requests = True")
     _require(error, "rollout.multi_turn.max_assistant_turns", multi_turn.max_assistant_turns,
              multi_turn.max_assistant_turns >= 1, "must be >= 1 (model turns per episode)")
     _require(error, "rollout.multi_turn.max_tool_calls_per_turn", multi_turn.max_tool_calls_per_turn,

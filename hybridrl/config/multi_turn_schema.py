@@ -13,7 +13,7 @@ class MultiTurnConfig(FreezableConfig):
     enable: bool = False
     """Generate multi-turn episodes (tool calls, environments) instead of one response per prompt: each turn's ids
     are trained exactly as sampled; tool / environment tokens take no loss (``hybridrl/agents``). Needs
-    ``rollout.name=vllm`` (the request API)."""
+    an engine with a request queue: ``rollout.name=vllm`` (``rollout.base.RequestQueue``)."""
     environment: str = "tool"
     """Registered environment for rows without an ``agent_name`` column: ``tool`` (the built-in tool caller) or a
     name registered with ``hybridrl.agents.environment.ENVIRONMENTS`` in a ``trainer.plugins`` file."""

@@ -14,7 +14,7 @@ Every engine returns the same ``Batch`` layout, the one the trainer and the work
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable, Optional, Protocol
+from typing import Iterable, Optional, Protocol, Sequence
 
 import torch
 
@@ -73,12 +73,49 @@ class RolloutEngine(Protocol):
         """Restore what ``release_memory`` freed, before the next ``generate``."""
 
 
+class RequestQueue(Protocol):
+    """Request-level generation on one engine (``VLLMRequests`` is the reference): token ids in; token ids, their
+    log-probs and each token's ``policy_version`` out, many requests in flight. What multi-turn episodes, partial
+    rollout and the replica server (``rollout/server.py``) drive; ``generate`` is built on it."""
+
+    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: Optional[str] = None,
+               streamed: bool = True) -> str:
+        """Queue one request (one response); it starts at the next :meth:`step`. Returns its id."""
+
+    def step(self) -> list:
+        """One engine step; the ``Completion`` s it advanced (``finish_reason`` set on those that ended)."""
+
+    def has_work(self) -> bool:
+        """Whether any request is in flight."""
+
+    def abort(self, request_id: str):
+        """End ``request_id`` now, keeping the tokens it has."""
+
+    def pause(self, mode: str) -> list:
+        """``abort`` / ``wait`` / ``keep`` the requests in flight (around a weight update)."""
+
+    def resume(self) -> list[str]:
+        """Generate again (kept requests continue)."""
+
+    @property
+    def in_flight(self) -> list[str]:
+        """Ids of the requests in flight."""
+
+    @property
+    def paused(self) -> Optional[str]:
+        """The pause mode in force, or ``None``."""
+
+
 class RolloutEngineClass(Protocol):
     """What ``ROLLOUT_ENGINES`` holds: an engine class that says what it is and builds itself."""
 
     generates_with_actor_module: bool
     """``True``: samples from the actor's own training module (nothing to sync); ``False``: holds its own copy of
     the weights, which the actor worker streams every update into (``update_weights``)."""
+
+    serves_requests: bool
+    """``True``: an instance has ``requests`` (a :class:`RequestQueue`), ``eos_token_ids`` and ``pad_token_id`` —
+    what multi-turn episodes run on. Optional on a registered class (absent: ``False``)."""
 
     def from_inputs(self, inputs) -> RolloutEngine:
         """The engine for ``inputs`` (:class:`hybridrl.rollout.EngineInputs`)."""

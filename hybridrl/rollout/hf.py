@@ -49,6 +49,7 @@ class HFRollout:
     """Batched generation with a KV cache on left-padded prompts, returning the rollout layout of ``rollout.base``."""
 
     generates_with_actor_module = True
+    serves_requests = False  # one batch per call, in lockstep with the other FSDP ranks: no request queue
 
     @classmethod
     def from_inputs(cls, inputs) -> "HFRollout":

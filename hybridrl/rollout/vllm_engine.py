@@ -90,6 +90,7 @@ class VLLMRollout:
     """
 
     generates_with_actor_module = False
+    serves_requests = True  # ``requests``: a ``VLLMRequests``
 
     @classmethod
     def from_inputs(cls, inputs) -> "VLLMRollout":

@@ -93,8 +93,9 @@ class EpisodeRunner:
 
     def run(self, engine, prompts: Batch, params: SamplingParams,
             replica: Optional[ReplicaGroup] = None) -> Optional[Batch]:
-        """``B`` prompts → ``B·n`` episode rows (``agents/batch.py`` layout) on ``engine`` (a ``VLLMRollout``); each
-        episode's response budget (model and observation ids together) is ``params.max_new_tokens``.
+        """``B`` prompts → ``B·n`` episode rows (``agents/batch.py`` layout) on ``engine`` (one whose class serves
+        requests: ``requests``, ``eos_token_ids``, ``pad_token_id``); each episode's response budget (model and
+        observation ids together) is ``params.max_new_tokens``.
 
         ``replica``: this rank is one of a tensor-parallel replica's ranks. Its leader runs the episodes (their
         environments and tools: once per replica) and mirrors every request to the others, which only follow the

@@ -79,3 +79,32 @@ def test_an_unreadable_model_config_resolves_to_the_actor(tmp_path):
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "config.json").write_text(json.dumps({"architectures": ["Olmo2ForCausalLM"]}))
     assert served_through_transformers_backend(str(tmp_path / "other")) == ["Olmo2ForCausalLM"]
+
+
+# A recipe's own engines, registered from a plugin file: one on vLLM's request queue, one that generates in batches.
+ENGINE_PLUGIN = """
+from hybridrl.rollout import ROLLOUT_ENGINES
+from hybridrl.rollout.hf import HFRollout
+from hybridrl.rollout.vllm_engine import VLLMRollout
+
+@ROLLOUT_ENGINES.register("queued_engine", override=True)
+class QueuedEngine(VLLMRollout):
+    pass
+
+@ROLLOUT_ENGINES.register("batch_engine", override=True)
+class BatchEngine(HFRollout):
+    pass
+"""
+
+
+@pytest.mark.parametrize(("engine", "accepted"), [("vllm", True), ("queued_engine", True), ("hf", False),
+                                                  ("batch_engine", False)])
+def test_multi_turn_needs_an_engine_with_a_request_queue_whoever_registered_it(tmp_path, engine, accepted):
+    plugin = tmp_path / "engines.py"
+    plugin.write_text(ENGINE_PLUGIN)
+    overrides = [f"trainer.plugins=[{plugin}]", f"rollout.name={engine}", "rollout.multi_turn.enable=true"]
+    if accepted:
+        assert load_config(overrides, check_paths=False).rollout.name == engine
+        return
+    with pytest.raises(ConfigError, match=rf"request queue.*rollout.name='{engine}' does not have.*serves_requests"):
+        load_config(overrides, check_paths=False)
