@@ -5,8 +5,8 @@ or data-parallel replicas — on the same 2 CPU cores.
 
 Runs the demo's GRPO stage (``hybridrl/conf/demo_grpo.yaml``, vLLM CPU build, the demo's tiny model untrained so every response
 runs to full length) for each layout, alternating the layouts round by round so that a change of machine load hits
-them alike, and reports median step time, the generation phase (and its rate: response tokens generated per second) and
-the weight sync:
+them alike, and reports median step time, the generation phase (and its rate: response tokens generated per second), the
+weight sync and the peak PSS of this process's tree (Ray's daemons and every worker):
 
 - ``colocated t_g=1``  — the hybrid engine: 2 ranks train (FSDP2) and each generates as its own replica;
 - ``colocated t_g=2``  — the same 2 ranks form one tensor-parallel vLLM replica;
@@ -46,9 +46,11 @@ def run_layout(workdir: Path, name: str, steps: int, warmup: int, overrides: lis
     from hybridrl.utils.tracking import read_metrics
 
     trainer = demo_trainer(workdir, steps, [*LAYOUTS[name], *overrides])
+    sampler = common.TreeMemorySampler(os.getpid())  # this process, Ray's daemons and every worker it starts
     step_s = common.fit_with_step_clock(trainer)[warmup:]
+    memory = sampler.stop()
     rows = read_metrics(workdir / "run")[warmup:]
-    result = {"step_s": common.median(step_s)}
+    result = {"step_s": common.median(step_s), "peak_pss_mib": sampler.peak_pss_mib, "peak_rss_mib": memory}
     for phase in PHASES:
         result[f"{phase}_s"] = common.median([row.get(f"timing/{phase}", 0.0) for row in rows])
     tokens = [row.get("response_length/mean", 0.0) for row in rows]
@@ -83,12 +85,13 @@ def main() -> None:
                for name, results in runs.items()}
     reference = summary[names[0]]["step_s"]
     rows = [[name, f"{s['step_s'] * 1e3:.0f}", f"{s['step_s'] / reference:.2f}",
-             *(f"{s[f'{phase}_s'] * 1e3:.0f}" for phase in PHASES), f"{s['generated_tokens_per_s']:.0f}"]
+             *(f"{s[f'{phase}_s'] * 1e3:.0f}" for phase in PHASES), f"{s['generated_tokens_per_s']:.0f}",
+             f"{s['peak_pss_mib']:.0f}"]
             for name, s in summary.items()]
     print(f"\nplacement: demo GRPO, median of {args.rounds} alternating runs × {args.steps - args.warmup} steps "
           f"(load average at start {machine['load_average_1m_5m_15m_at_start'][0]:.1f})")
     print(common.markdown_table(["layout", "step ms", f"÷ {names[0]}", *(f"{phase} ms" for phase in PHASES),
-                                 "generated tok/s"], rows))
+                                 "generated tok/s", "peak PSS MiB"], rows))
     path = common.write_json("placement", dict(machine=machine, steps=args.steps, warmup=args.warmup,
                                                rounds=args.rounds, overrides=overrides, runs=runs, summary=summary))
     print(f"[placement] wrote {path}")
