@@ -182,7 +182,11 @@ class ResourcePoolManager:
         self.pools: dict[str, ResourcePool] = {}
 
     def create(self, runtime: RayRuntime, timeout_s: Optional[float] = None) -> None:
-        """Reserve every pool; if one cannot be placed, release those already reserved and re-raise."""
+        """Reserve every pool; if one cannot be placed, release those already reserved and re-raise. Pools that
+        together ask for more than the cluster has are refused before any is placed (not after the placement
+        timeout of the one that finds no room)."""
+        if not runtime.local_mode:
+            _check_joint_capacity(list(self.specs.values()))
         try:
             for name, spec in self.specs.items():
                 self.pools[name] = ResourcePool.create(spec, runtime, timeout_s)
@@ -235,6 +239,20 @@ def _check_capacity(spec: PoolSpec) -> None:
         raise ResourceUnavailableError(
             f"resource pool {spec.name!r}: requested {_fmt(spec.devices_per_node * per_bundle)} {_unit(key)} on one "
             f"node, the largest node has {_fmt(largest)}")
+
+
+def _check_joint_capacity(specs: Sequence[PoolSpec]) -> None:
+    """Fail at once when the pools together need more of a resource than the whole cluster has."""
+    for key in ("CPU", "GPU"):
+        asking = [spec for spec in specs if _resource_key(spec)[0] == key]
+        wanted = sum(spec.world_size * _resource_key(spec)[1] for spec in asking)
+        if len(asking) < 2 or not wanted:
+            continue  # one pool alone is checked, with its own message, when it is placed
+        total = float(ray.cluster_resources().get(key, 0.0))
+        if total < wanted:
+            parts = " + ".join(f"{spec.name!r} {_fmt(spec.world_size * _resource_key(spec)[1])}" for spec in asking)
+            raise ResourceUnavailableError(f"resource pools {parts} request {_fmt(wanted)} {_unit(key)} together, "
+                                           f"cluster has {_fmt(total)} {_unit(key)}")
 
 
 def _resource_key(spec: PoolSpec) -> tuple[str, float]:

@@ -231,6 +231,27 @@ def test_placement_fails_fast_when_the_cluster_is_too_small(ray_runtime):
     assert time.monotonic() - start < 60  # at once, not after the 120 s placement timeout each was given
 
 
+def test_pools_that_together_exceed_the_cluster_are_refused_before_any_is_placed(ray_runtime):
+    """A trainer pool that fits and a rollout pool that would fit alone, but not beside it: refused naming both,
+    with nothing reserved (so no wait for the placement timeout)."""
+    import ray
+    from ray.util import placement_group_table
+
+    from hybridrl.runtime import ResourcePoolManager
+
+    total = int(ray.cluster_resources()["CPU"])
+    before = {key for key, group in placement_group_table().items() if group["state"] != "REMOVED"}
+    manager = ResourcePoolManager([PoolSpec("global", devices_per_node=total - 1, device="cpu"),
+                                   PoolSpec("rollout0", devices_per_node=2, device="cpu")],
+                                  {"actor": "global", "rollout0": "rollout0"})
+    with pytest.raises(ResourceUnavailableError,
+                       match=rf"pools 'global' {total - 1} \+ 'rollout0' 2 request {total + 1} CPUs together, "
+                             rf"cluster has {total} CPUs"):
+        manager.create(ray_runtime, timeout_s=120)
+    assert manager.pools == {}
+    assert {key for key, group in placement_group_table().items() if group["state"] != "REMOVED"} == before
+
+
 def test_placement_times_out_when_devices_stay_busy(ray_runtime, echo2):
     import ray
 

@@ -80,6 +80,17 @@ def test_more_devices_than_the_cluster_has(model_dir, tmp_path):
 
 
 @pytest.mark.distributed
+def test_a_rollout_pool_that_does_not_fit_beside_the_trainer(model_dir, tmp_path):
+    """Either pool fits the cluster alone; together they do not: refused before either is placed (it was once
+    refused after the rollout pool's placement timeout, 131 s)."""
+    process, _ = hybridrl_train(*run_overrides(model_dir, tmp_path / "run"), "trainer.device=cpu",
+                                "trainer.n_gpus_per_node=2", "trainer.ray.num_cpus=3", "rollout=vllm_cpu",
+                                "rollout.n_gpus=2", "trainer.ray.placement_timeout_s=600")
+    assert_refused(process, "resource pools 'global' 2 + 'rollout0' 1 + 'rollout1' 1 request 4 CPUs together",
+                   "cluster has 3 CPUs")
+
+
+@pytest.mark.distributed
 @pytest.mark.long
 def test_checkpoint_of_another_model(model_dir, tmp_path):
     run_dir = tmp_path / "run"
