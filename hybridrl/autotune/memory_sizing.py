@@ -51,6 +51,7 @@ from typing import Optional, Sequence
 
 from hybridrl.algorithms.logits import DEFAULT_CHUNK_SIZE
 from hybridrl.modeling.attention import computes_directly
+from hybridrl.autotune.decoder_shape import DecoderShape
 # The measurement side lives next door; re-exported so callers need one import.
 from hybridrl.autotune.memory_probe import (  # noqa: F401
     LiveTensorPeak,
@@ -68,59 +69,6 @@ FP32 = 4
 
 
 # ------------------------------------------------------------------------------------------------ the model's shape
-@dataclass(frozen=True)
-class DecoderShape:
-    """The sizes of a Llama-style decoder that memory depends on (from a Hugging Face config)."""
-
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False
-
-    @classmethod
-    def from_hf_config(cls, config) -> "DecoderShape":
-        """From a ``LlamaConfig``/``Qwen2Config``-like config (Qwen2 has q/k/v biases); a ``ValueError`` for a
-        decoder this memory model does not describe (no gated MLP, e.g. GPT-2)."""
-        if getattr(config, "intermediate_size", None) is None:
-            raise ValueError(f"the memory model covers Llama-style decoders (gated MLP, intermediate_size); the "
-                             f"model's config (model_type={getattr(config, 'model_type', None)!r}) has no "
-                             "intermediate_size")
-        heads = config.num_attention_heads
-        return cls(num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
-                   intermediate_size=config.intermediate_size, num_heads=heads,
-                   num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-                   head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-                   vocab_size=config.vocab_size, tie_word_embeddings=bool(config.tie_word_embeddings),
-                   qkv_bias=config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False)))
-
-    @property
-    def q_width(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_width(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    def layer_parameters(self) -> int:
-        """Parameters of one decoder layer: attention projections, gated MLP, two RMSNorm weights."""
-        h, q, kv = self.hidden_size, self.q_width, self.kv_width
-        attention = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.qkv_bias else 0)
-        return attention + 3 * h * self.intermediate_size + 2 * h
-
-    def root_parameters(self) -> int:
-        """Parameters outside the layers (FSDP2's root group): embedding, final norm, untied LM head."""
-        head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
-        return self.vocab_size * self.hidden_size + self.hidden_size + head
-
-    def num_parameters(self) -> int:
-        return self.num_layers * self.layer_parameters() + self.root_parameters()
-
-
 # -------------------------------------------------------------------------------------------- activations (analytic)
 @dataclass(frozen=True)
 class ForwardLayout:
@@ -198,7 +146,7 @@ def layer_bytes_per_token(shape: DecoderShape, compute_bytes: int, masked: bool)
     projection_inputs = 2 * c * h
     key_value_width = shape.q_width if masked else shape.kv_width  # repeat_kv copies k and v when a mask is given
     attention = c * (2 * shape.q_width + 2 * key_value_width) + FP32 * shape.num_heads
-    mlp = 4 * c * shape.intermediate_size
+    mlp = 4 * c * shape.active_intermediate_size
     return norms + projection_inputs + attention + mlp
 
 
@@ -263,7 +211,7 @@ def activation_bytes(shape: DecoderShape, layout: ForwardLayout, *, compute_byte
     logits_forward, logits_backward = logits_bytes_peaks(shape, layout, compute_bytes=c, logits_bytes=logits_bytes)
     # While a checkpointed layer is recomputed: its full saved set, the held rope tables, and the gradient
     # temporaries of its backward (one [N, I], two [N, h]).
-    recompute = full_layer + rope + n * c * (shape.intermediate_size + 2 * h) if checkpointing else 0
+    recompute = full_layer + rope + n * c * (shape.active_intermediate_size + 2 * h) if checkpointing else 0
     return ActivationBytes(per_layer=per_layer, final=final, shared=shared, logits_forward=logits_forward,
                            logits_backward=logits_backward, recompute=recompute)
 

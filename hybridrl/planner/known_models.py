@@ -42,8 +42,13 @@ def model_shape(path: Optional[str], key: str, trust_remote_code: bool = False) 
     if (Path(path) / "config.json").is_file():
         from transformers import AutoConfig
 
-        return DecoderShape.from_hf_config(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code,
-                                                                      local_files_only=True))
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
+        try:
+            return DecoderShape.from_hf_config(config)
+        except ValueError as problem:  # a decoder the planner cannot count: say so, naming the key
+            error = ConfigError()
+            error.add(key, path, str(problem))
+            raise error from None
     known = _known_name(path)
     if known is None:
         error = ConfigError()

@@ -148,7 +148,8 @@ def forward_only_bytes(shape: DecoderShape, layout: ForwardLayout, compute_bytes
     one layer's transients (normed input, q/k/v, attention output, the gated MLP's ``[N, I]`` pair) and the mask."""
     c, n = compute_bytes, layout.num_tokens
     logits = n * shape.vocab_size * (c + FP32)
-    layer = n * c * (3 * shape.hidden_size + 2 * shape.q_width + 2 * shape.kv_width + 2 * shape.intermediate_size)
+    layer = n * c * (3 * shape.hidden_size + 2 * shape.q_width + 2 * shape.kv_width
+                     + 2 * shape.active_intermediate_size)
     mask = c * layout.num_rows * layout.row_length ** 2 if layout.masked else 0
     return logits + layer + mask
 
@@ -219,7 +220,7 @@ def rollout_role(config: TrainConfig, shape: DecoderShape, device_bytes: int, ut
         budget = int(utilization * device_bytes)
         weights = c * shape.num_parameters() // tp
         tokens = config.rollout.max_num_batched_tokens
-        reserve = tokens * c * (4 * shape.hidden_size + 2 * shape.intermediate_size) + \
+        reserve = tokens * c * (4 * shape.hidden_size + 2 * shape.active_intermediate_size) + \
             config.rollout.max_num_seqs * shape.vocab_size * FP32
         kv_cache = max(0, budget - weights - reserve)
         buckets = 2 * config.rollout.weight_sync_bucket_mb * 2**20

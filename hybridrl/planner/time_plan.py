@@ -27,7 +27,7 @@ def matmul_parameters(shape: DecoderShape, with_lm_head: bool = True) -> int:
     """Weights that take part in a matmul per token: the layers' projections and the LM head (not the embedding
     lookup, norm weights or biases)."""
     h, q, kv = shape.hidden_size, shape.q_width, shape.kv_width
-    layer = 2 * h * q + 2 * h * kv + 3 * h * shape.intermediate_size
+    layer = 2 * h * q + 2 * h * kv + 3 * h * shape.active_intermediate_size
     return shape.num_layers * layer + (shape.vocab_size * h if with_lm_head else 0)
 
 
