@@ -7,6 +7,7 @@ model's own ids — the loss, the token-mean normaliser, the KL and the log-prob
 ``rollout_log_probs`` are the engine's for model ids and 0 on observations.
 
 Per row also: ``final_response`` (non-tensor: the text of the last model turn — what the reward function scores),
+``episode_failure`` (non-tensor: why the episode's environment failed, ``""`` if it did not),
 ``episode_rewards`` ``[B]`` (the environment's own rewards, summed over steps), with
 ``rollout.multi_turn.reward_placement=turn_end`` also ``turn_rewards`` ``[B, R]`` (each step's reward on the last id of
 the model turn it answered, 0 elsewhere), and ``agent_stats`` ``[B, K]`` (columns :data:`AGENT_STATS`), from which the
@@ -23,6 +24,7 @@ from hybridrl.agents.trajectory import Trajectory
 from hybridrl.protocol import Batch, Fields
 
 FINAL_RESPONSE = "final_response"
+EPISODE_FAILURE = "episode_failure"
 EPISODE_REWARDS = "episode_rewards"
 TURN_REWARDS = "turn_rewards"
 AGENT_STATS_FIELD = "agent_stats"
@@ -77,7 +79,8 @@ def trajectories_to_batch(trajectories: Sequence[Trajectory], rows: Batch, respo
     }
     if turn_rewards:
         tensors[TURN_REWARDS] = _turn_rewards(trajectories, response_length)
-    non_tensors = {**dict(rows.non_tensors), FINAL_RESPONSE: [t.final_text for t in trajectories]}
+    non_tensors = {**dict(rows.non_tensors), FINAL_RESPONSE: [t.final_text for t in trajectories],
+                   EPISODE_FAILURE: [t.failure or "" for t in trajectories]}
     return Batch(tensors=tensors, non_tensors=non_tensors, meta=rows.meta)
 
 
@@ -96,3 +99,22 @@ def agent_metrics(batch: Batch) -> dict[str, float]:
         return {}
     means = batch[AGENT_STATS_FIELD].float().mean(dim=0).tolist()
     return {f"agent/{name}": value for name, value in zip(AGENT_STATS, means)}
+
+
+class EpisodesFailedError(ValueError):
+    """Every episode of a batch failed the same way (a tool class that cannot be built, an environment that always
+    raises): training on it would learn nothing, so the run stops quoting the failure."""
+
+
+def check_episode_failures(batch: Batch) -> None:
+    """:class:`EpisodesFailedError` when every episode of ``batch`` failed with one and the same reason (the user's
+    exception text, as the agent loop recorded it); some failures, or different ones, are counted
+    (``agent/env_failures``) and logged by the loop, not raised."""
+    if EPISODE_FAILURE not in batch or len(batch) == 0:
+        return
+    failures = [str(failure) for failure in batch[EPISODE_FAILURE]]
+    if all(failures) and len(set(failures)) == 1:
+        raise EpisodesFailedError(
+            f"rollout.multi_turn: all {len(failures)} episodes of the batch failed with the same error, so there is "
+            f"nothing to train on: {failures[0]}. Fix the tool or environment (rollout.multi_turn.tool_config_path, "
+            "rollout.multi_turn.environment, or the rows' agent_name) and run again")

@@ -25,6 +25,9 @@ chooses its own with an ``agent_name`` column (verl's name, top-level or in ``ex
 
 from __future__ import annotations
 
+import json
+import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -33,6 +36,8 @@ from hybridrl.agents.builtin_tools import BUILTIN_TOOLS
 from hybridrl.agents.tool_config import EpisodeTool
 from hybridrl.agents.tools import Tool, ToolCall, ToolOutcome, is_finite_number, parse_tool_calls
 from hybridrl.utils.registry import Registry
+
+logger = logging.getLogger(__name__)
 
 Message = dict[str, Any]
 RewardFn = Callable[[str, Mapping[str, Any]], float]
@@ -137,6 +142,8 @@ class ToolEnvironment(Environment):
             return ToolOutcome(f"error: unknown tool {call.name!r}; the tools are {', '.join(sorted(self.by_name))}")
         started = time.perf_counter()
         outcome = tool.call(call.arguments)
+        if outcome.raised:
+            log_tool_exception(call.name, outcome.error)
         info["tool_seconds"] += time.perf_counter() - started
         info["tool_calls"] += 1
         info["tool_errors"] += outcome.error is not None
@@ -155,17 +162,54 @@ class SingleTurnEnvironment(ToolEnvironment):
         return self._final_answer(model_text)
 
 
+MAX_LOGGED_TOOL_EXCEPTIONS = 100
+"""Distinct (tool, exception text) pairs logged per process; later new ones are counted only (``tool_errors``)."""
+_logged_tool_exceptions: set[tuple[str, str]] = set()
+_logged_lock = threading.Lock()
+
+
+def log_tool_exception(tool_name: str, error: Optional[str]) -> None:
+    """A warning naming the tool and quoting its exception, once per distinct message: a tool that raises on every
+    call shows why in the log, not only in a counter (the model sees the same text as the tool's message)."""
+    key = (tool_name, error or "")
+    with _logged_lock:
+        if key in _logged_tool_exceptions or len(_logged_tool_exceptions) >= MAX_LOGGED_TOOL_EXCEPTIONS:
+            return
+        _logged_tool_exceptions.add(key)
+    logger.warning("tool %r raised: %s (logged once per distinct message; the model sees it as the tool's answer, "
+                   "counted in agent/tool_errors)", tool_name, error)
+
+
+def row_tools_kwargs(row: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+    """The row's ``extra_info.tools_kwargs`` as a mapping (a JSON string, as verl's parquet files may hold, is
+    parsed), or None."""
+    extra = row.get("extra_info")
+    per_tool = extra.get("tools_kwargs") if isinstance(extra, Mapping) else None
+    if isinstance(per_tool, str):
+        try:
+            per_tool = json.loads(per_tool)
+        except json.JSONDecodeError:
+            return None  # rows from files are checked when loaded (data/records.py); this is a row built in code
+    return per_tool if isinstance(per_tool, Mapping) else None
+
+
 def row_tool_arguments(row: Mapping[str, Any], tool_name: str) -> dict[str, Any]:
     """``row["extra_info"]["tools_kwargs"][tool_name]["create_kwargs"]`` (verl's layout) without None values, or
     ``{}``."""
-    extra = row.get("extra_info")
-    per_tool = extra.get("tools_kwargs") if isinstance(extra, Mapping) else None
+    per_tool = row_tools_kwargs(row)
     entry = per_tool.get(tool_name) if isinstance(per_tool, Mapping) else None
     arguments = entry.get("create_kwargs") if isinstance(entry, Mapping) else None
     if not isinstance(arguments, Mapping):
         return {}
     # a parquet struct column holds every row's keys: another row's key is None here, and the tool's default applies
     return {key: value for key, value in arguments.items() if value is not None}
+
+
+def unknown_row_tools(row: Mapping[str, Any], tool_names: Sequence[str]) -> list[str]:
+    """The tools the row's ``extra_info.tools_kwargs`` gives arguments to that are not among ``tool_names`` (an entry
+    that is None is another row's key of a parquet struct column, not this row's)."""
+    per_tool = row_tools_kwargs(row) or {}
+    return sorted(str(name) for name, entry in per_tool.items() if entry is not None and name not in tool_names)
 
 
 ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment")

@@ -40,7 +40,7 @@ import yaml
 from hybridrl.agents.tools import Tool, is_finite_number
 from hybridrl.utils.user_files import import_user_file
 
-__all__ = ["VERL_EQUIVALENTS", "EpisodeTool", "ToolConfigError", "load_tool_config", "timeout_of"]
+__all__ = ["VERL_EQUIVALENTS", "EpisodeTool", "ToolConfigError", "ToolInstanceError", "load_tool_config", "timeout_of"]
 
 VERL_EQUIVALENTS = {
     "verl.tools.gsm8k_tool.Gsm8kTool": "hybridrl.agents.verl_tools:Gsm8kAnswerCheck",
@@ -60,6 +60,10 @@ class ToolConfigError(ValueError):
     """A tool config file that cannot be used; the message names the file, the entry and the field."""
 
 
+class ToolInstanceError(ValueError):
+    """A tool class's constructor raised while an episode was starting; the message quotes its exception."""
+
+
 @dataclass(frozen=True)
 class EpisodeTool:
     """A tool with one instance per episode: ``template.function`` is the class, built by :meth:`for_episode`."""
@@ -75,8 +79,16 @@ class EpisodeTool:
         return self.template.schema()
 
     def for_episode(self, row_arguments: Mapping[str, Any]) -> Tool:
-        """The episode's tool: ``cls(config, **row_arguments)`` answers the calls."""
-        return replace(self.template, function=self.template.function(dict(self.config), **row_arguments))
+        """The episode's tool: ``cls(config, **row_arguments)`` answers the calls. A constructor that raises is a
+        :class:`ToolInstanceError` naming the tool and the class and quoting the exception (it ends the episode)."""
+        cls = self.template.function
+        try:
+            instance = cls(dict(self.config), **row_arguments)
+        except Exception as error:  # noqa: BLE001 - the user's constructor: its text goes into the episode's failure
+            arguments = ", ".join(["config", *(f"{key}=…" for key in sorted(row_arguments))])
+            raise ToolInstanceError(f"tool {self.name!r}: {getattr(cls, '__name__', cls)}({arguments}) raised "
+                                    f"{type(error).__name__}: {error}") from error
+        return replace(self.template, function=instance)
 
 
 def load_tool_config(path: str | Path) -> list[Tool | EpisodeTool]:

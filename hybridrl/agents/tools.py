@@ -62,13 +62,15 @@ class ToolOutcome:
     """What one tool call gave back: ``content`` (the text the model will see as the tool's message), ``error``
     (None on success; else a one-line reason, and ``content`` is then ``"error: <reason>"``), ``timed_out``,
     ``seconds`` (wall time of the call, validation included), ``reward`` (the tool's reward; 0 unless the function
-    returned a :class:`ToolResult`)."""
+    returned a :class:`ToolResult`), ``raised`` (the tool's own code raised: ``error`` is its exception's type and
+    text — the tool's fault, not the model's)."""
 
     content: str
     error: Optional[str] = None
     timed_out: bool = False
     seconds: float = 0.0
     reward: float = 0.0
+    raised: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ class Tool:
         if not finished:
             return _error_outcome(f"timed out after {self.timeout_s:g} s", started, timed_out=True)
         if failure is not None:
-            return _error_outcome(failure, started)
+            return replace(_error_outcome(failure, started), raised=True)
         if isinstance(result, ToolResult):
             if not is_finite_number(result.reward):
                 return _error_outcome(f"the tool returned the reward {result.reward!r}: it must be a finite number",

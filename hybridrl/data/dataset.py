@@ -69,6 +69,7 @@ class TokenizedPrompt:
         raw_prompt: the formatted prompt text (chat template applied), before truncation.
         data_source, ground_truth, ability, extra_info: from the row (see :class:`PromptRecord`).
         messages: the row's prompt as given (chat messages or text), for a reward model with its own chat template.
+        where: the row's location for error messages (``"train.parquet: row 3 (line 4)"``); empty if unknown.
     """
 
     row_id: int
@@ -79,6 +80,7 @@ class TokenizedPrompt:
     ability: str = ""
     extra_info: dict[str, Any] = field(default_factory=dict)
     messages: Any = None
+    where: str = ""
 
 
 def format_prompt(prompt: ChatMessages | str, tokenizer: Any, apply_chat_template: bool, where: str = "prompt") -> str:
@@ -181,7 +183,7 @@ class PromptDataset(Sequence[TokenizedPrompt]):
             kept = _apply_length_policy(ids, record.where, options)
             if kept is not None:
                 prompts.append(TokenizedPrompt(row_id, tuple(kept), text, record.data_source, record.ground_truth,
-                                               record.ability, record.extra_info, record.prompt))
+                                               record.ability, record.extra_info, record.prompt, record.where))
         num_filtered = len(records) - len(prompts)
         if num_filtered:
             logger.warning("%s dataset: dropped %d of %d prompts longer than data.max_prompt_length=%d tokens "

@@ -15,6 +15,7 @@ with the row's location (file and row) and name the offending key.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -76,12 +77,32 @@ def record_from_row(row: Mapping[str, Any], where: str, prompt_key: str = "promp
     if not isinstance(extra_info, Mapping):
         raise ValueError(f"{where}: 'extra_info' must be a dict, got {type(extra_info).__name__}")
     extra_info = dict(extra_info)
+    if "tools_kwargs" in extra_info:
+        extra_info["tools_kwargs"] = _tools_kwargs(extra_info["tools_kwargs"], where)
     agent_name = row.get("agent_name")  # verl's multi-turn datasets choose the row's agent loop in this column
     if agent_name is not None:
         if not isinstance(agent_name, str) or not agent_name:
             raise ValueError(f"{where}: 'agent_name' must be a non-empty string, got {agent_name!r}")
         extra_info.setdefault("agent_name", agent_name)
     return PromptRecord(data_source, prompt, reward_model["ground_truth"], ability, extra_info, where)
+
+
+def _tools_kwargs(value: Any, where: str) -> Any:
+    """``extra_info.tools_kwargs`` as a mapping ``{tool: {"create_kwargs": {...}}}``: verl's parquet files sometimes
+    store it as a JSON string, which is parsed here (else every tool would silently get no row arguments)."""
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", errors="replace")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else None
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where}: 'extra_info.tools_kwargs' is a string that is not valid JSON ({error.msg}, "
+                             f"char {error.pos}); write it as "
+                             '{"<tool name>": {"create_kwargs": {...}}}') from None
+    if value is None or isinstance(value, Mapping):
+        return value
+    raise ValueError(f"{where}: 'extra_info.tools_kwargs' must map tool names to {{'create_kwargs': {{...}}}}, got "
+                     f"{type(value).__name__}")
 
 
 def check_prompt(prompt: Any, where: str, key: str = "prompt") -> ChatMessages | str:

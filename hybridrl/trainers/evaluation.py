@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from hybridrl.agents.batch import EPISODE_REWARDS, FINAL_RESPONSE, TURN_REWARDS
+from hybridrl.agents.batch import EPISODE_REWARDS, FINAL_RESPONSE, TURN_REWARDS, check_episode_failures
 from hybridrl.data.loader import DataFields, PromptLoader
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rewards.scorer import RewardScorer
@@ -73,6 +73,7 @@ class Scoring:
         return JudgedRows(scores, correct, texts, answers)
 
     def _score(self, batch: Batch) -> tuple[torch.Tensor, Any, list[str]]:
+        check_episode_failures(batch)  # every episode failed the same way: stop quoting it, before scoring nothing
         texts = self.decode(batch)
         scores, info = self.scorer.score(list(batch[DataFields.DATA_SOURCE]), texts,
                                          list(batch[DataFields.GROUND_TRUTH]), list(batch[DataFields.EXTRA_INFO]))

@@ -113,8 +113,8 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
         "critic/score/mean": float(scores.mean()), "critic/score/max": float(scores.max()),
         "critic/score/min": float(scores.min()), "critic/rewards/mean": float(rewards.mean()),
         "critic/advantages/mean": float(masked_mean(batch[Fields.ADVANTAGES], response_mask)),
-        "critic/advantages/max": float(batch[Fields.ADVANTAGES][response_mask.bool()].max()),
-        "critic/advantages/min": float(batch[Fields.ADVANTAGES][response_mask.bool()].min()),
+        "critic/advantages/max": _extreme(batch[Fields.ADVANTAGES][response_mask.bool()], torch.max),
+        "critic/advantages/min": _extreme(batch[Fields.ADVANTAGES][response_mask.bool()], torch.min),
         "response_length/mean": float(response_lengths.mean()), "response_length/max": float(response_lengths.max()),
         "response_length/clip_ratio": float((response_lengths >= max_length).float().mean()),
         "prompt_length/mean": float(prompt_lengths.mean()),
@@ -126,6 +126,12 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
         metrics["rollout/log_prob_diff_max"] = float(difference.max())
         metrics["rollout/log_prob_diff_mean"] = float(difference.sum() / response_mask.sum().clamp_min(1))
     return metrics
+
+
+def _extreme(values: torch.Tensor, reduce) -> float:
+    """``reduce(values)`` as a float; 0.0 for no values (a batch without a response token: every episode failed
+    before the model's first turn) — a metric, never the reason a step crashes."""
+    return float(reduce(values)) if values.numel() else 0.0
 
 
 def current_weights_log_prob_gap(batch: Batch, step: int) -> dict[str, float]:

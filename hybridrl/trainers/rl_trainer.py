@@ -88,12 +88,12 @@ class RLTrainer:
         self.config = config
         self.run_dir = Path(config.trainer.default_local_dir)
         self.tokenizer = load_tokenizer(config.model)
-        episode_runner(config, self.tokenizer)  # a chat template that cannot show the tools: refused now
+        episodes = episode_runner(config, self.tokenizer)  # a chat template that cannot show the tools: refused now
         self.loaders = build_prompt_loaders(config.data, self.tokenizer)
         reward_source = RewardFunctionSource.from_config(config.custom_reward_function)
         reward_source.load()  # a bad reward file, name or keyword fails now, before Ray starts
         for loader in filter(None, self.loaders):
-            check_agent_names(config, loader.dataset)
+            check_agent_names(config, loader.dataset, episodes and [tool.name for tool in episodes.tools])
         if reward_source.is_builtin:  # every prompt's data_source needs a reward function, now
             for loader in filter(None, self.loaders):
                 check_data_sources(sorted({prompt.data_source for prompt in loader.dataset}))

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from hybridrl.agents.batch import trajectories_to_batch
-from hybridrl.agents.environment import ENVIRONMENTS, resolve_tools
+from hybridrl.agents.environment import ENVIRONMENTS, resolve_tools, unknown_row_tools
 from hybridrl.agents.lockstep import LeaderRequests, ReplicaGroup, follow
 from hybridrl.agents.loop import AgentLoop, LoopLimits
 from hybridrl.agents.tool_config import load_tool_config
@@ -41,15 +41,53 @@ def episode_runner(config, tokenizer) -> "EpisodeRunner | None":
     return EpisodeRunner(config.rollout.multi_turn, tokenizer, config.data.max_prompt_length)
 
 
-def check_agent_names(config, dataset) -> None:
-    """Every prompt's ``agent_name`` in ``dataset`` (a ``PromptDataset``) names a registered environment
-    (multi-turn runs): a ``ValueError`` naming the first row that does not, before any worker starts."""
+SINGLE_TURN_AGENTS = ("single_turn", "single_turn_agent")
+"""Row ``agent_name`` values that ask for what single-turn generation does anyway (multi-turn off)."""
+
+
+def check_agent_names(config, dataset, tool_names: Optional[list[str]] = None) -> None:
+    """Every prompt's ``agent_name`` in ``dataset`` (a ``PromptDataset``) can be honoured, before any worker starts:
+    with ``rollout.multi_turn.enable`` it names a registered environment, and the tools its
+    ``extra_info.tools_kwargs`` gives arguments to are among ``tool_names`` (the built-in tools and those of the
+    tool file); without, it asks for no multi-turn episode. A ``ValueError`` names the file and row of the first
+    row that fails (and how many do)."""
     if not config.rollout.multi_turn.enable:
+        _refuse_first(dataset, lambda prompt: _agent_without_multi_turn(prompt.extra_info.get("agent_name")))
         return
-    for prompt in dataset:
-        name = prompt.extra_info.get("agent_name")
-        if name is not None and name not in ENVIRONMENTS:
-            raise ValueError(f"the {dataset.name} data, row {prompt.row_id}: {_unknown_environment(name)}")
+    _refuse_first(dataset, lambda prompt: _row_agent_problem(prompt, config.rollout.multi_turn, tool_names))
+
+
+def _refuse_first(dataset, problem_of) -> None:
+    problems = [(prompt, problem) for prompt in dataset if (problem := problem_of(prompt))]
+    if problems:
+        prompt, problem = problems[0]
+        where = prompt.where or f"the {dataset.name} data, row {prompt.row_id}"
+        others = f" ({len(problems) - 1} more row(s) of the {dataset.name} data alike)" if len(problems) > 1 else ""
+        raise ValueError(f"{where}: {problem}{others}")
+
+
+def _agent_without_multi_turn(name: object) -> Optional[str]:
+    if name is None or name in SINGLE_TURN_AGENTS:
+        return None
+    return (f"agent_name={name!r} asks for a multi-turn episode, and rollout.multi_turn.enable=false (one turn, no "
+            "tools: the column would be ignored); set rollout.multi_turn.enable=true (with rollout=vllm or "
+            "rollout=vllm_cpu, and the tools in rollout.multi_turn.tool_config_path), or drop the agent_name "
+            f"column (or set it to {SINGLE_TURN_AGENTS[1]!r})")
+
+
+def _row_agent_problem(prompt, multi_turn: MultiTurnConfig, tool_names: Optional[list[str]]) -> Optional[str]:
+    name = prompt.extra_info.get("agent_name")
+    if name is not None and name not in ENVIRONMENTS:
+        return _unknown_environment(name)
+    if tool_names is None:
+        return None
+    unknown = unknown_row_tools({"extra_info": prompt.extra_info}, tool_names)
+    if unknown:
+        return (f"extra_info.tools_kwargs names the tool(s) {unknown}, which rollout.multi_turn does not define "
+                f"(its tools: {', '.join(sorted(tool_names)) or 'none'}; from rollout.multi_turn.tools and "
+                f"{multi_turn.tool_config_path or 'no rollout.multi_turn.tool_config_path'}); their create_kwargs "
+                "would reach no tool: fix the tool name in the row or add the tool to the tool file")
+    return None
 
 
 def _unknown_environment(name: object) -> str:

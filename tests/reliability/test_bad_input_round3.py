@@ -6,17 +6,30 @@ accepted and taking effect. No case looks at a traceback; the command-line cases
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 
 import pytest
-from bad_input_cases import encoded, jsonl_lines, run_overrides
+import torch
+from bad_input_cases import encoded, good_rows, jsonl_lines, run_overrides, train_files
 
+from hybridrl.agents.batch import EPISODE_FAILURE, check_episode_failures
 from hybridrl.agents.environment import ToolEnvironment
+from hybridrl.agents.loop import AgentLoop, LoopLimits
 from hybridrl.agents.tool_config import load_tool_config
+from hybridrl.agents.trajectory import ChatRenderer
 from hybridrl.cli import main
 from hybridrl.config import load_config
+from hybridrl.data.dataset import PromptDataset, PromptOptions
+from hybridrl.data.io import read_rows
+from hybridrl.data.records import record_from_row
+from hybridrl.protocol import Batch, Fields
+from hybridrl.rollout.base import SamplingParams
+from hybridrl.trainers.rl_steps import batch_metrics
 from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.trainers.sft_trainer import SFTTrainer
+from hybridrl.workers.agent_rollout import check_agent_names
 
 
 def refused_config(*overrides: str, config_name: str = "ppo_trainer") -> str:
@@ -283,3 +296,203 @@ def test_a_tool_class_with_a_call_is_accepted(class_name, tmp_path):
     (tmp_path / "my_tools.py").write_text(TOOLS_PY)
     [tool] = load_tool_config(tool_file(tmp_path, f"my_tools.py:{class_name}"))
     assert tool.for_episode({}).call({"x": "1"}).error is None
+
+
+# ---------------------------------------------------------------------------------------------- agent rows
+def agent_rows(tmp: Path, change=None, name: str = "rows.jsonl") -> Path:
+    """Eight good arithmetic rows as a JSONL file, ``change(rows)`` applied first."""
+    rows = [dict(row) for row in good_rows()]
+    if change is not None:
+        change(rows)
+    return jsonl_lines(tmp / name, [encoded(row) for row in rows])
+
+
+def set_row(index: int, **columns):
+    def change(rows: list[dict]) -> None:
+        rows[index].update(columns)
+    return change
+
+
+def refused_trainer(overrides: list[str]) -> str:
+    with pytest.raises(ValueError) as caught:
+        RLTrainer(load_config(overrides))
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("agent_name", ["tool_agent", "my_agent"])
+def test_rows_that_name_an_agent_with_multi_turn_off_are_refused_naming_file_and_row(agent_name, model_dir,
+                                                                                     tmp_path):
+    data = agent_rows(tmp_path, set_row(2, agent_name=agent_name))
+    message = refused_trainer(run_overrides(model_dir, tmp_path / "run", *train_files(data)))
+    assert_names(message, "rows.jsonl: row 2", f"agent_name={agent_name!r}", "rollout.multi_turn.enable=false",
+                 "set rollout.multi_turn.enable=true", "drop the agent_name column")
+
+
+def test_every_agent_row_is_counted_in_the_one_message(model_dir, tmp_path):
+    def change(rows):
+        for row in rows:
+            row["agent_name"] = "tool_agent"
+    message = refused_trainer(run_overrides(model_dir, tmp_path / "run", *train_files(agent_rows(tmp_path, change))))
+    assert_names(message, "rows.jsonl: row 0", "(7 more row(s) of the train data alike)")
+
+
+def test_single_turn_agent_rows_with_multi_turn_off_are_accepted(model_dir, tmp_path):
+    """verl's ``single_turn_agent`` asks for what single-turn generation does: accepted."""
+    data = agent_rows(tmp_path, set_row(1, agent_name="single_turn_agent"))
+    trainer = RLTrainer(load_config(run_overrides(model_dir, tmp_path / "run", *train_files(data))))
+    assert trainer.loaders.train.dataset[1].extra_info["agent_name"] == "single_turn_agent"
+
+
+# ---------------------------------------------------------------------------------------------- tools_kwargs
+TOOLS_KWARGS_PY = '''
+def check(x, expected="none"):
+    return f"checked {x} against {expected}"
+'''
+
+
+def agent_run(model_dir: Path, tmp: Path, tools: Path, data: Path) -> list[str]:
+    """A multi-turn run on ``data`` with ``tools`` (the tiny model's template cannot render tools: a system prompt)."""
+    return [*multi_turn_overrides(model_dir, tmp, tools), "rollout.multi_turn.tool_prompt=system", *train_files(data)]
+
+
+def checked_rows(model_dir: Path, tmp: Path, tools: Path, data: Path):
+    """The start-up row check of a multi-turn run with ``tools`` (the tool file's names) on ``data``; the dataset.
+    (The tiny model's word-level tokenizer cannot encode the tools' system prompt, so no whole trainer here.)"""
+    config = load_config(agent_run(model_dir, tmp, tools, data))
+    options = PromptOptions.from_data_config(config.data)
+    dataset = PromptDataset.from_files([data], load_tokenizer_from(model_dir), options)
+    check_agent_names(config, dataset, [tool.name for tool in load_tool_config(tools)])
+    return dataset
+
+
+def tools_and_rows(tmp: Path, tools_kwargs) -> tuple[Path, Path]:
+    (tmp / "my_tools.py").write_text(TOOLS_KWARGS_PY)
+    return tool_file(tmp, "my_tools.py:check"), agent_rows(tmp, set_row(4, extra_info={"tools_kwargs": tools_kwargs}))
+
+
+def test_tools_kwargs_stored_as_a_json_string_is_parsed_and_reaches_the_tool(tmp_path):
+    """verl's parquet files sometimes hold ``tools_kwargs`` as a JSON string: its create_kwargs take effect."""
+    tools, data = tools_and_rows(tmp_path, json.dumps({"check": {"create_kwargs": {"expected": "42"}}}))
+    [row] = [row for row in read_rows(data).rows if row.where.endswith("row 4 (line 5)")]
+    record = record_from_row(row.row, row.where)
+    assert record.extra_info["tools_kwargs"] == {"check": {"create_kwargs": {"expected": "42"}}}
+    environment = ToolEnvironment(load_tool_config(tools), lambda text, row: 0.0)
+    environment.reset({"prompt": "q", "extra_info": record.extra_info})
+    step = environment.step('<tool_call>{"name": "check", "arguments": {"x": "41"}}</tool_call>')
+    assert step.observations[0]["content"] == "checked 41 against 42"
+
+
+def test_a_json_string_in_a_row_built_in_code_also_reaches_the_tool(tmp_path):
+    (tmp_path / "my_tools.py").write_text(TOOLS_KWARGS_PY)
+    environment = ToolEnvironment(load_tool_config(tool_file(tmp_path, "my_tools.py:check")), lambda t, r: 0.0)
+    environment.reset({"prompt": "q", "extra_info": {"tools_kwargs": '{"check": {"create_kwargs": {"expected": 7}}}'}})
+    step = environment.step('<tool_call>{"name": "check", "arguments": {"x": "7"}}</tool_call>')
+    assert step.observations[0]["content"] == "checked 7 against 7"
+
+
+@pytest.mark.parametrize("value, phrases", [
+    ("{check: 1", ["'extra_info.tools_kwargs' is a string that is not valid JSON", "create_kwargs"]),
+    ("[1, 2]", ["'extra_info.tools_kwargs' must map tool names to", "got list"]),
+    (3, ["'extra_info.tools_kwargs' must map tool names to", "got int"]),
+], ids=["broken_json", "json_list", "number"])
+def test_tools_kwargs_that_is_no_mapping_is_refused_naming_the_row(value, phrases, model_dir, tmp_path):
+    data = agent_rows(tmp_path, set_row(4, extra_info={"tools_kwargs": value}))
+    message = refused_trainer(run_overrides(model_dir, tmp_path / "run", *train_files(data)))
+    assert_names(message, "rows.jsonl: row 4", *phrases)
+
+
+@pytest.mark.parametrize("tools_kwargs", [{"chek": {"create_kwargs": {"expected": "1"}}},
+                                          json.dumps({"chek": {"create_kwargs": {"expected": "1"}}})],
+                         ids=["mapping", "json_string"])
+def test_tools_kwargs_naming_an_undefined_tool_is_refused_naming_file_row_and_tool(tools_kwargs, model_dir,
+                                                                                   tmp_path):
+    tools, data = tools_and_rows(tmp_path, tools_kwargs)
+    with pytest.raises(ValueError) as caught:
+        checked_rows(model_dir, tmp_path, tools, data)
+    assert_names(str(caught.value), "rows.jsonl: row 4", "extra_info.tools_kwargs names the tool(s) ['chek']",
+                 "its tools: check", "tools.yaml")
+
+
+def test_tools_kwargs_with_another_rows_tool_left_none_is_accepted(model_dir, tmp_path):
+    """A parquet struct column holds every row's tool keys; a None entry is another row's, not this row's."""
+    tools, data = tools_and_rows(tmp_path, {"check": {"create_kwargs": {"expected": "1"}}, "other": None})
+    dataset = checked_rows(model_dir, tmp_path, tools, data)
+    assert dataset[4].extra_info["tools_kwargs"]["check"] == {"create_kwargs": {"expected": "1"}}
+
+
+# ---------------------------------------------------------------------------------------------- tools that raise
+RAISING_PY = '''
+class NeedsKey:
+    def __init__(self, config, **create_kwargs):
+        raise RuntimeError("MY_API_KEY is not set")
+    def __call__(self, x):
+        return x
+
+def flaky(x):
+    raise ConnectionError(f"sandbox 10.0.0.1 refused {x}")
+'''
+
+
+def raising_tools(tmp: Path, class_name: str) -> list:
+    (tmp / "my_tools.py").write_text(RAISING_PY)
+    return load_tool_config(tool_file(tmp, f"my_tools.py:{class_name}"))
+
+
+def load_tokenizer_from(model_dir: Path):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def failed_episodes(tools: list, count: int, tokenizer) -> list:
+    """``count`` episodes whose environment fails at reset: the agent loop never needs the engine."""
+    loop = AgentLoop(None, ChatRenderer(tokenizer), LoopLimits(max_assistant_turns=2, max_response_tokens=8), [])
+    environments = [ToolEnvironment(tools, lambda text, row: 0.0) for _ in range(count)]
+    rows = [{"prompt": "1+1=", "extra_info": {}} for _ in range(count)]
+    return loop.run(environments, rows, [SamplingParams(max_new_tokens=8)] * count)
+
+
+def test_a_tool_constructor_that_raises_ends_the_episode_quoting_the_users_exception(model_dir, tmp_path):
+    [trajectory] = failed_episodes(raising_tools(tmp_path, "NeedsKey"), 1, load_tokenizer_from(model_dir))
+    assert trajectory.end == "failed"
+    assert_names(trajectory.failure, "tool 'check'", "NeedsKey(config) raised RuntimeError: MY_API_KEY is not set")
+
+
+def test_a_batch_whose_every_episode_failed_alike_stops_with_the_users_exception(model_dir, tmp_path):
+    trajectories = failed_episodes(raising_tools(tmp_path, "NeedsKey"), 4, load_tokenizer_from(model_dir))
+    batch = Batch(tensors={"x": torch.zeros(4)}, non_tensors={EPISODE_FAILURE: [t.failure for t in trajectories]})
+    with pytest.raises(ValueError) as caught:
+        check_episode_failures(batch)
+    assert_names(str(caught.value), "all 4 episodes of the batch failed with the same error",
+                 "RuntimeError: MY_API_KEY is not set", "rollout.multi_turn.tool_config_path")
+
+
+@pytest.mark.parametrize("failures", [["boom", "", "boom"], ["boom", "bang"]], ids=["some_failed", "different"])
+def test_a_batch_with_some_or_different_failures_trains_on(failures):
+    check_episode_failures(Batch(tensors={"x": torch.zeros(len(failures))},
+                                 non_tensors={EPISODE_FAILURE: failures}))
+
+
+def test_batch_metrics_of_a_batch_without_response_tokens_do_not_crash():
+    """Every episode failed before the model's first turn: no response token, metrics still computed."""
+    rows, width = 4, 3
+    zeros = torch.zeros(rows, width)
+    batch = Batch(tensors={Fields.RESPONSE_MASK: zeros.long(), Fields.ATTENTION_MASK: torch.ones(rows, 5).long(),
+                           Fields.TOKEN_LEVEL_SCORES: zeros, Fields.TOKEN_LEVEL_REWARDS: zeros,
+                           Fields.RESPONSES: zeros.long(), Fields.ADVANTAGES: zeros})
+    metrics = batch_metrics(batch)
+    assert metrics["critic/advantages/max"] == 0.0 and metrics["response_length/max"] == 0.0
+
+
+def test_a_tool_that_raises_on_every_call_shows_its_exception_to_model_and_log(tmp_path, caplog):
+    environment = ToolEnvironment(raising_tools(tmp_path, "flaky"), lambda text, row: 0.0)
+    environment.reset({"prompt": "q"})
+    with caplog.at_level(logging.WARNING, logger="hybridrl.agents.environment"):
+        steps = [environment.step('<tool_call>{"name": "check", "arguments": {"x": "a"}}</tool_call>')
+                 for _ in range(3)]
+        environment.step('<tool_call>{"name": "check", "arguments": {"x": "b"}}</tool_call>')
+    assert steps[0].observations[0]["content"] == "error: ConnectionError: sandbox 10.0.0.1 refused a"
+    assert steps[0].info["tool_errors"] == 1.0
+    logged = [record.getMessage() for record in caplog.records if "raised" in record.getMessage()]
+    assert len(logged) == 2, logged  # once per distinct message, not once per call
+    assert_names(logged[0], "tool 'check' raised: ConnectionError: sandbox 10.0.0.1 refused a")
+    assert_names(logged[1], "refused b")

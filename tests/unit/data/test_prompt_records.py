@@ -135,7 +135,8 @@ def test_verls_multi_turn_rows_keep_their_agent_name_and_tool_arguments(tmp_path
     config = load_config(["rollout.name=vllm", "rollout.multi_turn.enable=true"], check_paths=False)
     check_agent_names(config, dataset)
     unknown = _load(tmp_path, [verl_tool_agent_row(0, "1", agent_name="react_agent")], char_tokenizer)
-    with pytest.raises(ValueError, match="the train data, row 0: agent_name 'react_agent' names no environment; "
+    with pytest.raises(ValueError, match=r"rows.jsonl: row 0 \(line 1\): agent_name 'react_agent' names no "
+                                         "environment; "
                                          "registered: tool, single_turn, tool_agent, single_turn_agent"):
         check_agent_names(config, unknown)
     with pytest.raises(ValueError, match=r"row 0 \(line 1\): 'agent_name' must be a non-empty string, got 3"):
