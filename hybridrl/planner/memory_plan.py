@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from hybridrl.config.precision import DTYPE_BYTES, PrecisionMode, precision_mode
+from hybridrl.config.rollout_placement import replicas_apart
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import gathers_once, role_plan, shard_group_ranks, world_size
 from hybridrl.config.validation import critic_enabled
@@ -224,9 +225,12 @@ def rollout_role(config: TrainConfig, shape: DecoderShape, device_bytes: int, ut
             config.rollout.max_num_seqs * shape.vocab_size * FP32
         kv_cache = max(0, budget - weights - reserve)
         buckets = 2 * config.rollout.weight_sync_bucket_mb * 2**20
+        where = ("on the pool's own devices" if config.rollout.n_gpus else
+                 "in its own process: + a CUDA context" if replicas_apart(config) else "in the actor's process")
+        own_context = CUDA_CONTEXT_BYTES if replicas_apart(config) and not config.rollout.n_gpus else 0
         return RoleMemory("rollout (vllm)", parameters=weights, activations=reserve, kv_cache=kv_cache,
-                          buffers=buckets, note=f"gpu_memory_utilization={utilization:g}; KV holds "
-                                                f"{kv_cache // kv_per_token:,} tokens")
+                          buffers=buckets + own_context, note=f"{where}; gpu_memory_utilization={utilization:g}; "
+                                                              f"KV holds {kv_cache // kv_per_token:,} tokens")
     rows = -(-config.data.train_batch_size * config.rollout.n // world_size(config))
     seq_len = config.data.max_prompt_length + config.data.max_response_length
     logits = rows * shape.vocab_size * FP32
@@ -283,12 +287,15 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
                                             rm_layout, world=world, compute_bytes=c)
     roles["rollout"] = rollout_role(config, shapes.policy, device_bytes, setup.gpu_memory_utilization)
     roles["buffers"] = RoleMemory("buffers", buffers=fixed, note="CUDA context" + (" + NCCL" if world > 1 else ""))
+    pool = config.rollout.n_gpus > 0  # the engines on devices of their own: not on the trainer's
     forward_peak = forward_only_bytes(shapes.policy, forward_layout, c)
     if "critic" in roles:  # the value forward runs at the same time, on the critic's own workers
         forward_peak += forward_only_bytes(head_output_shape("critic", shapes.critic or shapes.policy),
                                            forward_layout, c)
     phases = phase_totals(roles, setup, config.rollout.free_cache_engine, forward_peak,
-                          generates_on_actor=config.rollout.name != "vllm")
+                          generates_on_actor=config.rollout.name != "vllm", rollout_here=not pool)
+    if pool:  # a pool device holds its engine and its own CUDA context
+        phases["generate_on_pool"] = roles["rollout"].total + CUDA_CONTEXT_BYTES
     return MemoryPlan(setup=setup, roles=roles, phases=phases, device_bytes=device_bytes, precision=modes,
                       problems=engine_problems(config, shapes.policy, roles["rollout"], setup.gpu_memory_utilization))
 
@@ -307,18 +314,19 @@ def engine_problems(config: TrainConfig, shape: DecoderShape, rollout: RoleMemor
 
 
 def phase_totals(roles: dict[str, RoleMemory], setup: Setup, free_cache_engine: bool,
-                 forward_peak: int, generates_on_actor: bool = True) -> dict[str, int]:
+                 forward_peak: int, generates_on_actor: bool = True, rollout_here: bool = True) -> dict[str, int]:
     """Device bytes of each phase of the step (module docstring); ``forward_peak``: the no-grad forwards of the
     log-prob phase (actor, and the critic's values at the same time); ``generates_on_actor``: the rollout decodes on
     the actor's own module (HF ``generate``), which holds the actor's gathered parameters meanwhile — a vLLM engine
-    has its own weights (in ``roles["rollout"]``), and the actor's kept-gathered copy is released before it runs."""
+    has its own weights (in ``roles["rollout"]``), and the actor's kept-gathered copy is released before it runs.
+    ``rollout_here=False``: the engines run on a standalone pool's devices, not on these."""
     trained = [name for name in ("actor", "critic") if name in roles]
     frozen = [name for name in ("ref", "reward_model") if name in roles]
     resident = sum(roles[name].resident for name in trained + frozen) + roles["buffers"].total
-    rollout = roles["rollout"]
-    asleep = 0 if free_cache_engine else rollout.total
+    rollout = roles["rollout"].total if rollout_here else 0
+    asleep = 0 if free_cache_engine else rollout
     moved_out = roles["actor"].optimizer if setup.optimizer_offload and not setup.param_offload else 0
-    phases = {"generate": resident - moved_out + rollout.total
+    phases = {"generate": resident - moved_out + rollout
               + (roles["actor"].buffers if generates_on_actor else 0)}
     forwards = forward_peak + sum(roles[name].buffers for name in trained)
     phases["log_probs"] = resident + asleep + forwards

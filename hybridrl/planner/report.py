@@ -12,7 +12,7 @@ from hybridrl.planner.hardware import GpuSpec
 from hybridrl.planner.known_models import model_shape
 from hybridrl.planner.memory_plan import MemoryPlan, Shapes, kv_bytes_per_token, plan_memory
 from hybridrl.planner.recommendation import Recommendation, recommend
-from hybridrl.planner.time_plan import StepTime, roofline_step_time, run_cost
+from hybridrl.planner.time_plan import StepTime, job_devices, rollout_engines, roofline_step_time, run_cost
 from hybridrl.autotune.memory_sizing import DecoderShape
 
 GIB = 2**30
@@ -64,7 +64,7 @@ def plan_job(config: TrainConfig, gpu: GpuSpec, *, shapes: Optional[Shapes] = No
                                    waves=generation_waves(config, shapes.policy, advice.plan))
     return JobPlan(gpu=gpu, as_configured=plan_memory(config, shapes, gpu.memory_bytes), recommendation=advice,
                    step_time=step_time, total_steps=total_steps or config.trainer.total_training_steps,
-                   headroom=headroom, price_per_gpu_hour=price_per_gpu_hour, num_devices=world_size(config))
+                   headroom=headroom, price_per_gpu_hour=price_per_gpu_hour, num_devices=job_devices(config))
 
 
 def generation_waves(config: TrainConfig, shape: DecoderShape, plan: MemoryPlan) -> int:
@@ -76,7 +76,7 @@ def generation_waves(config: TrainConfig, shape: DecoderShape, plan: MemoryPlan)
     tp = config.rollout.tensor_model_parallel_size
     capacity = rollout.kv_cache // kv_bytes_per_token(shape, DTYPE_BYTES[config.model.dtype], tp)
     tokens = config.data.train_batch_size * config.rollout.n * (
-        config.data.max_prompt_length + config.data.max_response_length) // (world_size(config) // tp)
+        config.data.max_prompt_length + config.data.max_response_length) // rollout_engines(config)
     return max(1, -(-tokens // max(1, capacity)))
 
 

@@ -54,7 +54,7 @@ def generation_seconds(config: TrainConfig, shape: DecoderShape, gpu: GpuSpec, w
     the engine must cycle because its KV cache holds only part of the batch (each wave re-reads the weights)."""
     c = DTYPE_BYTES[config.model.dtype]
     tp = config.rollout.tensor_model_parallel_size
-    engines = world_size(config) // tp
+    engines = rollout_engines(config)
     rows = config.data.train_batch_size * config.rollout.n / engines
     prompt, response = config.data.max_prompt_length, config.data.max_response_length
     prefill = rows * forward_flops(shape, prompt) / (tp * gpu.bf16_flops)
@@ -90,6 +90,17 @@ def roofline_step_time(config: TrainConfig, shape: DecoderShape, gpu: GpuSpec, *
     if config.rollout.name == "vllm":  # weights copied into the engine: one read and one write of the compute copy
         phases["weight_sync"] = 2 * DTYPE_BYTES[config.model.dtype] * shape.num_parameters() / gpu.bandwidth
     return StepTime({name: seconds / efficiency for name, seconds in phases.items()}, efficiency)
+
+
+def rollout_engines(config: TrainConfig) -> int:
+    """Generation replicas: a standalone pool's (``rollout.n_gpus / t_g``), or the actor's devices' (``N / t_g``)."""
+    return (config.rollout.n_gpus or world_size(config)) // config.rollout.tensor_model_parallel_size
+
+
+def job_devices(config: TrainConfig) -> int:
+    """Every device the job holds: the trainer's, a standalone rollout pool's and a reward model's own."""
+    reward_model = config.reward_model.n_gpus if config.reward_model.enable else 0
+    return world_size(config) + config.rollout.n_gpus + reward_model
 
 
 def run_cost(hours: float, num_devices: int, price_per_gpu_hour: float) -> float:
