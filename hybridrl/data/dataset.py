@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hybridrl.data.chat_roles import check_roles, template_source
 from hybridrl.data.io import SourceRow, read_rows
 from hybridrl.data.records import ChatMessages, PromptRecord, check_columns, record_from_row
 
@@ -88,6 +89,7 @@ def format_prompt(prompt: ChatMessages | str, tokenizer: Any, apply_chat_templat
     if not apply_chat_template:
         return prompt if isinstance(prompt, str) else "\n".join(message["content"] for message in prompt)
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    check_roles(template_source(tokenizer), messages, where, "prompt")
     try:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     except Exception as error:  # jinja errors (e.g. "roles must alternate") raised by the template itself

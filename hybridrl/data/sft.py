@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import torch
 
+from hybridrl.data.chat_roles import CHAT_ROLES, check_roles, template_source
 from hybridrl.data.dataset import format_prompt, tokenize_prompts
 from hybridrl.data.records import check_prompt
 from hybridrl.protocol import Batch, Fields
@@ -24,12 +25,6 @@ from hybridrl.protocol.rollout_layout import assemble_rollout
 
 __all__ = ["CHAT_ROLES", "SFTExample", "check_sft_lengths", "check_sft_roles", "sft_examples_from_rows",
            "encode_sft_examples"]
-
-CHAT_ROLES = ("system", "user", "assistant", "tool")
-"""The roles every chat template is written for; a template may know more (it names them, e.g. ``'ipython'``)."""
-SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "observation": "tool", "function_call": "assistant"}
-"""ShareGPT-style data's roles (its ``from`` values) and the chat roles they stand for."""
-
 
 @dataclass(frozen=True)
 class SFTExample:
@@ -79,25 +74,14 @@ def check_sft_lengths(tokenizer: Any, examples: Sequence[SFTExample], max_respon
 
 def check_sft_roles(tokenizer: Any, examples: Sequence[SFTExample], apply_chat_template: bool) -> None:
     """Refuse, before any step trains, a message whose role the chat template does not know, naming its file, row
-    and role (``ValueError``): a template renders such a message as some other role, or drops it, without a word
-    (ShareGPT's ``gpt`` would train as whatever the template's ``else`` branch makes of it). Known roles:
-    :data:`CHAT_ROLES` and any role the template names. Without the chat template roles are not rendered."""
+    and role (``ValueError``; ``data/chat_roles.py``). Without the chat template roles are not rendered."""
     if not apply_chat_template:
         return
-    template = getattr(tokenizer, "chat_template", None)
-    template = " ".join(template.values()) if isinstance(template, Mapping) else str(template or "")
+    template = template_source(tokenizer)
     for row, example in enumerate(examples):
         prompt = [] if isinstance(example.prompt, str) else example.prompt
         for key, listed in (("prompt", prompt), ("turns", example.turns)):
-            for index, message in enumerate(listed):
-                role = message.get("role") if isinstance(message, Mapping) else None
-                if role in CHAT_ROLES or f"'{role}'" in template or f'"{role}"' in template:
-                    continue
-                hint = (f"; ShareGPT-style rows: write the roles as chat roles ("
-                        f"{', '.join(f'{theirs!r} as {ours!r}' for theirs, ours in SHAREGPT_ROLES.items())})"
-                        if role in SHAREGPT_ROLES else "")
-                raise ValueError(f"{example.where or f'SFT example {row}'}: {key}[{index}].role={role!r} is not a "
-                                 f"role the chat template knows ({', '.join(CHAT_ROLES)}, or one it names){hint}")
+            check_roles(template, listed, example.where or f"SFT example {row}", key)
 
 
 def encode_sft_examples(tokenizer: Any, examples: Sequence[SFTExample], max_response_length: int,

@@ -141,3 +141,14 @@ def test_verls_multi_turn_rows_keep_their_agent_name_and_tool_arguments(tmp_path
         check_agent_names(config, unknown)
     with pytest.raises(ValueError, match=r"row 0 \(line 1\): 'agent_name' must be a non-empty string, got 3"):
         _load(tmp_path, [{**make_row(), "agent_name": 3}], char_tokenizer)
+
+
+def test_an_rl_prompt_with_a_role_the_chat_template_does_not_know_names_file_row_and_role(tmp_path, char_tokenizer):
+    """ShareGPT-style roles in RL prompts are refused like SFT's (``data/chat_roles.py``), not rendered as some
+    other role; without the chat template roles are not rendered, so nothing is refused."""
+    rows = [make_row(), make_row()]
+    rows[1]["prompt"] = [{"role": "human", "content": "1+1="}]
+    with pytest.raises(ValueError, match=r"rows.jsonl: row 1 \(line 2\): prompt\[0\].role='human' is not a role "
+                                         r"the chat template knows .*'human' as 'user'"):
+        _load(tmp_path, rows, char_tokenizer)
+    assert len(_load(tmp_path, rows, char_tokenizer, apply_chat_template=False)) == 2
