@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from hybridrl.config.checks import _choice
+from hybridrl.config.components import registered_component
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.vllm_architectures import vllm_support
@@ -49,11 +50,20 @@ def resolved_engine_process(config: TrainConfig) -> str:
     rollout = config.rollout
     if rollout.n_gpus > 0:
         return "own"
-    if rollout.name == "hf" or rollout.engine_process == "actor":
+    if generates_with_actor_module(rollout.name) or rollout.engine_process == "actor":
         return "actor"
     if rollout.engine_process == "own":
         return "own"
     return "own" if served_through_transformers_backend(config.model.path) else "actor"
+
+
+def generates_with_actor_module(engine_name: str) -> bool:
+    """Whether the engine registered as ``engine_name`` samples from the actor's own module (``hf``, or a recipe's
+    engine that says so): it has no weights of its own and lives where the actor does."""
+    if engine_name == "hf":
+        return True
+    engine = registered_component("rollout.name", engine_name)
+    return bool(getattr(engine, "generates_with_actor_module", False))
 
 
 def replicas_apart(config: TrainConfig) -> bool:
@@ -79,9 +89,9 @@ def check_engine_process(config: TrainConfig, error: ConfigError) -> None:
     """``rollout.engine_process``: a known choice, and one that means something for the engine and pool chosen."""
     rollout, key = config.rollout, "rollout.engine_process"
     _choice(error, key, rollout.engine_process, ENGINE_PROCESSES)
-    if rollout.engine_process == "own" and rollout.name == "hf":
-        error.add(key, "own", "rollout.name=hf generates with the actor's own module, in the actor's process; "
-                              "replicas of their own need rollout.name=vllm")
+    if rollout.engine_process == "own" and generates_with_actor_module(rollout.name):
+        error.add(key, "own", f"rollout.name={rollout.name} generates with the actor's own module, in the actor's "
+                              "process; replicas of their own need an engine with its own weights (rollout.name=vllm)")
     if rollout.engine_process == "actor" and rollout.n_gpus > 0:
         error.add(key, "actor", f"rollout.n_gpus={rollout.n_gpus} runs the engines on devices of their own, in "
                                 "processes of their own; set rollout.n_gpus=0 to keep them in the actor's")

@@ -106,5 +106,9 @@ def test_multi_turn_needs_an_engine_with_a_request_queue_whoever_registered_it(t
     if accepted:
         assert load_config(overrides, check_paths=False).rollout.name == engine
         return
+    # a batch engine on the actor's own module has no weights to hold in processes of its own
+    with pytest.raises(ConfigError, match=rf"rollout.name={engine} generates with the actor's own module"):
+        load_config([f"trainer.plugins=[{plugin}]", f"rollout.name={engine}", "rollout.engine_process=own"],
+                    check_paths=False)
     with pytest.raises(ConfigError, match=rf"request queue.*rollout.name='{engine}' does not have.*serves_requests"):
         load_config(overrides, check_paths=False)
