@@ -25,7 +25,6 @@ chooses its own with an ``agent_name`` column (verl's name, top-level or in ``ex
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -35,6 +34,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from hybridrl.agents.builtin_tools import BUILTIN_TOOLS
 from hybridrl.agents.tool_config import EpisodeTool
 from hybridrl.agents.tools import Tool, ToolCall, ToolOutcome, is_finite_number, parse_tool_calls
+from hybridrl.data.records import parse_tools_kwargs
 from hybridrl.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -181,16 +181,12 @@ def log_tool_exception(tool_name: str, error: Optional[str]) -> None:
 
 
 def row_tools_kwargs(row: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
-    """The row's ``extra_info.tools_kwargs`` as a mapping (a JSON string, as verl's parquet files may hold, is
-    parsed), or None."""
+    """The row's ``extra_info.tools_kwargs`` as a mapping, or None. Rows read from files were parsed when loaded;
+    a row built in code is parsed the same way (``data.records.parse_tools_kwargs``: a JSON string, as verl's
+    parquet files may hold, becomes a mapping; anything else is a ``ValueError`` that ends the episode)."""
     extra = row.get("extra_info")
     per_tool = extra.get("tools_kwargs") if isinstance(extra, Mapping) else None
-    if isinstance(per_tool, str):
-        try:
-            per_tool = json.loads(per_tool)
-        except json.JSONDecodeError:
-            return None  # rows from files are checked when loaded (data/records.py); this is a row built in code
-    return per_tool if isinstance(per_tool, Mapping) else None
+    return parse_tools_kwargs(per_tool, "the row's extra_info")
 
 
 def row_tool_arguments(row: Mapping[str, Any], tool_name: str) -> dict[str, Any]:

@@ -26,16 +26,19 @@ COMPONENT_REGISTRIES: dict[str, str] = {
 """``config key -> "module:attribute"`` of the registry (or tuple of names) its value must be in."""
 
 
+def _registry(key: str):
+    module, attribute = COMPONENT_REGISTRIES[key].split(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
 def registered_names(key: str) -> tuple[str, ...]:
     """The names ``key``'s registry holds now (recipes' registrations included)."""
-    module, attribute = COMPONENT_REGISTRIES[key].split(":")
-    return tuple(getattr(importlib.import_module(module), attribute))
+    return tuple(_registry(key))
 
 
 def registered_component(key: str, name: str) -> object:
     """The component registered as ``name`` in ``key``'s registry (``None`` when there is none of that name)."""
-    module, attribute = COMPONENT_REGISTRIES[key].split(":")
-    registry = getattr(importlib.import_module(module), attribute)
+    registry = _registry(key)
     return registry[name] if name in registry else None
 
 

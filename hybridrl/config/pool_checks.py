@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hybridrl.config.checks import _choice, _require
 from hybridrl.config.errors import ConfigError
-from hybridrl.config.rollout_placement import check_engine_process, replicas_apart
+from hybridrl.config.rollout_placement import check_engine_process, generates_with_actor_module, replicas_apart
 from hybridrl.config.rollout_schema import WEIGHT_TRANSPORTS
 from hybridrl.config.schema import TrainConfig
 
@@ -15,9 +15,9 @@ def check_rollout_pool(config: TrainConfig, error: ConfigError) -> None:
     pool, tp, key = config.rollout.n_gpus, config.rollout.tensor_model_parallel_size, "rollout.n_gpus"
     _require(error, key, pool, pool >= 0, "must be >= 0 (0: generate on the actor's devices; M: a pool of M)")
     check_engine_process(config, error)
-    if pool > 0 and config.rollout.name == "hf":
-        error.add(key, pool, "rollout.name=hf generates with the actor's own module; a standalone pool needs "
-                             "rollout.name=vllm")
+    if pool > 0 and generates_with_actor_module(config.rollout.name):
+        error.add(key, pool, f"rollout.name={config.rollout.name} generates with the actor's own module; a "
+                             "standalone pool needs rollout.name=vllm (an engine with weights of its own)")
     if pool > 0 and pool % tp:
         error.add(key, pool, f"must be a multiple of rollout.tensor_model_parallel_size={tp} (whole replicas)")
     if pool < 0 or not replicas_apart(config):

@@ -23,6 +23,7 @@ from hybridrl.config.checks import _choice
 from hybridrl.config.components import registered_component
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.schema import TrainConfig
+from hybridrl.config.sizes import world_size
 from hybridrl.config.vllm_architectures import vllm_support
 
 ENGINE_PROCESSES = ("auto", "actor", "own")
@@ -76,13 +77,17 @@ def colocated_replicas(config: TrainConfig) -> bool:
     return config.rollout.n_gpus == 0 and replicas_apart(config)
 
 
+def generation_devices(config: TrainConfig) -> int:
+    """The devices the engines generate on: a standalone pool's (``rollout.n_gpus``), else the actor's."""
+    return config.rollout.n_gpus or world_size(config)
+
+
 def replica_count(config: TrainConfig) -> int:
     """How many replicas run apart from the actor: ``rollout.n_gpus / t_g``, or ``devices / t_g`` colocated; 0 when
     the engines are in the actor's processes."""
     if not replicas_apart(config):
         return 0
-    devices = config.rollout.n_gpus or config.trainer.nnodes * config.trainer.n_gpus_per_node
-    return devices // config.rollout.tensor_model_parallel_size
+    return generation_devices(config) // config.rollout.tensor_model_parallel_size
 
 
 def check_engine_process(config: TrainConfig, error: ConfigError) -> None:

@@ -16,6 +16,11 @@ SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "observation": "tool", "f
 """ShareGPT-style data's roles (its ``from`` values) and the chat roles they stand for."""
 
 
+def sharegpt_hint() -> str:
+    """How ShareGPT-style roles are written as chat roles: ``'human' as 'user', 'gpt' as 'assistant', …``."""
+    return ", ".join(f"{theirs!r} as {ours!r}" for theirs, ours in SHAREGPT_ROLES.items())
+
+
 def template_source(tokenizer: Any) -> str:
     """The tokenizer's chat template text (every named template of a mapping, joined); empty when it has none."""
     template = getattr(tokenizer, "chat_template", None)
@@ -29,8 +34,7 @@ def check_roles(template: str, messages: Sequence[Any], where: str, key: str) ->
         role = message.get("role") if isinstance(message, Mapping) else None
         if role in CHAT_ROLES or f"'{role}'" in template or f'"{role}"' in template:
             continue
-        hint = (f"; ShareGPT-style rows: write the roles as chat roles ("
-                f"{', '.join(f'{theirs!r} as {ours!r}' for theirs, ours in SHAREGPT_ROLES.items())})"
-                if role in SHAREGPT_ROLES else "")
+        hint = f"; ShareGPT-style rows: write the roles as chat roles ({sharegpt_hint()})" \
+            if role in SHAREGPT_ROLES else ""
         raise ValueError(f"{where}: {key}[{index}].role={role!r} is not a role the chat template knows "
                          f"({', '.join(CHAT_ROLES)}, or one it names){hint}")

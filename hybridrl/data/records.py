@@ -20,7 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-__all__ = ["REQUIRED_COLUMNS", "ChatMessages", "PromptRecord", "record_from_row", "check_columns"]
+from hybridrl.data.chat_roles import sharegpt_hint
+
+__all__ = ["REQUIRED_COLUMNS", "ChatMessages", "PromptRecord", "check_columns", "parse_tools_kwargs", "record_from_row"]
 
 ChatMessages = list[dict[str, str]]
 REQUIRED_COLUMNS = ("data_source", "reward_model")
@@ -78,7 +80,7 @@ def record_from_row(row: Mapping[str, Any], where: str, prompt_key: str = "promp
         raise ValueError(f"{where}: 'extra_info' must be a dict, got {type(extra_info).__name__}")
     extra_info = dict(extra_info)
     if "tools_kwargs" in extra_info:
-        extra_info["tools_kwargs"] = _tools_kwargs(extra_info["tools_kwargs"], where)
+        extra_info["tools_kwargs"] = parse_tools_kwargs(extra_info["tools_kwargs"], where)
     agent_name = row.get("agent_name")  # verl's multi-turn datasets choose the row's agent loop in this column
     if agent_name is not None:
         if not isinstance(agent_name, str) or not agent_name:
@@ -87,7 +89,7 @@ def record_from_row(row: Mapping[str, Any], where: str, prompt_key: str = "promp
     return PromptRecord(data_source, prompt, reward_model["ground_truth"], ability, extra_info, where)
 
 
-def _tools_kwargs(value: Any, where: str) -> Any:
+def parse_tools_kwargs(value: Any, where: str) -> Any:
     """``extra_info.tools_kwargs`` as a mapping ``{tool: {"create_kwargs": {...}}}``: verl's parquet files sometimes
     store it as a JSON string, which is parsed here (else every tool would silently get no row arguments)."""
     if isinstance(value, (bytes, bytearray)):
@@ -132,7 +134,7 @@ def _check_message(message: Any, where: str, key: str) -> dict[str, str]:
     role, content = message.get("role"), message.get("content")
     if role is None and content is None and "from" in message and "value" in message:
         raise ValueError(f"{where}: '{key}' is a ShareGPT-style message ({{'from', 'value'}}): write it as "
-                         "{'role', 'content'} with chat roles ('human' as 'user', 'gpt' as 'assistant')")
+                         f"{{'role', 'content'}} with chat roles ({sharegpt_hint()})")
     if not isinstance(role, str) or not role:
         raise ValueError(f"{where}: '{key}.role' must be a non-empty string, got {role!r}")
     if not isinstance(content, str):

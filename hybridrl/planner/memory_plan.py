@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from hybridrl.config.precision import DTYPE_BYTES, PrecisionMode, precision_mode
-from hybridrl.config.rollout_placement import replicas_apart
+from hybridrl.config.rollout_placement import colocated_replicas
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import gathers_once, role_plan, shard_group_ranks, world_size
 from hybridrl.config.validation import critic_enabled
@@ -225,11 +225,11 @@ def rollout_role(config: TrainConfig, shape: DecoderShape, device_bytes: int, ut
             config.rollout.max_num_seqs * shape.vocab_size * FP32
         kv_cache = max(0, budget - weights - reserve)
         buckets = 2 * config.rollout.weight_sync_bucket_mb * 2**20
+        beside_actor = colocated_replicas(config)  # its own process on the actor's device: one more CUDA context
         where = ("on the pool's own devices" if config.rollout.n_gpus else
-                 "in its own process: + a CUDA context" if replicas_apart(config) else "in the actor's process")
-        own_context = CUDA_CONTEXT_BYTES if replicas_apart(config) and not config.rollout.n_gpus else 0
+                 "in its own process: + a CUDA context" if beside_actor else "in the actor's process")
         return RoleMemory("rollout (vllm)", parameters=weights, activations=reserve, kv_cache=kv_cache,
-                          buffers=buckets + own_context, note=f"{where}; gpu_memory_utilization={utilization:g}; "
+                          buffers=buckets + (CUDA_CONTEXT_BYTES if beside_actor else 0), note=f"{where}; gpu_memory_utilization={utilization:g}; "
                                                               f"KV holds {kv_cache // kv_per_token:,} tokens")
     rows = -(-config.data.train_batch_size * config.rollout.n // world_size(config))
     seq_len = config.data.max_prompt_length + config.data.max_response_length

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from hybridrl.config.precision import DTYPE_BYTES
 from hybridrl.config.schema import TrainConfig
+from hybridrl.config.rollout_placement import generation_devices
 from hybridrl.config.sizes import world_size
 from hybridrl.config.validation import critic_enabled
 from hybridrl.planner.hardware import GpuSpec
@@ -94,7 +95,7 @@ def roofline_step_time(config: TrainConfig, shape: DecoderShape, gpu: GpuSpec, *
 
 def rollout_engines(config: TrainConfig) -> int:
     """Generation replicas: a standalone pool's (``rollout.n_gpus / t_g``), or the actor's devices' (``N / t_g``)."""
-    return (config.rollout.n_gpus or world_size(config)) // config.rollout.tensor_model_parallel_size
+    return generation_devices(config) // config.rollout.tensor_model_parallel_size
 
 
 def job_devices(config: TrainConfig) -> int:

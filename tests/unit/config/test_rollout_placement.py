@@ -112,3 +112,13 @@ def test_multi_turn_needs_an_engine_with_a_request_queue_whoever_registered_it(t
                     check_paths=False)
     with pytest.raises(ConfigError, match=rf"request queue.*rollout.name='{engine}' does not have.*serves_requests"):
         load_config(overrides, check_paths=False)
+
+
+@pytest.mark.parametrize("engine", ["hf", "batch_engine"])
+def test_a_standalone_pool_of_an_engine_on_the_actors_module_is_refused_naming_it(tmp_path, engine):
+    plugin = tmp_path / "engines.py"
+    plugin.write_text(ENGINE_PLUGIN)
+    with pytest.raises(ConfigError, match=rf"rollout.n_gpus=1: rollout.name={engine} generates with the actor's own "
+                                          r"module; a standalone pool needs rollout.name=vllm"):
+        load_config([f"trainer.plugins=[{plugin}]", f"rollout.name={engine}", "trainer.n_gpus_per_node=1",
+                     "rollout.n_gpus=1"], check_paths=False)
