@@ -25,10 +25,11 @@ from hybridrl.rollout.base import SamplingParams
 
 @dataclass
 class _Message:
-    """What the leader sends before each engine step: the requests it queued since the last one, and whether the
-    episodes are over (then no step follows)."""
+    """What the leader sends before each engine step: what it did to its queue since the last one, in order —
+    ``("submit", prompt, params, request_id, streamed)`` or ``("abort", request_id)`` — and whether the episodes are
+    over (then no step follows)."""
 
-    submits: list[tuple[list[int], SamplingParams, Optional[str], bool]] = field(default_factory=list)
+    operations: list[tuple] = field(default_factory=list)
     done: bool = False
 
 
@@ -60,19 +61,24 @@ class ReplicaGroup:
 
 
 class LeaderRequests:
-    """The leader's request queue (the ``RequestEngine`` the agent loop drives): ``requests`` (a ``VLLMRequests``)
-    with every submit mirrored to the replica's other ranks before the next step. Call :meth:`finish` when the
-    episodes are done (the followers stop waiting)."""
+    """The leader's request queue (what its replica server drives for the agent loop): ``requests`` (a
+    ``VLLMRequests``) with every submit and abort mirrored to the replica's other ranks before the next step. Call
+    :meth:`finish` when the episodes are done (the followers stop waiting). Pausing is not mirrored, so refused."""
 
     def __init__(self, requests, replica: ReplicaGroup) -> None:
         self.requests, self.replica = requests, replica
-        self._pending: list[tuple[list[int], SamplingParams, Optional[str], bool]] = []
+        self._pending: list[tuple] = []
 
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: Optional[str] = None,
                streamed: bool = True) -> str:
         submitted = self.requests.submit(prompt_token_ids, params, request_id=request_id, streamed=streamed)
-        self._pending.append((list(prompt_token_ids), params, submitted, streamed))
+        self._pending.append(("submit", list(prompt_token_ids), params, submitted, streamed))
         return submitted
+
+    def abort(self, request_id: str):
+        completion = self.requests.abort(request_id)
+        self._pending.append(("abort", request_id))
+        return completion
 
     def step(self) -> list[Any]:
         message, self._pending = _Message(self._pending), []
@@ -82,21 +88,39 @@ class LeaderRequests:
     def has_work(self) -> bool:
         return self.requests.has_work()
 
+    @property
+    def in_flight(self) -> list[str]:
+        return self.requests.in_flight
+
+    @property
+    def paused(self) -> Optional[str]:
+        return self.requests.paused
+
+    def pause(self, mode: str) -> list:
+        raise RuntimeError("a tensor-parallel replica's leader cannot pause alone: its followers would step on")
+
+    def resume(self) -> list[str]:
+        raise RuntimeError("a tensor-parallel replica's leader cannot pause alone: its followers would step on")
+
     def finish(self) -> None:
-        """Release the followers (also after a failure on the leader: call it in a ``finally``). Requests queued
-        since the last step go with it, so every rank's engine holds the same queue afterwards."""
+        """Release the followers (also after a failure on the leader: call it in a ``finally``). What the leader did
+        since the last step goes with it, so every rank's engine holds the same queue afterwards."""
         message, self._pending = _Message(self._pending, done=True), []
         self.replica.broadcast(message)
 
 
 def follow(requests, replica: ReplicaGroup) -> int:
-    """A follower rank's side: queue what the leader queues and step when it steps, until it finishes; returns the
-    number of engine steps taken (equal to the leader's)."""
+    """A follower rank's side: do to its queue what the leader did and step when it steps, until it finishes;
+    returns the number of engine steps taken (equal to the leader's)."""
     steps = 0
     while True:
         message = replica.broadcast(None)
-        for prompt, params, request_id, streamed in message.submits:
-            requests.submit(prompt, params, request_id=request_id, streamed=streamed)
+        for operation, *args in message.operations:
+            if operation == "submit":
+                prompt, params, request_id, streamed = args
+                requests.submit(prompt, params, request_id=request_id, streamed=streamed)
+            else:
+                requests.abort(*args)
         if message.done:
             return steps
         requests.step()

@@ -1,41 +1,34 @@
-"""Many multi-turn episodes in flight on one request engine, token-exact (``trajectory.py``).
+"""Many multi-turn episodes in flight on one replica, token-exact (``trajectory.py``).
 
-The loop submits every episode's first turn, then steps the engine (continuous batching: all running turns advance
-together). When a turn finishes, its ids are appended to the trajectory as generated and the decoded text goes to
-the episode's environment — in a worker thread, so a slow tool holds up only its own episode while the engine keeps
-generating for the others. When the environment answers, the observation ids are appended and the next turn is
-submitted. An episode ends when the environment says done, after ``max_assistant_turns`` model turns, when its
-response budget (``max_response_tokens``, model and observation ids together) is spent, or when its environment
-fails (raises, hangs past ``env_step_timeout_s``, breaks the return contract): counted in the trajectory, never
-raised.
+Each episode is a coroutine on the replica's server (``rollout/server.py``): it asks for a model turn, appends its
+ids to the trajectory as generated, hands the decoded text to the episode's environment — in a worker thread, so a
+slow tool holds up only its own episode while the engine keeps generating for the others (continuous batching: all
+running turns advance together) — appends the observation ids and asks for the next turn. Every episode's first
+turn is submitted in one command, so all of them enter the engine before its first step. An episode ends when the
+environment says done, after ``max_assistant_turns`` model turns, when its response budget
+(``max_response_tokens``, model and observation ids together) is spent, or when its environment fails (raises, hangs
+past ``env_step_timeout_s``, breaks the return contract): counted in the trajectory, never raised.
 
-The engine is anything with ``submit(prompt_ids, params, request_id=..., streamed=...) -> id``, ``step() ->
-[Completion]`` and ``has_work()`` — ``hybridrl.rollout.vllm_requests.VLLMRequests``.
+The engine is a request queue (``hybridrl.rollout.base.RequestQueue``: ``VLLMRequests``, or a tensor-parallel
+leader's ``LeaderRequests``); the loop touches it only through the server, whose thread owns it for the call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as futures
 import logging
-import time
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Optional, Protocol, Sequence
+from typing import Any, Awaitable, Mapping, Optional, Sequence
 
 from hybridrl.agents.environment import Environment, EnvironmentFailure, Message, StepResult, checked
 from hybridrl.agents.trajectory import ChatRenderer, TemplateMismatch, Trajectory
-from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.base import RequestQueue, SamplingParams
+from hybridrl.rollout.server import Request, ReplicaServer, serve
+from hybridrl.rollout.vllm_requests import Completion
 from hybridrl.utils.seeding import derive_seed
 
 logger = logging.getLogger(__name__)
-
-
-class RequestEngine(Protocol):
-    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: Optional[str] = None,
-               streamed: bool = True) -> str: ...
-
-    def step(self) -> list[Any]: ...
-
-    def has_work(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -58,38 +51,41 @@ class Episode:
     messages: list[Message]
     trajectory: Trajectory
     params: SamplingParams
-    pending: Optional[futures.Future] = None
-    started: float = 0.0
     done: bool = False
 
 
 class AgentLoop:
-    """Runs episodes to the end on ``engine`` (see the module docstring)."""
+    """Runs episodes to the end on ``engine`` (see the module docstring); ``server_args``: the replica server's
+    keywords (``version``, ``name``)."""
 
-    def __init__(self, engine: RequestEngine, renderer: ChatRenderer, limits: LoopLimits,
-                 stop_ids: Sequence[int]) -> None:
+    def __init__(self, engine: Optional[RequestQueue], renderer: ChatRenderer, limits: LoopLimits,
+                 stop_ids: Sequence[int], **server_args: Any) -> None:
         self.engine, self.renderer, self.limits, self.stop_ids = engine, renderer, limits, list(stop_ids)
+        self.server_args = server_args
 
     def run(self, environments: Sequence[Environment], rows: Sequence[Mapping[str, Any]],
             params: Sequence[SamplingParams]) -> list[Trajectory]:
         """One episode per ``(environment, row, params)``; trajectories in the same order."""
         episodes = [self._start(index, env, row, sampling)
                     for index, (env, row, sampling) in enumerate(zip(environments, rows, params))]
-        by_request = {}
-        for episode in episodes:
-            if not episode.done:
-                by_request[self._submit(episode)] = episode
+        try:
+            if not all(episode.done for episode in episodes):  # every reset failed: nothing to generate
+                serve(self.engine, lambda server: self._run_all(server, episodes), **self.server_args)
+        finally:
+            for episode in episodes:
+                _close(episode)
+        return [episode.trajectory for episode in episodes]
+
+    async def _run_all(self, server: ReplicaServer, episodes: list[Episode]) -> None:
+        running = [episode for episode in episodes if not episode.done]
         # not a `with` block: leaving one joins the threads, and a hung environment's thread never ends
         pool = futures.ThreadPoolExecutor(self.limits.tool_workers, thread_name_prefix="agent-env")
         try:
-            while not all(episode.done for episode in episodes):
-                self._advance_engine(by_request, pool)
-                self._collect_environments(episodes, by_request, block=not self.engine.has_work())
+            first_turns = await server.submit_many([self._turn(episode) for episode in running], streamed=False)
+            await asyncio.gather(*(self._play(server, pool, episode, first)
+                                   for episode, first in zip(running, first_turns)))
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
-        for episode in episodes:
-            _close(episode)
-        return [episode.trajectory for episode in episodes]
 
     def _start(self, index: int, environment: Environment, row: Mapping[str, Any],
                params: SamplingParams) -> Episode:
@@ -102,70 +98,70 @@ class AgentLoop:
             return episode
         return Episode(index, environment, list(messages), Trajectory(prompt_ids=prompt), params)
 
-    def _submit(self, episode: Episode) -> str:
-        """Queue the episode's next model turn (its budget: what is left of the response length)."""
+    def _turn(self, episode: Episode) -> Request:
+        """The episode's next model turn (its budget: what is left of the response length)."""
         trajectory = episode.trajectory
         budget = self.limits.max_response_tokens - len(trajectory.response_ids)
         turn_params = replace(episode.params, max_new_tokens=min(episode.params.max_new_tokens, budget))
         if turn_params.seed is not None:
             turn_params = replace(turn_params, seed=derive_seed(turn_params.seed, "turn", trajectory.turns))
-        return self.engine.submit(trajectory.ids, turn_params, request_id=f"e{episode.index}t{trajectory.turns}",
-                                  streamed=False)
+        return trajectory.ids, turn_params, f"e{episode.index}t{trajectory.turns}"
 
-    def _advance_engine(self, by_request: dict, pool: futures.ThreadPoolExecutor) -> None:
-        if not self.engine.has_work():
-            return
-        for completion in self.engine.step():
-            if not completion.finished:
-                continue
-            episode = by_request.pop(completion.request_id)
-            episode.trajectory.add_model_turn(completion.token_ids, completion.log_probs, completion.policy_versions)
-            text = self.renderer.decode(completion.token_ids, self.stop_ids)
-            episode.messages.append({"role": "assistant", "content": text})
-            episode.trajectory.final_text = text
-            spent = len(episode.trajectory.response_ids) >= self.limits.max_response_tokens
-            if spent or completion.finish_reason not in ("stop", "length"):  # budget spent (or the turn aborted)
-                episode.trajectory.end = "budget"
-                episode.done = True
-                continue
-            episode.started = time.monotonic()
-            episode.pending = pool.submit(episode.environment.step, text)
+    async def _play(self, server: ReplicaServer, pool: futures.Executor, episode: Episode,
+                    first_turn: Awaitable[Completion]) -> None:
+        """The episode from its first model turn (already submitted) to its end."""
+        turn = first_turn
+        while True:
+            text = self._model_turn(episode, await turn)
+            if episode.done:
+                return
+            result = await self._environment_step(pool, episode, text)
+            if result is None or self._answered(episode, result):
+                return
+            turn = server.generate(*self._turn(episode), streamed=False)
 
-    def _collect_environments(self, episodes: Sequence[Episode], by_request: dict, block: bool) -> None:
-        """Take the environments' finished answers; wait for one when the engine has nothing to do."""
-        waiting = [episode for episode in episodes if episode.pending is not None]
-        if not waiting:
-            return
-        if block:
-            deadline = min(episode.started for episode in waiting) + self.limits.env_step_timeout_s
-            futures.wait([episode.pending for episode in waiting], timeout=max(deadline - time.monotonic(), 0.0),
-                         return_when=futures.FIRST_COMPLETED)
-        for episode in waiting:
-            if episode.pending.done():
-                self._answered(episode, by_request)
-            elif time.monotonic() - episode.started > self.limits.env_step_timeout_s:
-                episode.pending = None
-                self._fail(episode, f"step() took longer than {self.limits.env_step_timeout_s:g} s "
-                                    "(rollout.multi_turn.env_step_timeout_s)")
+    def _model_turn(self, episode: Episode, completion: Completion) -> str:
+        """Append a finished model turn; the episode ends here when its budget is spent (or the turn aborted)."""
+        trajectory = episode.trajectory
+        trajectory.add_model_turn(completion.token_ids, completion.log_probs, completion.policy_versions)
+        text = self.renderer.decode(completion.token_ids, self.stop_ids)
+        episode.messages.append({"role": "assistant", "content": text})
+        trajectory.final_text = text
+        spent = len(trajectory.response_ids) >= self.limits.max_response_tokens
+        if spent or completion.finish_reason not in ("stop", "length"):
+            trajectory.end, episode.done = "budget", True
+        return text
 
-    def _answered(self, episode: Episode, by_request: dict) -> None:
-        pending, episode.pending = episode.pending, None
+    async def _environment_step(self, pool: futures.Executor, episode: Episode,
+                                text: str) -> Optional[StepResult]:
+        """The environment's answer to ``text`` (run in ``pool``), checked; ``None``: it failed, the episode ended."""
+        timeout = self.limits.env_step_timeout_s
+        answer = asyncio.wrap_future(pool.submit(episode.environment.step, text))
+        done, _ = await asyncio.wait({answer}, timeout=timeout)
+        if not done:  # its thread may run on (a hung tool): it is not waited for again
+            answer.cancel()
+            self._fail(episode, f"step() took longer than {timeout:g} s (rollout.multi_turn.env_step_timeout_s)")
+            return None
         try:
-            result = checked(pending.result())
+            return checked(answer.result())
+        except EnvironmentFailure as error:
+            what = str(error)
         except Exception as error:  # noqa: BLE001
-            what = str(error) if isinstance(error, EnvironmentFailure) else f"step() raised {type(error).__name__}: {error}"
-            self._fail(episode, what)
-            return
+            what = f"step() raised {type(error).__name__}: {error}"
+        self._fail(episode, what)
+        return None
+
+    def _answered(self, episode: Episode, result: StepResult) -> bool:
+        """Record the environment's answer and append its observations; whether the episode ended."""
         trajectory = episode.trajectory
         trajectory.add_reward(float(result.reward))
         trajectory.count(result.info)
         if result.done or trajectory.turns >= self.limits.max_assistant_turns:
             trajectory.end = "done" if result.done else "max_turns"
             episode.done = True
-            return
+            return True
         self._append_observations(episode, result)
-        if not episode.done:
-            by_request[self._submit(episode)] = episode
+        return episode.done
 
     def _append_observations(self, episode: Episode, result: StepResult) -> None:
         trajectory = episode.trajectory

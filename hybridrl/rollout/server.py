@@ -8,24 +8,29 @@ coroutines on any event loop, in any thread (an HTTP handler, an agent's episode
 
     server = ReplicaServer(rollout.requests, version=lambda: rollout.policy_version)
     completion = await server.generate(prompt_ids, SamplingParams(max_new_tokens=64, seed=3))
+    rows = await server.generate_many([(ids, params, f"row-{i}") for i, ids in enumerate(prompts)])  # one command
     async for delta in server.stream(prompt_ids, params):    # the tokens of each engine step, as they come
         ...
     await server.pause("keep"); await server.call(rollout.update_weights, weights, 4); await server.resume()
 
 Every token carries the ``policy_version`` of the weights that produced it (``Completion.policy_versions``); a
 request runs once however many callers wait on the server. Nothing touches the engine outside its thread, so a
-caller cannot interleave with a step.
+caller cannot interleave with a step. ``generate_many`` submits its requests in one command, so all of them enter
+the engine before the same step whatever the callers' timing: a batch generates exactly as the request queue
+stepped to the end would. :func:`serve` runs one piece of work on a server for the length of a call (what
+``VLLMRollout.generate`` and the agent loop do).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Optional, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence, TypeVar
 
 import torch
 
@@ -33,6 +38,10 @@ from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.vllm_requests import Completion, PauseMode
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Request = tuple[Sequence[int], SamplingParams, Optional[str]]
+"""One request to submit: prompt ids, sampling parameters (one response), its id (``None``: the queue names it)."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,8 @@ class _Waiter:
 
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
-    sent: int = 0  # tokens of the completion already handed over
+    completion: Completion  # what the caller assembles from the deltas
+    sent: int = 0  # tokens of the engine's completion already handed over
 
     def put(self, item: Any) -> None:
         _post(self.loop, self.queue.put_nowait, item)
@@ -93,11 +103,14 @@ class ReplicaServer:
             ``resume``; ``VLLMRequests``), used from the server's engine thread only from now on.
         version: the ``policy_version`` of the weights the engine holds (for :meth:`health`).
         name: the engine thread's name (logs).
+        after_step: called with ``requests`` on the engine thread after every engine step; it may ``pause("keep")``,
+            update the weights and ``resume()`` (partial rollout takes newer weights so).
     """
 
     def __init__(self, requests, version: Callable[[], Optional[int]] = lambda: None,
-                 name: str = "replica") -> None:
-        self._requests, self._version = requests, version
+                 name: str = "replica", after_step: Optional[Callable[[Any], None]] = None) -> None:
+        self._requests, self._version, self._after_step = requests, version, after_step
+        self._kept: list[Completion] = []  # parked by pause("keep"): answered at resume when nothing is left to do
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._waiters: dict[str, _Waiter] = {}
         self._engine_steps, self._last_step = 0, None
@@ -106,6 +119,7 @@ class ReplicaServer:
         # vLLM's CPU kernels check that a step runs with the thread count its engine was built with; OpenMP's count
         # is per thread, so the engine thread takes its creator's
         self._torch_threads = torch.get_num_threads()
+        self._cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
         self._thread = threading.Thread(target=self._serve, name=f"{name}-engine", daemon=True)
         self._thread.start()
 
@@ -115,9 +129,36 @@ class ReplicaServer:
                      request_id: Optional[str] = None) -> AsyncIterator[Delta]:
         """Submit one request and yield what each engine step adds to it, the last delta with its
         ``finish_reason``. Leaving the iteration early aborts the request."""
+        [(request_id, waiter)] = await self._open([(prompt_token_ids, params, request_id)], streamed=True)
+        async with contextlib.aclosing(self._deltas(request_id, waiter)) as deltas:  # leaving early aborts now
+            async for delta in deltas:
+                yield delta
+
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
+                       request_id: Optional[str] = None, streamed: bool = True) -> Completion:
+        """Submit one request and return it finished (its tokens, log-probs and each token's policy version)."""
+        [completion] = await self.generate_many([(prompt_token_ids, params, request_id)], streamed)
+        return completion
+
+    async def generate_many(self, requests: Sequence[Request], streamed: bool = True) -> list[Completion]:
+        """Submit ``requests`` in one command (all enter the engine before the same step) and return them finished,
+        in order. ``streamed=False``: the engine reports each request once, at its end (cheaper per step; such
+        requests cannot be paused with ``keep`` or ``abort``)."""
+        return list(await asyncio.gather(*await self.submit_many(requests, streamed)))
+
+    async def submit_many(self, requests: Sequence[Request], streamed: bool = True) -> list[Awaitable[Completion]]:
+        """Submit ``requests`` in one command; returns, in order, what each caller awaits for its finished
+        completion (e.g. the first turns of many agent episodes, which then go on each at its own pace)."""
+        return [self._whole(request_id, waiter) for request_id, waiter in await self._open(requests, streamed)]
+
+    async def _open(self, requests: Sequence[Request], streamed: bool) -> list[tuple[str, "_Waiter"]]:
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop, asyncio.Queue())
-        request_id = await self.call(self._submit, list(prompt_token_ids), params, request_id, waiter)
+        waiters = [_Waiter(loop, asyncio.Queue(), Completion(request_id or "", list(prompt), params))
+                   for prompt, params, request_id in requests]
+        request_ids = await self.call(self._submit_all, list(requests), waiters, streamed)
+        return list(zip(request_ids, waiters))
+
+    async def _deltas(self, request_id: str, waiter: "_Waiter") -> AsyncIterator[Delta]:
         finished = False
         try:
             while not finished:
@@ -130,12 +171,10 @@ class ReplicaServer:
             if not finished and not self._closed:
                 await self.abort(request_id)
 
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       request_id: Optional[str] = None) -> Completion:
-        """Submit one request and return it finished (its tokens, log-probs and each token's policy version)."""
-        completion = Completion(request_id or "", list(prompt_token_ids), params)
-        async for delta in self.stream(prompt_token_ids, params, request_id):
-            completion.request_id = delta.request_id
+    async def _whole(self, request_id: str, waiter: "_Waiter") -> Completion:
+        completion = waiter.completion
+        completion.request_id = request_id
+        async for delta in self._deltas(request_id, waiter):
             completion.token_ids += delta.token_ids
             completion.log_probs += delta.log_probs
             completion.policy_versions += delta.policy_versions
@@ -154,7 +193,7 @@ class ReplicaServer:
 
     async def resume(self) -> list[str]:
         """Generate again; requests kept by ``pause("keep")`` continue (their ids)."""
-        return await self.call(self._requests.resume)
+        return await self.call(self._resume)
 
     async def call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``function(*args, **kwargs)`` on the engine thread between two steps (a weight update, sleep or
@@ -185,6 +224,8 @@ class ReplicaServer:
 
     def _serve(self) -> None:
         torch.set_num_threads(self._torch_threads)
+        if self._cuda_device is not None:  # a new thread starts on device 0
+            torch.cuda.set_device(self._cuda_device)
         try:
             while True:
                 block = not self._requests.has_work() or self._requests.paused is not None
@@ -221,6 +262,8 @@ class ReplicaServer:
             self._deliver(completion)
         self._engine_steps += 1
         self._last_step = time.monotonic()
+        if self._after_step is not None:
+            self._after_step(self._requests)
 
     def _deliver(self, completion: Completion) -> None:
         waiter = self._waiters.get(completion.request_id)
@@ -233,11 +276,20 @@ class ReplicaServer:
         waiter.put(Delta(completion.request_id, completion.token_ids[start:], completion.log_probs[start:],
                          completion.policy_versions[start:], completion.finish_reason))
 
-    def _submit(self, prompt: list[int], params: SamplingParams, request_id: Optional[str],
-                waiter: _Waiter) -> str:
-        request_id = self._requests.submit(prompt, params, request_id=request_id, streamed=True)
-        self._waiters[request_id] = waiter
-        return request_id
+    def _submit_all(self, requests: list[Request], waiters: list[_Waiter], streamed: bool) -> list[str]:
+        """Queue every request (none when one is refused: those queued before it are aborted)."""
+        request_ids: list[str] = []
+        try:
+            for (prompt, params, request_id), waiter in zip(requests, waiters):
+                request_ids.append(self._requests.submit(list(prompt), params, request_id=request_id,
+                                                         streamed=streamed))
+                self._waiters[request_ids[-1]] = waiter
+        except Exception:
+            for request_id in request_ids:
+                del self._waiters[request_id]
+                self._requests.abort(request_id)
+            raise
+        return request_ids
 
     def _abort(self, request_id: str) -> Optional[Completion]:
         if request_id not in self._requests.in_flight:
@@ -251,7 +303,16 @@ class ReplicaServer:
         for completion in affected:
             if completion.finished:  # abort / wait: their callers are answered now; keep: they wait on
                 self._deliver(completion)
+        self._kept = affected if mode == "keep" else []
         return affected
+
+    def _resume(self) -> list[str]:
+        resumed = self._requests.resume()
+        kept, self._kept = self._kept, []
+        for completion in kept:
+            if completion.finished:  # parked with no tokens left to generate: ended by the resume
+                self._deliver(completion)
+        return resumed
 
     def _fail_waiting(self, error: BaseException) -> None:
         for waiter in self._waiters.values():
@@ -269,6 +330,38 @@ class ReplicaServer:
         if self._error is not None:
             return f"the replica's engine thread failed: {type(self._error).__name__}: {self._error}"
         return "the replica's server is closed"
+
+
+def serve(requests, work: Callable[[ReplicaServer], Awaitable[T]], **server_args: Any) -> T:
+    """Run ``work(server)`` on a :class:`ReplicaServer` over ``requests`` for the length of this call and return
+    its result; the server closes afterwards (its engine thread has ended when this returns). ``server_args``:
+    :class:`ReplicaServer`'s keywords. Works from inside a running event loop too (a notebook): the work then
+    runs on a loop of its own in another thread."""
+    server = ReplicaServer(requests, **server_args)
+    try:
+        return _run_to_end(lambda: work(server))
+    finally:
+        server.close()
+
+
+def _run_to_end(coroutine: Callable[[], Awaitable[T]]) -> T:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine())
+    outcome: dict[str, Any] = {}
+
+    def in_thread() -> None:
+        try:
+            outcome["result"] = asyncio.run(coroutine())
+        except BaseException as error:  # noqa: BLE001 - raised in the caller
+            outcome["error"] = error
+    thread = threading.Thread(target=in_thread, name="replica-caller")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 def _post(loop: asyncio.AbstractEventLoop, function: Callable[..., None], *args: Any) -> None:

@@ -34,6 +34,7 @@ from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.kv_budget import (CPU_BLOCK_SIZE, cache_splits, kv_bytes_per_token, kv_cache_blocks,
                                         kv_cache_mb_for, resolve_block_size, resolve_kv_cache_mb, sequences_held,
                                         waves_warning)
+from hybridrl.rollout.server import Request, serve
 from hybridrl.rollout.vllm_extension import WORKER_EXTENSION
 from hybridrl.rollout.vllm_requests import Completion, VLLMRequests
 
@@ -142,7 +143,8 @@ class VLLMRollout:
 
     def generate(self, prompts: Batch, params: SamplingParams,
                  between_steps: Optional[Callable[[VLLMRequests], None]] = None) -> Batch:
-        """``B`` left-padded prompts → ``B·n`` rows, a prompt's ``n`` responses consecutive (``rollout.base``).
+        """``B`` left-padded prompts → ``B·n`` rows, a prompt's ``n`` responses consecutive (``rollout.base``),
+        generated on the engine's replica server (``rollout/server.py``): every row is submitted in one command.
 
         ``between_steps(requests)``: called after every engine step — it may ``pause("keep")``, update the weights and
         ``resume()`` (partial rollout). With it, requests are streamed and the rows carry ``token_policy_versions``
@@ -158,15 +160,19 @@ class VLLMRollout:
                                f"requests in flight first ({len(self.requests.in_flight)} running, paused: "
                                f"{self.requests.paused})")
         copies = 1 if params.do_sample else params.n  # vLLM refuses greedy n > 1: one greedy response, repeated
-        row_ids = []
+        requests: list[Request] = []
+        row_ids: list[str] = []
         for index, prompt in enumerate(_unpadded_rows(prompts)):
             for sample in range(params.n if params.do_sample else 1):
                 row_seed = None if params.seed is None else params.seed + index * params.n + sample
-                row_params = params if row_seed is None else params.with_seed(row_seed)
-                row_ids += [self.requests.submit(prompt, row_params, request_id=f"generate-{index}-{sample}",
-                                                 streamed=between_steps is not None)] * copies
-        self._warn_if_cache_runs_waves(len(set(row_ids)))
-        finished = {completion.request_id: completion for completion in self._run(between_steps)}
+                requests.append((prompt, params if row_seed is None else params.with_seed(row_seed),
+                                 f"generate-{index}-{sample}"))
+                row_ids += [requests[-1][2]] * copies
+        self._warn_if_cache_runs_waves(len(requests))
+        streamed = between_steps is not None
+        completions = serve(self.requests, lambda server: server.generate_many(requests, streamed=streamed),
+                            version=lambda: self.policy_version, after_step=between_steps)
+        finished = {completion.request_id: completion for completion in completions}
         rows = [finished[row_id] for row_id in row_ids]
         responses, lengths, log_probs = self._collect(rows, params)
         width = params.max_new_tokens
@@ -180,16 +186,6 @@ class VLLMRollout:
                     completion.policy_versions[:width], dtype=torch.long)
             batch[Fields.TOKEN_POLICY_VERSIONS] = versions * mask + (mask - 1)  # -1 past the end
         return batch
-
-    def _run(self, between_steps: Optional[Callable[[VLLMRequests], None]]) -> list[Completion]:
-        """Step until no request is left; ``between_steps`` after each step. The completions that finished."""
-        if between_steps is None:
-            return self.requests.run()
-        done: list[Completion] = []
-        while self.requests.has_work():
-            done += [completion for completion in self.requests.step() if completion.finished]
-            between_steps(self.requests)
-        return done
 
     def _vllm_params(self, params: SamplingParams, streamed: bool = True):
         """vLLM's sampling parameters of one response (``n = 1``), streamed as deltas or reported once finished,

@@ -153,7 +153,8 @@ class EpisodeRunner:
         limits = LoopLimits(max_assistant_turns=self.config.max_assistant_turns,
                             max_response_tokens=params.max_new_tokens, env_step_timeout_s=self.config.env_step_timeout_s)
         requests = LeaderRequests(engine.requests, replica) if replica is not None else engine.requests
-        loop = AgentLoop(requests, self.renderer, limits, stop_ids=engine.eos_token_ids)
+        loop = AgentLoop(requests, self.renderer, limits, stop_ids=engine.eos_token_ids,
+                         version=lambda: engine.policy_version)
         try:
             trajectories = loop.run(environments, row_dicts, episode_params)
         finally:

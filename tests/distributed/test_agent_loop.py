@@ -47,11 +47,8 @@ class RecordingRequests:
     def __init__(self, requests) -> None:
         self.requests, self.finished = requests, {}
 
-    def submit(self, *args, **kwargs):
-        return self.requests.submit(*args, **kwargs)
-
-    def has_work(self):
-        return self.requests.has_work()
+    def __getattr__(self, name):  # submit, has_work, abort, pause, resume, in_flight, paused
+        return getattr(self.requests, name)
 
     def step(self):
         completions = self.requests.step()

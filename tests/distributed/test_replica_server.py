@@ -12,7 +12,7 @@ import torch
 from vllm_helpers import engine, model_dir, tokenizer  # noqa: F401 (fixtures)
 
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.rollout.server import ReplicaClosed, ReplicaServer
+from hybridrl.rollout.server import ReplicaClosed, ReplicaServer, serve
 from hybridrl.utils.tiny_model import encode_chat
 
 pytest.importorskip("vllm", reason="needs vLLM (pip install 'hybridrl[cpu]')")
@@ -125,3 +125,30 @@ def test_a_callers_mistake_is_raised_to_it_and_a_closed_server_says_so(server, t
     assert not server.health().alive
     with pytest.raises(ReplicaClosed, match="closed"):
         asyncio.run(server.generate(encode_chat(tokenizer, ["x"])[0], sampled(seed=1)))
+
+
+def test_generate_many_is_one_submission_and_equals_the_queue_stepped_to_the_end(engine, tokenizer):
+    """All rows enter the engine before its first step (one command), so a batch generates exactly as the request
+    queue run to the end does — tokens and log-probs bit for bit, streamed or reported once at the end."""
+    prompts = encode_chat(tokenizer, PROMPTS)
+    params = [sampled(seed=200 + index) for index in range(len(prompts))]
+    expected = direct(engine, prompts, params)
+    steps: list[int] = []
+    for streamed in (True, False):
+        completions = serve(engine.requests, lambda server: server.generate_many(
+            [(prompt, one, f"row-{index}") for index, (prompt, one) in enumerate(zip(prompts, params))],
+            streamed=streamed), after_step=lambda requests: steps.append(len(requests.in_flight)))
+        assert [completion.request_id for completion in completions] == [f"row-{i}" for i in range(len(prompts))]
+        assert [completion.token_ids for completion in completions] == expected["tokens"]
+        assert [completion.log_probs for completion in completions] == expected["log_probs"]
+        assert steps[0] == len(prompts) - sum(len(c.token_ids) == 1 for c in completions)  # all in the 1st step
+        steps.clear()
+
+
+def test_a_refused_request_in_a_batch_submits_none_of_it(server, engine, tokenizer):
+    prompt = encode_chat(tokenizer, ["x"])[0]
+    with pytest.raises(ValueError, match="the prompt has no tokens"):
+        asyncio.run(server.generate_many([(prompt, sampled(seed=1), "first"), ([], sampled(seed=2), "empty")]))
+    assert asyncio.run(server.call(lambda: list(engine.requests.in_flight))) == []
+    assert server.health().in_flight == 0
+
