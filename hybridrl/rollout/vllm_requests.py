@@ -1,7 +1,8 @@
 """Request-level generation on an in-process vLLM engine: many requests in flight, streamed, aborted, paused.
 
-``VLLMRollout.generate`` (a batch in, a batch out) is a thin wrapper over this: it submits one request per response
-row and steps the engine until none is left. Multi-turn agents and asynchronous training use the requests directly::
+What the replica server (``rollout/server.py``) drives from its engine thread: ``VLLMRollout.generate`` (a batch in,
+a batch out) submits one request per response row in one command and the server steps the engine until none is
+left; agent episodes submit their turns as they go. The queue itself, as the server uses it::
 
     requests = rollout.requests
     rid = requests.submit(prompt_token_ids, SamplingParams(max_new_tokens=64, seed=3))
