@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("modeling",),  # model building, sharding, precision, attention, LoRA, forwards over sequences
     ("hybrid_engine", "rollout"),
     ("agents",),  # environments, tools and the token-exact multi-turn loop over a request engine
+    ("gateway",),  # the OpenAI-compatible HTTP gateway over a replica server, with per-session token capture
     ("engines",),  # per-rank training engines and their losses and hooks
     ("autotune",),  # memory sizing and probe, gradient-noise scale, adaptive accumulation
     ("workers",),  # Ray roles: actor/rollout/reference, critic, reward model

@@ -1,0 +1,146 @@
+"""The gateway's HTTP face: OpenAI's ``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions`` (FastAPI), and
+a background uvicorn server that runs it (:class:`Gateway`).
+
+A session is named by its base URL (``/sessions/<id>/v1``: what an agent's ``openai.AsyncOpenAI(base_url=...)``
+is given) or by an ``X-Session-Id`` header. Errors are OpenAI's error body with a 4xx status — a malformed or
+over-limit request never gets a traceback; a bearer token is required when one is configured (always when bound to
+an address other than the loopback).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from hybridrl.gateway.openai_schema import (ChatCompletionRequest, CompletionRequest, GatewayError,
+                                            validation_error)
+from hybridrl.gateway.service import GatewayService
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MAX_REQUEST_BYTES = 8 << 20
+
+
+def build_app(service: GatewayService, api_key: Optional[str] = None,
+              max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
+    """The FastAPI application serving ``service``; ``api_key``: the bearer token every request must carry."""
+    app = FastAPI(title="hybridrl gateway", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def error_response(error: GatewayError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request, error: RequestValidationError):
+        return error_response(validation_error(list(error.errors())))
+
+    @app.exception_handler(GatewayError)
+    async def refused(_request, error: GatewayError):
+        return error_response(error)
+
+    @app.exception_handler(Exception)
+    async def failed(_request, error: Exception):
+        logger.error("gateway: %s: %s", type(error).__name__, error)
+        return error_response(GatewayError(500, f"the gateway failed: {type(error).__name__}: {error}",
+                                           kind="server_error"))
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+            return error_response(GatewayError(401, "missing or wrong bearer token (Authorization: Bearer ...)",
+                                               kind="authentication_error", code="invalid_api_key"))
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > max_request_bytes:
+            return error_response(GatewayError(413, f"the request is {int(size)} bytes, over the gateway's "
+                                                    f"limit of {max_request_bytes}"))
+        return await call_next(request)
+
+    def session_of(request: Request, session_id: Optional[str]) -> Optional[str]:
+        return session_id or request.headers.get("x-session-id")
+
+    def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": service.backend.model_name, "object": "model",
+                                            "created": 0, "owned_by": "hybridrl"}]}
+
+    async def chat(body: ChatCompletionRequest, request: Request, session_id: Optional[str] = None):
+        session = session_of(request, session_id)
+        if body.stream:
+            return StreamingResponse(_events(service.chat_chunks(body, session)), media_type="text/event-stream")
+        return await service.chat(body, session)
+
+    async def completions(body: CompletionRequest, request: Request, session_id: Optional[str] = None):
+        if body.stream:
+            raise GatewayError(400, "stream: streamed text completions are not supported; use "
+                                    "/v1/chat/completions or stream=false", param="stream")
+        return await service.complete(body, session_of(request, session_id))
+
+    for prefix in ("", "/sessions/{session_id}"):
+        app.get(f"{prefix}/v1/models")(models)
+        app.post(f"{prefix}/v1/chat/completions")(chat)
+        app.post(f"{prefix}/v1/completions")(completions)
+    return app
+
+
+async def _events(chunks):
+    """Server-sent events of ``chunks``, then ``[DONE]``; an error after the first chunk is sent as an error event."""
+    try:
+        async for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+    except GatewayError as error:
+        yield f"data: {json.dumps(error.body())}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+class Gateway:
+    """The gateway on ``host:port`` (``0``: a free port) in a background thread of this process.
+
+    Args:
+        service: what it serves (:class:`GatewayService`).
+        api_key: bearer token clients must send; required when ``host`` is not a loopback address.
+    """
+
+    def __init__(self, service: GatewayService, host: str = "127.0.0.1", port: int = 0,
+                 api_key: Optional[str] = None, start_timeout_s: float = 30.0) -> None:
+        import uvicorn
+
+        if host not in LOOPBACK and not api_key:
+            raise ValueError(f"gateway: binding to {host} exposes the policy to the network; set an api key "
+                             "(clients send it as a bearer token) or bind to 127.0.0.1")
+        self.service, self.host = service, host
+        config = uvicorn.Config(build_app(service, api_key), host=host, port=port, log_level="warning",
+                                lifespan="off", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="gateway-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + start_timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"gateway: the HTTP server did not start on {host}:{port}")
+            time.sleep(0.01)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port/v1`` (no session)."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    def session_url(self, session_id: str) -> str:
+        """The base URL of one session: every call made through it is recorded under ``session_id``."""
+        return f"http://{self.host}:{self.port}/sessions/{session_id}/v1"
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout_s)
+
+    def __enter__(self) -> "Gateway":
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()

@@ -1,0 +1,305 @@
+"""What the gateway does for a request, apart from HTTP: build the prompt ids (continuing a session's ids where the
+conversation continues one, ``sessions.py``), sample every choice on the replica server, answer in OpenAI's shapes
+(``replies.py``), and record each call of a session token for token.
+
+A request without a session is served the same way and recorded nowhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, AsyncIterator, Optional, Sequence
+
+from hybridrl.agents.tools import TOOL_CALL_OPEN
+from hybridrl.agents.trajectory import ChatRenderer
+from hybridrl.gateway.openai_schema import ChatCompletionRequest, CompletionRequest, GatewayError
+from hybridrl.gateway.replies import (Sampled, chat_logprobs, completion_logprobs, cut_at_stop, for_template,
+                                      reply_message, streamable)
+from hybridrl.gateway.sessions import Call, SessionRecord
+from hybridrl.rollout.base import SamplingParams
+
+
+@dataclass
+class GatewayBackend:
+    """What the gateway serves from: a replica ``server`` (``rollout/server.py``), the policy's ``tokenizer`` (its
+    chat template), the engine's ``stop_ids``, its context length ``max_model_len``, the ``model_name`` reported,
+    and ``max_tokens``: the most new tokens one request may ask for."""
+
+    server: Any
+    tokenizer: Any
+    stop_ids: Sequence[int]
+    max_model_len: int
+    model_name: str = "hybridrl"
+    max_tokens: int = 4096
+
+
+@dataclass
+class Prompt:
+    """A request's prompt ids; ``parent``: the call it continues (its index in the session) with the ids after that
+    call's end (``observation_ids``); ``rendered``: the conversation as the template saw it."""
+
+    ids: list[int]
+    parent: Optional[int] = None
+    observation_ids: list[int] = field(default_factory=list)
+    rendered: list[dict] = field(default_factory=list)
+    template_matched: bool = True
+
+
+class GatewayService:
+    """Serves chat and completion requests from ``backend``; keeps the sessions' records until taken."""
+
+    def __init__(self, backend: GatewayBackend) -> None:
+        self.backend = backend
+        self._sessions: dict[str, SessionRecord] = {}
+        self._lock = threading.Lock()
+
+    # --- sessions ------------------------------------------------------------------------------------------------
+
+    def session(self, session_id: Optional[str]) -> Optional[SessionRecord]:
+        """The record of ``session_id`` (made on first use); ``None`` for no session."""
+        if not session_id:
+            return None
+        with self._lock:
+            return self._sessions.setdefault(session_id, SessionRecord(session_id))
+
+    def take_session(self, session_id: str) -> SessionRecord:
+        """The record of ``session_id``, removed from the gateway (an empty one if it made no call)."""
+        with self._lock:
+            return self._sessions.pop(session_id, None) or SessionRecord(session_id)
+
+    # --- chat ----------------------------------------------------------------------------------------------------
+
+    async def chat(self, request: ChatCompletionRequest, session_id: Optional[str] = None) -> dict[str, Any]:
+        """A ``chat.completion`` for ``request`` (every choice sampled to its end)."""
+        session, messages, tools = self.session(session_id), [m.plain() for m in request.messages], request.tools
+        prompt = self._chat_prompt(messages, tools, session)
+        finals = await asyncio.gather(*(_last(self._sample(prompt.ids, params, request.stop_strings()))
+                                        for params in self._choices(request, prompt)))
+        choices = []
+        for index, sampled in enumerate(finals):
+            reply, calls_tools = reply_message(sampled.text, with_tools=self._tools_on(request))
+            self._record(session, messages, tools, prompt, sampled, reply)
+            choices.append({"index": index, "message": reply, "token_ids": sampled.token_ids,
+                            "finish_reason": "tool_calls" if calls_tools else sampled.finish_reason,
+                            "logprobs": chat_logprobs(self.backend.tokenizer, sampled) if request.logprobs else None})
+        return {**self._head("chat.completion"), "choices": choices, "prompt_token_ids": prompt.ids,
+                "usage": _usage(prompt.ids, finals)}
+
+    async def chat_chunks(self, request: ChatCompletionRequest,
+                          session_id: Optional[str] = None) -> AsyncIterator[dict[str, Any]]:
+        """The ``chat.completion.chunk`` s of a streamed request, the choices' chunks interleaved as they come."""
+        session, messages, tools = self.session(session_id), [m.plain() for m in request.messages], request.tools
+        prompt = self._chat_prompt(messages, tools, session)
+        head = self._head("chat.completion.chunk")
+        holds = [*request.stop_strings(), *([TOOL_CALL_OPEN] if self._tools_on(request) else [])]
+
+        async def one_choice(index: int, params: SamplingParams) -> AsyncIterator[dict]:
+            yield _chunk(head, index, {"role": "assistant", "content": ""})
+            sent_text, sent_tokens = "", 0
+            sampled, reply, calls_tools = Sampled(), {"role": "assistant", "content": ""}, False
+            async for sampled in self._sample(prompt.ids, params, request.stop_strings()):
+                text = sampled.text if sampled.finish_reason else streamable(sampled.text, holds)
+                if sampled.finish_reason:
+                    reply, calls_tools = reply_message(sampled.text, with_tools=self._tools_on(request))
+                    text = reply.get("content") or ""
+                new_text = text[len(sent_text):] if text.startswith(sent_text) else ""
+                logprobs = None
+                if request.logprobs and len(sampled.token_ids) > sent_tokens:
+                    logprobs = chat_logprobs(self.backend.tokenizer, Sampled(
+                        sampled.token_ids[sent_tokens:], sampled.log_probs[sent_tokens:]))
+                    sent_tokens = len(sampled.token_ids)
+                if new_text or logprobs:
+                    yield _chunk(head, index, {"content": new_text}, logprobs=logprobs)
+                    sent_text += new_text
+            self._record(session, messages, tools, prompt, sampled, reply)
+            if calls_tools:
+                yield _chunk(head, index, {"tool_calls": [{"index": k, **call}
+                                                          for k, call in enumerate(reply["tool_calls"])]})
+            yield _chunk(head, index, {}, finish_reason="tool_calls" if calls_tools else sampled.finish_reason)
+
+        async for chunk in _merged([one_choice(index, params)
+                                    for index, params in enumerate(self._choices(request, prompt))]):
+            yield chunk
+
+    def _chat_prompt(self, messages: list[dict], tools: Optional[list[dict]],
+                     session: Optional[SessionRecord]) -> Prompt:
+        renderer = ChatRenderer(self.backend.tokenizer, tools or ())
+        found = session.find_parent(messages, _tools_key(tools)) if session is not None else None
+        if found is not None:
+            parent, index, new_messages = found
+            history = [*parent.rendered, {"role": "assistant", "content": parent.raw_text}]
+            new_rendered = for_template(new_messages)
+            observation, matched = renderer.observation_ids(history, new_rendered, parent.ids)
+            prompt = Prompt(parent.ids + observation, index, observation, [*history, *new_rendered], matched)
+        else:
+            rendered = for_template(messages)
+            try:
+                prompt = Prompt(renderer.prompt_ids(rendered), rendered=rendered)
+            except Exception as error:  # noqa: BLE001 - the template's refusal, told to the client
+                raise GatewayError(400, f"messages: the chat template cannot render them: "
+                                        f"{type(error).__name__}: {error}", param="messages") from error
+        self._check_length(prompt.ids)
+        return prompt
+
+    def _tools_on(self, request: ChatCompletionRequest) -> bool:
+        return bool(request.tools) and request.tool_choice != "none"
+
+    def _record(self, session: Optional[SessionRecord], messages: list[dict], tools: Optional[list[dict]],
+                prompt: Prompt, sampled: Sampled, reply: dict) -> None:
+        if session is None:
+            return
+        session.add(Call(messages=messages, reply=reply, prompt_ids=list(prompt.ids),
+                         completion_ids=list(sampled.token_ids), log_probs=list(sampled.log_probs),
+                         policy_versions=list(sampled.policy_versions), finish_reason=str(sampled.finish_reason),
+                         parent=prompt.parent, observation_ids=list(prompt.observation_ids),
+                         rendered=prompt.rendered, raw_text=self._decode(sampled.token_ids),
+                         tools_key=_tools_key(tools)), template_matched=prompt.template_matched)
+
+    # --- completions ---------------------------------------------------------------------------------------------
+
+    async def complete(self, request: CompletionRequest, session_id: Optional[str] = None) -> dict[str, Any]:
+        """A ``text_completion`` for ``request``: a text prompt is tokenised as the tokenizer does by default, a
+        list of ids is used as given; in a session, a prompt that extends an earlier call's ids continues it."""
+        session = self.session(session_id)
+        prompt = self._completion_prompt(request, session)
+        finals = await asyncio.gather(*(_last(self._sample(prompt.ids, params, request.stop_strings()))
+                                        for params in self._choices(request, prompt)))
+        choices = []
+        for index, sampled in enumerate(finals):
+            self._record(session, [], None, prompt, sampled, {"role": "assistant", "content": sampled.text})
+            choices.append({"index": index, "text": sampled.text, "token_ids": sampled.token_ids,
+                            "finish_reason": sampled.finish_reason,
+                            "logprobs": (completion_logprobs(self.backend.tokenizer, sampled)
+                                         if request.logprobs is not None else None)})
+        return {**self._head("text_completion"), "choices": choices, "prompt_token_ids": prompt.ids,
+                "usage": _usage(prompt.ids, finals)}
+
+    def _completion_prompt(self, request: CompletionRequest, session: Optional[SessionRecord]) -> Prompt:
+        if isinstance(request.prompt, str):
+            ids = list(self.backend.tokenizer(request.prompt)["input_ids"])
+        else:
+            vocabulary = len(self.backend.tokenizer)
+            bad = [token for token in request.prompt if not 0 <= token < vocabulary]
+            if bad:
+                raise GatewayError(400, f"prompt: token id {bad[0]} is outside the vocabulary (0..{vocabulary - 1})",
+                                   param="prompt")
+            ids = list(request.prompt)
+        self._check_length(ids)
+        found = session.find_prefix_call(ids) if session is not None else None
+        if found is None:
+            return Prompt(ids)
+        parent, index = found
+        return Prompt(ids, index, ids[len(parent.ids):])
+
+    # --- sampling ------------------------------------------------------------------------------------------------
+
+    def _check_length(self, prompt_ids: Sequence[int]) -> None:
+        if len(prompt_ids) >= self.backend.max_model_len:
+            raise GatewayError(400, f"the prompt is {len(prompt_ids)} tokens; the model's context is "
+                                    f"{self.backend.max_model_len}, leaving no room to generate",
+                               param="messages", code="context_length_exceeded")
+
+    def _choices(self, request, prompt: Prompt) -> list[SamplingParams]:
+        room = self.backend.max_model_len - len(prompt.ids)
+        asked = request.token_limit()
+        if asked is not None and asked > self.backend.max_tokens:
+            raise GatewayError(400, f"max_tokens: {asked} is over the gateway's limit of {self.backend.max_tokens}",
+                               param="max_tokens")
+        limit = min(asked or self.backend.max_tokens, room)
+        params = SamplingParams(max_new_tokens=limit, do_sample=request.temperature > 0,
+                                temperature=request.temperature or 1.0, top_p=request.top_p, seed=request.seed)
+        return [params if request.seed is None else replace(params, seed=request.seed + index)
+                for index in range(request.n)]
+
+    async def _sample(self, prompt_ids: list[int], params: SamplingParams,
+                      stops: Sequence[str]) -> AsyncIterator[Sampled]:
+        """The choice as it grows, one state per engine step; the last has ``finish_reason``. A stop string ends it
+        (the text is cut before it; the ids keep every token sampled, up to the one that completed it)."""
+        sampled = Sampled()
+        async with contextlib.aclosing(self.backend.server.stream(prompt_ids, params)) as deltas:
+            async for delta in deltas:
+                sampled.token_ids += delta.token_ids
+                sampled.log_probs += delta.log_probs
+                sampled.policy_versions += delta.policy_versions
+                sampled.text = self._decode(sampled.token_ids)
+                cut = cut_at_stop(sampled.text, stops) if stops else None
+                if cut is not None:
+                    sampled.text, sampled.finish_reason = cut, "stop"
+                    yield sampled
+                    return  # leaving the stream aborts the request
+                if delta.finish_reason is not None:
+                    sampled.finish_reason = {"length": "length", "abort": "abort"}.get(delta.finish_reason, "stop")
+                yield sampled
+
+    def _decode(self, token_ids: Sequence[int]) -> str:
+        ids = list(token_ids)
+        if ids and ids[-1] in self.backend.stop_ids:
+            ids = ids[:-1]
+        return self.backend.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
+        return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()),
+                "model": self.backend.model_name}
+
+
+def _tools_key(tools: Optional[list[dict]]) -> str:
+    return json.dumps(tools or [], sort_keys=True)
+
+
+def _usage(prompt_ids: Sequence[int], finals: Sequence[Sampled]) -> dict[str, int]:
+    completion = sum(len(sampled.token_ids) for sampled in finals)
+    return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
+            "total_tokens": len(prompt_ids) + completion}
+
+
+def _chunk(head: dict, index: int, delta: dict, finish_reason: Optional[str] = None,
+           logprobs: Optional[dict] = None) -> dict[str, Any]:
+    return {**head, "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason,
+                                 "logprobs": logprobs}]}
+
+
+async def _last(states: AsyncIterator[Sampled]) -> Sampled:
+    last = Sampled()
+    async for last in states:
+        pass
+    return last
+
+
+async def _merged(streams: list[AsyncIterator[dict]]) -> AsyncIterator[dict]:
+    """The items of ``streams`` as each produces them (one stream: in order); an error in one is raised here."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(stream: AsyncIterator[dict]) -> None:
+        try:
+            async for item in stream:
+                await queue.put(item)
+        except BaseException as error:  # noqa: BLE001 - handed to the consumer
+            await queue.put(error)
+        finally:
+            await queue.put(done)
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
