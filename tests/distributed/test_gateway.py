@@ -14,6 +14,7 @@ from vllm_helpers import cpu_engine
 
 from hybridrl.agents.trajectory import ChatRenderer
 from hybridrl.gateway.app import Gateway
+from hybridrl.gateway.episodes import AgentResult, check_agent, run_episodes
 from hybridrl.gateway.service import GatewayBackend, GatewayService
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.server import ReplicaServer
@@ -200,3 +201,58 @@ def test_concurrent_sessions_are_recorded_apart(stack):
         record = service.take_session(f"many-{index}")
         assert [call.parent for call in record.calls] == [None, 0]
         assert len(record.sequences()) == 1
+
+
+async def two_turn_agent(row, client):
+    """Plain OpenAI-client agent code: ask, feed a tool result back, ask again; reward from the row."""
+    messages = [{"role": "user", "content": row["question"]}]
+    for turn in range(2):
+        reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=8, seed=turn)
+        messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "content": "42"}]
+    return AgentResult(reward=row["reward"], info={"turns": 2.0})
+
+
+def test_users_agent_functions_run_as_episodes_and_their_failures_end_only_their_own(stack):
+    _, _, _, gateway = stack
+
+    async def raises(row, client):
+        await client.chat.completions.create(model="policy", messages=USER, max_tokens=4)
+        raise KeyError("no such tool")
+
+    async def hangs(row, client):
+        await asyncio.sleep(30)
+
+    async def by_row(row, client):
+        return await {"ok": two_turn_agent, "raises": raises, "hangs": hangs}[row["kind"]](row, client)
+
+    async def bad_reward(row, client):
+        return "high"
+
+    rows = [{"kind": "ok", "question": f"{i}*3=", "reward": float(i)} for i in range(6)]
+    rows[2], rows[4] = {"kind": "raises"}, {"kind": "hangs"}
+    episodes = asyncio.run(run_episodes(by_row, rows, gateway, timeout_s=5.0))
+    for index, episode in enumerate(episodes):
+        if index == 2:
+            assert episode.failure == "the agent raised KeyError: 'no such tool'" and episode.reward is None
+            assert len(episode.record.calls) == 1
+        elif index == 4:
+            assert episode.failure == "the agent took longer than 5 s"
+        else:
+            assert episode.failure is None and episode.reward == float(index) and episode.info == {"turns": 2.0}
+            assert [call.parent for call in episode.record.calls] == [None, 0]
+            [sequence] = episode.record.sequences()
+            assert sum(sequence.response_mask) == sum(len(call.completion_ids) for call in episode.record.calls)
+    [bad] = asyncio.run(run_episodes(bad_reward, [{}], gateway))
+    assert bad.failure == "the agent returned 'high': a reward must be a finite number (or an AgentResult)"
+
+
+def test_an_agent_that_is_not_an_async_function_of_row_and_client_is_refused_naming_it():
+    def sync_agent(row, client):
+        return 1.0
+
+    async def one_argument(row):
+        return 1.0
+    with pytest.raises(TypeError, match="rollout.agent: expected `async def agent"):
+        check_agent(sync_agent, "rollout.agent")
+    with pytest.raises(TypeError, match="`one_argument` must take \\(row, client\\)"):
+        check_agent(one_argument)
