@@ -73,13 +73,13 @@ def build_app(service: GatewayService, api_key: Optional[str] = None,
         session = session_of(request, session_id)
         if body.stream:
             return StreamingResponse(_events(service.chat_chunks(body, session)), media_type="text/event-stream")
-        return await service.chat(body, session)
+        return JSONResponse(await service.chat(body, session))  # plain JSON types already: no re-encoding pass
 
     async def completions(body: CompletionRequest, request: Request, session_id: Optional[str] = None):
         if body.stream:
             raise GatewayError(400, "stream: streamed text completions are not supported; use "
                                     "/v1/chat/completions or stream=false", param="stream")
-        return await service.complete(body, session_of(request, session_id))
+        return JSONResponse(await service.complete(body, session_of(request, session_id)))
 
     for prefix in ("", "/sessions/{session_id}"):
         app.get(f"{prefix}/v1/models")(models)

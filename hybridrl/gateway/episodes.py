@@ -72,25 +72,27 @@ async def run_episodes(agent: Agent, rows: Sequence[Mapping[str, Any]], gateway,
     check_agent(agent)
     limit = asyncio.Semaphore(concurrency)
     prefix = uuid.uuid4().hex[:8]
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=httpx.Limits(
-            max_connections=concurrency, max_keepalive_connections=concurrency)) as http:
+    tls = httpx.create_ssl_context()  # made once: the gateway is plain HTTP, but every client would build one
 
-        async def one(index: int, row: Mapping[str, Any]) -> AgentEpisode:
-            session_id = f"{prefix}-{index}"
-            client = openai.AsyncOpenAI(base_url=gateway.session_url(session_id), api_key=api_key,
-                                        http_client=http, max_retries=0)
-            async with limit:
+    async def one(index: int, row: Mapping[str, Any]) -> AgentEpisode:
+        session_id = f"{prefix}-{index}"
+        async with limit:
+            # a small pool per episode: an episode's calls come one after another, and one pool shared by
+            # hundreds of episodes spends its time scanning its connections (httpcore) on every request
+            async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), verify=tls,
+                                         limits=httpx.Limits(max_connections=4)) as http:
+                client = openai.AsyncOpenAI(base_url=gateway.session_url(session_id), api_key=api_key,
+                                            http_client=http, max_retries=0)
                 started = time.monotonic()
                 outcome = await _outcome(agent, row, client, timeout_s)
-            episode = AgentEpisode(row, gateway.service.take_session(session_id), seconds=time.monotonic() - started)
-            if isinstance(outcome, str):
-                episode.failure = outcome
-                logger.warning("agent episode %d failed: %s", index, outcome)
-            else:
-                episode.reward, episode.info = outcome
-            return episode
-        return list(await asyncio.gather(*(one(index, row) for index, row in enumerate(rows))))
-
+        episode = AgentEpisode(row, gateway.service.take_session(session_id), seconds=time.monotonic() - started)
+        if isinstance(outcome, str):
+            episode.failure = outcome
+            logger.warning("agent episode %d failed: %s", index, outcome)
+        else:
+            episode.reward, episode.info = outcome
+        return episode
+    return list(await asyncio.gather(*(one(index, row) for index, row in enumerate(rows))))
 
 async def _outcome(agent: Agent, row: Mapping[str, Any], client, timeout_s: float):
     """``(reward, info)``, or the failure in one line."""

@@ -103,7 +103,7 @@ class GatewayService:
             yield _chunk(head, index, {"role": "assistant", "content": ""})
             sent_text, sent_tokens = "", 0
             sampled, reply, calls_tools = Sampled(), {"role": "assistant", "content": ""}, False
-            async for sampled in self._sample(prompt.ids, params, request.stop_strings()):
+            async for sampled in self._sample(prompt.ids, params, request.stop_strings(), streamed=True):
                 text = sampled.text if sampled.finish_reason else streamable(sampled.text, holds)
                 if sampled.finish_reason:
                     reply, calls_tools = reply_message(sampled.text, with_tools=self._tools_on(request))
@@ -217,11 +217,19 @@ class GatewayService:
         return [params if request.seed is None else replace(params, seed=request.seed + index)
                 for index in range(request.n)]
 
-    async def _sample(self, prompt_ids: list[int], params: SamplingParams,
-                      stops: Sequence[str]) -> AsyncIterator[Sampled]:
-        """The choice as it grows, one state per engine step; the last has ``finish_reason``. A stop string ends it
-        (the text is cut before it; the ids keep every token sampled, up to the one that completed it)."""
+    async def _sample(self, prompt_ids: list[int], params: SamplingParams, stops: Sequence[str],
+                      streamed: bool = False) -> AsyncIterator[Sampled]:
+        """The choice as it grows, one state per engine step (``streamed``, or with stop strings to watch for;
+        otherwise once, finished); the last has ``finish_reason``. A stop string ends it (the text is cut before
+        it; the ids keep every token sampled, up to the one that completed it)."""
         sampled = Sampled()
+        if not stops and not streamed:  # the engine reports it once, at its end: no per-token traffic
+            completion = await self.backend.server.generate(prompt_ids, params, streamed=False)
+            sampled.token_ids, sampled.log_probs = completion.token_ids, completion.log_probs
+            sampled.policy_versions, sampled.text = completion.policy_versions, self._decode(completion.token_ids)
+            sampled.finish_reason = _finish_reason(completion.finish_reason)
+            yield sampled
+            return
         async with contextlib.aclosing(self.backend.server.stream(prompt_ids, params)) as deltas:
             async for delta in deltas:
                 sampled.token_ids += delta.token_ids
@@ -234,7 +242,7 @@ class GatewayService:
                     yield sampled
                     return  # leaving the stream aborts the request
                 if delta.finish_reason is not None:
-                    sampled.finish_reason = {"length": "length", "abort": "abort"}.get(delta.finish_reason, "stop")
+                    sampled.finish_reason = _finish_reason(delta.finish_reason)
                 yield sampled
 
     def _decode(self, token_ids: Sequence[int]) -> str:
@@ -247,6 +255,11 @@ class GatewayService:
         prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
         return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()),
                 "model": self.backend.model_name}
+
+
+def _finish_reason(engine_reason: Optional[str]) -> str:
+    """OpenAI's finish reason for the engine's (``stop`` / ``length`` / ``abort``)."""
+    return {"length": "length", "abort": "abort"}.get(str(engine_reason), "stop")
 
 
 def _tools_key(tools: Optional[list[dict]]) -> str:
