@@ -91,11 +91,18 @@ class GatewayService:
         return {**self._head("chat.completion"), "choices": choices, "prompt_token_ids": prompt.ids,
                 "usage": _usage(prompt.ids, finals)}
 
-    async def chat_chunks(self, request: ChatCompletionRequest,
-                          session_id: Optional[str] = None) -> AsyncIterator[dict[str, Any]]:
-        """The ``chat.completion.chunk`` s of a streamed request, the choices' chunks interleaved as they come."""
+    def chat_chunks(self, request: ChatCompletionRequest,
+                    session_id: Optional[str] = None) -> AsyncIterator[dict[str, Any]]:
+        """The ``chat.completion.chunk`` s of a streamed request, the choices' chunks interleaved as they come. A
+        request the gateway refuses raises :class:`GatewayError` here, before any chunk (so before any response
+        header: the client gets the 4xx, not an error inside a 200 stream)."""
         session, messages, tools = self.session(session_id), [m.plain() for m in request.messages], request.tools
         prompt = self._chat_prompt(messages, tools, session)
+        return self._chunks(request, session, messages, tools, prompt, self._choices(request, prompt))
+
+    async def _chunks(self, request: ChatCompletionRequest, session: Optional[SessionRecord], messages: list[dict],
+                      tools: Optional[list[dict]], prompt: Prompt,
+                      choices: list[SamplingParams]) -> AsyncIterator[dict[str, Any]]:
         head = self._head("chat.completion.chunk")
         holds = [*request.stop_strings(), *([TOOL_CALL_OPEN] if self._tools_on(request) else [])]
 
@@ -123,8 +130,7 @@ class GatewayService:
                                                           for k, call in enumerate(reply["tool_calls"])]})
             yield _chunk(head, index, {}, finish_reason="tool_calls" if calls_tools else sampled.finish_reason)
 
-        async for chunk in _merged([one_choice(index, params)
-                                    for index, params in enumerate(self._choices(request, prompt))]):
+        async for chunk in _merged([one_choice(index, params) for index, params in enumerate(choices)]):
             yield chunk
 
     def _chat_prompt(self, messages: list[dict], tools: Optional[list[dict]],

@@ -123,6 +123,12 @@ def test_bad_requests_get_an_openai_error_body_naming_the_field(stack, body, sta
     assert "Traceback" not in response.text
 
 
+def test_a_refused_streamed_request_gets_its_4xx_before_any_event(stack):
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "1" * 400}]}
+    response = httpx.post(stack[3].base_url + "/chat/completions", json=body)
+    assert response.status_code == 400 and "context is 256" in response.json()["error"]["message"]
+
+
 def test_malformed_json_and_the_openai_client_see_a_400(stack, client):
     response = httpx.post(stack[3].base_url + "/chat/completions", content=b"{not json",
                           headers={"content-type": "application/json"})
