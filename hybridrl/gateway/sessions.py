@@ -108,12 +108,15 @@ class SessionRecord:
         return None
 
     def add(self, call: Call, template_matched: bool = True) -> int:
+        """Record ``call``; its index. A call that continues none counts as a split unless it is the session's
+        first prompt or a sibling of an earlier call (another choice of the same prompt)."""
         with self._lock:
+            earlier = self.calls[:]
             self.calls.append(call)
-            if call.parent is None:
-                self.split += bool(self.calls[:-1])  # a session's first call starts its first sequence
-            else:
+            if call.parent is not None:
                 self.continued += 1
+            elif earlier and all(other.prompt_ids != call.prompt_ids for other in earlier):
+                self.split += 1
             self.template_mismatches += not template_matched
             return len(self.calls) - 1
 

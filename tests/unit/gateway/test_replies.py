@@ -46,3 +46,4 @@ def test_templates_get_argument_objects_and_sessions_compare_arguments_as_json()
     other = {**echoed, "tool_calls": [{**echoed["tool_calls"][0], "function": {"name": "f", "arguments": "{}"}}]}
     assert not same_messages([sent], [other])
     assert not same_messages([sent], [sent, sent])
+

@@ -1,0 +1,28 @@
+"""A session's record without an engine: continued calls stitched into one sequence (observations without loss),
+another choice of the same prompt kept as a branch, an edited conversation counted as a split."""
+
+from __future__ import annotations
+
+from hybridrl.gateway.sessions import Call, SessionRecord
+
+
+def call(prompt, sampled, parent=None, observation=()):
+    return Call(messages=[], reply={"role": "assistant", "content": ""}, prompt_ids=list(prompt),
+                completion_ids=list(sampled), log_probs=[-0.5] * len(sampled), policy_versions=[3] * len(sampled),
+                finish_reason="stop", parent=parent, observation_ids=list(observation))
+
+
+def test_a_session_stitches_continued_calls_and_keeps_siblings_and_splits_apart():
+    record = SessionRecord("s")
+    record.add(call([1, 2], [10, 11]))                      # 0: the first prompt
+    record.add(call([1, 2], [12]))                          # 1: another choice of it (n = 2): a branch
+    record.add(call([1, 2, 10, 11, 7, 8], [13], parent=0, observation=[7, 8]))   # 2: continues 0
+    record.add(call([5], [14]))                             # 3: an edited conversation
+    assert (record.continued, record.split) == (1, 1)
+    sequences = {tuple(sequence.calls): sequence for sequence in record.sequences()}
+    assert set(sequences) == {(1,), (0, 2), (3,)}
+    stitched = sequences[(0, 2)]
+    assert stitched.prompt_ids == [1, 2] and stitched.response_ids == [10, 11, 7, 8, 13]
+    assert stitched.response_mask == [1, 1, 0, 0, 1]
+    assert stitched.log_probs == [-0.5, -0.5, 0.0, 0.0, -0.5]
+    assert stitched.policy_versions == [3, 3, -1, -1, 3]
