@@ -259,6 +259,46 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="a Hugging Face model directory, a run directory or a "
+                                       "checkpoints/global_step_<k> dir (exported to a temporary directory first)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other "
+                                                             "needs --api-key)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: any free port)")
+    parser.add_argument("--api-key", default=None, help="bearer token every request must carry")
+    parser.add_argument("--max-model-len", type=int, default=2048, help="context length: prompt + reply (2048)")
+    parser.add_argument("--max-tokens", type=int, default=1024, help="most new tokens one request may ask (1024)")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"),
+                        help="the engine's dtype (bfloat16; float16 on GPU only)")
+    parser.add_argument("--served-model-name", default=None, help="the model name in responses (default: the "
+                                                                  "directory's name)")
+
+
+@command("serve", "serve a model or checkpoint behind an OpenAI-compatible API (chat, completions, tools), for your "
+         "agent code: hybridrl serve RUN_OR_MODEL_DIR [--port 8000]", None, arguments=_serve_arguments)
+def serve(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from hybridrl.gateway.standalone import ServeSettings, serve_model
+    from hybridrl.trainers.eval_source import model_directory, resolve_eval_source
+    from hybridrl.utils.signals import stop_on_sigterm
+
+    settings = ServeSettings(args.host, args.port, args.api_key, args.max_model_len, args.max_tokens, args.dtype,
+                             args.served_model_name).checked()  # mistakes first
+    source = resolve_eval_source(args.source)
+    stop_on_sigterm()
+
+    def ready(gateway) -> None:
+        print(f"hybridrl serve: {source.describe()} at {gateway.base_url} (Ctrl-C stops)", flush=True)
+    with tempfile.TemporaryDirectory(prefix="hybridrl-serve-") as scratch:
+        try:
+            serve_model(model_directory(source, Path(scratch)), settings, ready)
+        except ImportError as error:
+            print(f"hybridrl serve: {error}", file=sys.stderr)
+            return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridrl", description=__doc__.splitlines()[0])
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

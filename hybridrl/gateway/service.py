@@ -52,10 +52,11 @@ class Prompt:
 
 
 class GatewayService:
-    """Serves chat and completion requests from ``backend``; keeps the sessions' records until taken."""
+    """Serves chat and completion requests from ``backend``; keeps the sessions' records until taken
+    (``record_sessions=False``: none are kept, for a gateway nobody trains from)."""
 
-    def __init__(self, backend: GatewayBackend) -> None:
-        self.backend = backend
+    def __init__(self, backend: GatewayBackend, record_sessions: bool = True) -> None:
+        self.backend, self.record_sessions = backend, record_sessions
         self._sessions: dict[str, SessionRecord] = {}
         self._lock = threading.Lock()
 
@@ -63,7 +64,7 @@ class GatewayService:
 
     def session(self, session_id: Optional[str]) -> Optional[SessionRecord]:
         """The record of ``session_id`` (made on first use); ``None`` for no session."""
-        if not session_id:
+        if not session_id or not self.record_sessions:
             return None
         with self._lock:
             return self._sessions.setdefault(session_id, SessionRecord(session_id))
