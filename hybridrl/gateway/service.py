@@ -57,6 +57,7 @@ class GatewayService:
 
     def __init__(self, backend: GatewayBackend, record_sessions: bool = True) -> None:
         self.backend, self.record_sessions = backend, record_sessions
+        self._plain_renderer = ChatRenderer(backend.tokenizer)
         self._sessions: dict[str, SessionRecord] = {}
         self._lock = threading.Lock()
 
@@ -253,10 +254,8 @@ class GatewayService:
                 yield sampled
 
     def _decode(self, token_ids: Sequence[int]) -> str:
-        ids = list(token_ids)
-        if ids and ids[-1] in self.backend.stop_ids:
-            ids = ids[:-1]
-        return self.backend.tokenizer.decode(ids, skip_special_tokens=False)
+        """The text of sampled ids, a final stop token left out — as the agent loop decodes a model turn."""
+        return self._plain_renderer.decode(token_ids, self.backend.stop_ids)
 
     def _head(self, kind: str) -> dict[str, Any]:
         prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"

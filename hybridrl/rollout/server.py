@@ -110,7 +110,6 @@ class ReplicaServer:
     def __init__(self, requests, version: Callable[[], Optional[int]] = lambda: None,
                  name: str = "replica", after_step: Optional[Callable[[Any], None]] = None) -> None:
         self._requests, self._version, self._after_step = requests, version, after_step
-        self._kept: list[Completion] = []  # parked by pause("keep"): answered at resume when nothing is left to do
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._waiters: dict[str, _Waiter] = {}
         self._engine_steps, self._last_step = 0, None
@@ -193,7 +192,7 @@ class ReplicaServer:
 
     async def resume(self) -> list[str]:
         """Generate again; requests kept by ``pause("keep")`` continue (their ids)."""
-        return await self.call(self._resume)
+        return await self.call(self._requests.resume)
 
     async def call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``function(*args, **kwargs)`` on the engine thread between two steps (a weight update, sleep or
@@ -303,16 +302,7 @@ class ReplicaServer:
         for completion in affected:
             if completion.finished:  # abort / wait: their callers are answered now; keep: they wait on
                 self._deliver(completion)
-        self._kept = affected if mode == "keep" else []
         return affected
-
-    def _resume(self) -> list[str]:
-        resumed = self._requests.resume()
-        kept, self._kept = self._kept, []
-        for completion in kept:
-            if completion.finished:  # parked with no tokens left to generate: ended by the resume
-                self._deliver(completion)
-        return resumed
 
     def _fail_waiting(self, error: BaseException) -> None:
         for waiter in self._waiters.values():
