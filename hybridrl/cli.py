@@ -228,7 +228,8 @@ def evaluate(args: argparse.Namespace) -> int:
     config = eval_config(source, model_dir, args.overrides, args.config_name, config_path=args.config_path,
                          config_dirs=args.config_dir or (), check_paths=not args.no_check_paths)
     dataset = eval_dataset(config, load_tokenizer(config.model), files, args.limit)
-    if config.custom_reward_function.path is None:  # every prompt's data_source needs a built-in scorer
+    # every prompt's data_source needs a built-in scorer (unless a user's agent may score its episodes itself)
+    if config.custom_reward_function.path is None and not config.rollout.multi_turn.agent:
         check_data_sources(sorted({prompt.data_source for prompt in dataset}))
     print(f"hybridrl eval: {source.describe()} on {len(dataset)} prompts ({dataset.name}) -> {output}",
           file=sys.stderr)

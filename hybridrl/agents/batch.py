@@ -8,7 +8,8 @@ model's own ids — the loss, the token-mean normaliser, the KL and the log-prob
 
 Per row also: ``final_response`` (non-tensor: the text of the last model turn — what the reward function scores),
 ``episode_failure`` (non-tensor: why the episode's environment failed, ``""`` if it did not),
-``episode_rewards`` ``[B]`` (the environment's own rewards, summed over steps), with
+``episode_rewards`` ``[B]`` (the environment's own rewards, summed over steps), for episodes of a user's agent
+``agent_rewards`` ``[B]`` (the reward it returned, NaN where it left the reward to the reward function), with
 ``rollout.multi_turn.reward_placement=turn_end`` also ``turn_rewards`` ``[B, R]`` (each step's reward on the last id of
 the model turn it answered, 0 elsewhere), and ``agent_stats`` ``[B, K]`` (columns :data:`AGENT_STATS`), from which the
 controller logs per-batch means.
@@ -16,6 +17,7 @@ controller logs per-batch means.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -26,17 +28,19 @@ from hybridrl.protocol import Batch, Fields
 FINAL_RESPONSE = "final_response"
 EPISODE_FAILURE = "episode_failure"
 EPISODE_REWARDS = "episode_rewards"
+AGENT_REWARDS = "agent_rewards"
 TURN_REWARDS = "turn_rewards"
 AGENT_STATS_FIELD = "agent_stats"
 AGENT_STATS = ("turns", "tool_calls", "tool_errors", "tool_timeouts", "observation_tokens", "cut_by_budget",
-               "env_failures", "prefix_mismatches")
+               "env_failures", "prefix_mismatches", "split_sequences")
 
 
 def _stats_row(trajectory: Trajectory) -> list[float]:
     counters = trajectory.counters
     return [float(trajectory.turns), counters.get("tool_calls", 0.0), counters.get("tool_errors", 0.0),
             counters.get("tool_timeouts", 0.0), counters.get("observation_tokens", 0.0),
-            float(trajectory.end == "budget"), counters.get("env_failures", 0.0), float(trajectory.prefix_mismatches)]
+            float(trajectory.end == "budget"), counters.get("env_failures", 0.0), float(trajectory.prefix_mismatches),
+            counters.get("split_sequences", 0.0)]
 
 
 def trajectories_to_batch(trajectories: Sequence[Trajectory], rows: Batch, response_length: int,
@@ -79,6 +83,9 @@ def trajectories_to_batch(trajectories: Sequence[Trajectory], rows: Batch, respo
     }
     if turn_rewards:
         tensors[TURN_REWARDS] = _turn_rewards(trajectories, response_length)
+    if any(t.agent_reward is not None for t in trajectories):
+        tensors[AGENT_REWARDS] = torch.tensor([math.nan if t.agent_reward is None else t.agent_reward
+                                               for t in trajectories], dtype=torch.float32)
     non_tensors = {**dict(rows.non_tensors), FINAL_RESPONSE: [t.final_text for t in trajectories],
                    EPISODE_FAILURE: [t.failure or "" for t in trajectories]}
     return Batch(tensors=tensors, non_tensors=non_tensors, meta=rows.meta)

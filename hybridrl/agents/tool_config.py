@@ -28,7 +28,6 @@ problem is a :class:`ToolConfigError` naming the file, the entry and the field.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 from dataclasses import dataclass, field, replace
@@ -38,7 +37,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from hybridrl.agents.tools import Tool, is_finite_number
-from hybridrl.utils.user_files import import_user_file
+from hybridrl.utils.user_files import import_named
 
 __all__ = ["VERL_EQUIVALENTS", "EpisodeTool", "ToolConfigError", "ToolInstanceError", "load_tool_config", "timeout_of"]
 
@@ -164,25 +163,10 @@ def _resolve(class_name: str, where: str, base: Path) -> Callable[..., Any]:
                 f"import verl); those with an equivalent: {sorted(VERL_EQUIVALENTS)}. Write the tool as a function "
                 "or class (hybridrl/agents/tool_config.py says how) and name it here")
         class_name = VERL_EQUIVALENTS[class_name]
-    module_part, separator, attribute = class_name.rpartition(":")
-    if not separator:
-        module_part, _, attribute = class_name.rpartition(".")
-    if not module_part or not attribute:
-        raise ToolConfigError(f"{where}: {class_name!r} must be module.Name, module:Name or file.py:Name")
     try:
-        if module_part.endswith(".py"):
-            file = Path(module_part)
-            module = import_user_file(file if file.is_absolute() else base / file, where)
-        else:
-            module = importlib.import_module(module_part)
+        return import_named(class_name, where, base)
     except ValueError as error:
         raise ToolConfigError(str(error)) from None
-    except Exception as error:  # noqa: BLE001 - a module that is missing or raises while importing
-        raise ToolConfigError(f"{where}: importing {module_part!r} failed: {type(error).__name__}: {error}") from None
-    target = getattr(module, attribute, None)
-    if not callable(target):
-        raise ToolConfigError(f"{where}: {module_part!r} has no function or class {attribute!r}")
-    return target
 
 
 def _check_accepts(target: Callable[..., Any], parameters: dict, where: str) -> None:

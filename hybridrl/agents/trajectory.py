@@ -164,6 +164,9 @@ class Trajectory:
     counters: dict[str, float] = field(default_factory=dict)
     final_text: str = ""
     """The last model turn, decoded (what the reward function scores)."""
+    agent_reward: Optional[float] = None
+    """The reward a user's agent returned for the episode: its whole reward, the reward function does not score
+    it (``None``: the reward function scores ``final_text``)."""
 
     def add_model_turn(self, ids: Sequence[int], log_probs: Sequence[float], versions: Sequence[int]) -> None:
         self.response_ids += list(ids)

@@ -7,6 +7,7 @@ path (as ``components.py`` names registries) and loaded only when the config is 
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 from hybridrl.config.components import registered_component
 from hybridrl.config.checks import _choice, _require
@@ -16,6 +17,7 @@ from hybridrl.config.schema import TrainConfig
 BUILTIN_TOOL_NAMES = ("calculator", "python")  # agents.builtin_tools.BUILTIN_TOOLS
 REWARD_PLACEMENTS = ("episode_end", "turn_end")
 TOOL_CONFIG_LOADER = "hybridrl.agents.tool_config:load_tool_config"
+AGENT_LOADER = "hybridrl.gateway.episodes:load_agent"
 
 
 def check_multi_turn(config: TrainConfig, error: ConfigError) -> None:
@@ -39,6 +41,21 @@ def check_multi_turn(config: TrainConfig, error: ConfigError) -> None:
         _choice(error, "rollout.multi_turn.tools", name, BUILTIN_TOOL_NAMES)
     _choice(error, "rollout.multi_turn.tool_prompt", multi_turn.tool_prompt, ("template", "system"))
     _choice(error, "rollout.multi_turn.reward_placement", multi_turn.reward_placement, REWARD_PLACEMENTS)
+    if multi_turn.agent:
+        _check_agent_settings(multi_turn, error)
+
+
+def _check_agent_settings(multi_turn, error: ConfigError) -> None:
+    """With an agent of the user's: its tools are its own, its limits are set."""
+    for key, value in (("rollout.multi_turn.tools", multi_turn.tools),
+                       ("rollout.multi_turn.tool_config_path", multi_turn.tool_config_path)):
+        if value:
+            error.add(key, value, f"is not read with rollout.multi_turn.agent={multi_turn.agent!r}: the agent "
+                                  "offers its tools itself, in its requests (`tools=`); drop this key")
+    _require(error, "rollout.multi_turn.agent_timeout_s", multi_turn.agent_timeout_s,
+             multi_turn.agent_timeout_s > 0, "must be > 0 (seconds per episode)")
+    _require(error, "rollout.multi_turn.agent_concurrency", multi_turn.agent_concurrency,
+             multi_turn.agent_concurrency >= 1, "must be >= 1 (episodes in flight at once)")
 
 
 def _check_ignored_while_off(multi_turn, error: ConfigError) -> None:
@@ -50,6 +67,10 @@ def _check_ignored_while_off(multi_turn, error: ConfigError) -> None:
         if value:
             error.add(key, value, f"is read only by multi-turn episodes, and rollout.multi_turn.enable=false{also}: "
                                   "set rollout.multi_turn.enable=true to give the model these tools, or drop this key")
+    if multi_turn.agent:
+        error.add("rollout.multi_turn.agent", multi_turn.agent, "runs only as multi-turn episodes, and "
+                  "rollout.multi_turn.enable=false: set rollout.multi_turn.enable=true (with rollout=vllm or "
+                  "rollout=vllm_cpu), or drop this key")
 
 
 def check_tool_config(config: TrainConfig, error: ConfigError) -> None:
@@ -69,3 +90,23 @@ def check_tool_config(config: TrainConfig, error: ConfigError) -> None:
     if clashes:
         error.add(key, path, f"its tool(s) {clashes} are also built-in tools in rollout.multi_turn.tools; "
                              "give them other names or drop them from rollout.multi_turn.tools")
+
+
+def check_agent_function(config: TrainConfig, error: ConfigError) -> None:
+    """``rollout.multi_turn.agent``: it imports, and is an ``async def`` taking ``(row, client)``."""
+    multi_turn = config.rollout.multi_turn
+    if not multi_turn.enable or not multi_turn.agent:
+        return
+    module, attribute = AGENT_LOADER.split(":")
+    try:
+        getattr(importlib.import_module(module), attribute)(multi_turn.agent)
+    except (ValueError, TypeError) as failure:
+        error.add("rollout.multi_turn.agent", multi_turn.agent, str(failure))
+
+
+def resolved_file_name(name: str) -> str:
+    """``file.py:function`` with the file's absolute path (workers may start elsewhere); other names as given."""
+    module_part, separator, attribute = name.rpartition(":")
+    if separator and module_part.endswith(".py"):
+        return f"{Path(module_part).resolve()}:{attribute}"
+    return name

@@ -39,12 +39,26 @@ class MultiTurnConfig(FreezableConfig):
     """Where an environment's per-turn rewards (a tool's ``ToolResult.reward``, a step's ``reward``) go:
     ``episode_end`` (summed on the episode's last model token, with the final answer's score) or ``turn_end`` (each
     on the last token of the model turn it answered: per-turn credit for GAE; group estimators sum them anyway)."""
+    agent: Optional[str] = None
+    """Your own agent code instead of an environment: ``module:function`` or ``file.py:function`` naming
+    ``async def agent(row, client) -> float | AgentResult | None``. Each episode calls it with its data row
+    (``prompt`` messages, ``ground_truth``, ``extra_info``, ``data_source``) and an ``openai.AsyncOpenAI`` client on
+    a session of a gateway over this replica; every call is captured token for token and trained as sampled
+    (``hybridrl/gateway``). It returns the episode's reward, or ``None`` to have the data source's reward function
+    score its last reply. The agent brings its own tools (``tools``, ``tool_config_path``, ``environment``,
+    ``max_assistant_turns``, ``tool_prompt`` and ``reward_placement`` are not read); the gateway samples with
+    ``rollout``'s settings (temperature, top-p …) whatever a request asks, the episode's first prompt may be
+    ``data.max_prompt_length`` ids and all its replies and tool results ``data.max_response_length``."""
+    agent_timeout_s: float = 600.0
+    """Longest one agent episode may run (seconds); past it the episode is cancelled and counted as failed."""
+    agent_concurrency: int = 256
+    """Agent episodes in flight at once on one replica."""
     strict: bool = False
     """Stop the run when the chat template does not reproduce the ids generated so far (else: counted in
     ``agent/prefix_mismatches``, the ids kept as generated)."""
 
     def builtin_tools(self) -> list[str]:
-        """The built-in tools offered: ``tools``, or its default (``[calculator]`` unless a tool config file)."""
+        """The built-in tools offered: ``tools``, or its default (``[calculator]`` unless a tool config file or an agent)."""
         if self.tools is not None:
             return list(self.tools)
-        return [] if self.tool_config_path else ["calculator"]
+        return [] if self.tool_config_path or self.agent else ["calculator"]

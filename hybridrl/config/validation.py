@@ -13,7 +13,8 @@ from hybridrl.config.async_checks import check_async_training, check_off_policy_
 from hybridrl.config.components import COMPONENT_REGISTRIES, registered_names, value_at
 from hybridrl.config.checks import _choice, _fsdp_size, _positive, _require, critic_enabled
 from hybridrl.config.errors import PREFORMATTED, ConfigError
-from hybridrl.config.multi_turn_checks import BUILTIN_TOOL_NAMES, check_multi_turn, check_tool_config
+from hybridrl.config.multi_turn_checks import (BUILTIN_TOOL_NAMES, check_agent_function, check_multi_turn,
+                                               check_tool_config, resolved_file_name)
 from hybridrl.config.plugins import load_plugins, resolved_plugins
 from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS
 from hybridrl.config.rm_schema import SYNTHETIC_PREFERENCES, RMConfig
@@ -63,6 +64,8 @@ def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
         config.trainer.plugins = resolved_plugins(config.trainer.plugins)
         if config.rollout.multi_turn.tool_config_path:
             config.rollout.multi_turn.tool_config_path = str(Path(config.rollout.multi_turn.tool_config_path).resolve())
+        if config.rollout.multi_turn.agent:
+            config.rollout.multi_turn.agent = resolved_file_name(config.rollout.multi_turn.agent)
     try:  # first: the components they register are valid choices below
         load_plugins(config.trainer.plugins)
     except ConfigError as plugin_error:
@@ -73,6 +76,7 @@ def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
     if check_paths:
         _check_paths(config, error)
         check_tool_config(config, error)
+        check_agent_function(config, error)
         _check_this_machine(config, error)
     if not error:  # the batch identity is only meaningful once the individual sizes are sane
         _check_batch_plans(config, error)

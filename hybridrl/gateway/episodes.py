@@ -19,26 +19,30 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence, Union
 
 from hybridrl.gateway.sessions import SessionRecord
+from hybridrl.utils.user_files import import_named
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class AgentResult:
-    """What an agent may return instead of a bare reward: the ``reward`` and numbers to log (``info``)."""
+    """What an agent may return instead of a bare reward: the ``reward`` (``None``: the reward function's) and
+    numbers to log (``info``)."""
 
-    reward: float
+    reward: Optional[float]
     info: Mapping[str, float] = field(default_factory=dict)
 
 
-Agent = Callable[[Mapping[str, Any], Any], Awaitable[Union[float, AgentResult]]]
-"""``async def agent(row, client)``: ``row`` is the data row, ``client`` an ``openai.AsyncOpenAI``."""
+Agent = Callable[[Mapping[str, Any], Any], Awaitable[Union[float, AgentResult, None]]]
+"""``async def agent(row, client)``: ``row`` is the data row, ``client`` an ``openai.AsyncOpenAI``; it returns the
+episode's reward, or ``None`` to leave the reward to the data source's reward function."""
 
 
 @dataclass
 class AgentEpisode:
-    """One row's episode: the gateway's ``record`` of its calls, the ``reward`` (``None`` when it failed), the
-    ``failure`` (why, in one line), ``info`` the agent returned, and its wall ``seconds``."""
+    """One row's episode: the gateway's ``record`` of its calls, the ``reward`` (``None`` when it failed or the
+    agent left it to the reward function), the ``failure`` (why, in one line), ``info`` the agent returned, and its
+    wall ``seconds``."""
 
     row: Mapping[str, Any]
     record: SessionRecord
@@ -46,6 +50,12 @@ class AgentEpisode:
     failure: Optional[str] = None
     info: Mapping[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+
+
+def load_agent(name: str, key: str = "rollout.multi_turn.agent") -> Agent:
+    """The agent ``name`` names (``module:function``, ``file.py:function``), checked; ``ValueError`` /
+    ``TypeError`` naming ``key``."""
+    return check_agent(import_named(name, key), key)
 
 
 def check_agent(agent: Any, name: str = "agent") -> Agent:
@@ -63,15 +73,17 @@ def check_agent(agent: Any, name: str = "agent") -> Agent:
 
 
 async def run_episodes(agent: Agent, rows: Sequence[Mapping[str, Any]], gateway, *, timeout_s: float = 600.0,
-                       concurrency: int = 256, api_key: str = "hybridrl") -> list[AgentEpisode]:
+                       concurrency: int = 256, api_key: str = "hybridrl",
+                       session_prefix: Optional[str] = None) -> list[AgentEpisode]:
     """Run ``agent`` once per row, up to ``concurrency`` at once, each with a client on a session of its own
-    (``gateway``: a :class:`hybridrl.gateway.app.Gateway`); the episodes in row order."""
+    (``gateway``: a :class:`hybridrl.gateway.app.Gateway`); the episodes in row order. Session ``i`` is named
+    ``<session_prefix>-i`` (default: a random prefix)."""
     import httpx
     import openai
 
     check_agent(agent)
     limit = asyncio.Semaphore(concurrency)
-    prefix = uuid.uuid4().hex[:8]
+    prefix = session_prefix or uuid.uuid4().hex[:8]
     tls = httpx.create_ssl_context()  # made once: the gateway is plain HTTP, but every client would build one
 
     async def one(index: int, row: Mapping[str, Any]) -> AgentEpisode:
@@ -107,6 +119,8 @@ async def _outcome(agent: Agent, row: Mapping[str, Any], client, timeout_s: floa
     except Exception as error:  # noqa: BLE001 - the user's code: its episode ends, the run goes on
         return f"the agent raised {type(error).__name__}: {error}"
     reward, info = (returned.reward, dict(returned.info)) if isinstance(returned, AgentResult) else (returned, {})
+    if reward is None:
+        return None, info
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-        return f"the agent returned {reward!r}: a reward must be a finite number (or an AgentResult)"
+        return f"the agent returned {reward!r}: a reward must be a finite number, None or an AgentResult"
     return float(reward), info

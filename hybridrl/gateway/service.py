@@ -23,6 +23,7 @@ from hybridrl.gateway.replies import (Sampled, chat_logprobs, completion_logprob
                                       reply_message, streamable)
 from hybridrl.gateway.sessions import Call, SessionRecord
 from hybridrl.rollout.base import SamplingParams
+from hybridrl.utils.seeding import derive_seed
 
 
 @dataclass
@@ -37,6 +38,21 @@ class GatewayBackend:
     max_model_len: int
     model_name: str = "hybridrl"
     max_tokens: int = 4096
+    training: Optional["TrainingLimits"] = None
+    """Set when a trainer learns from the sessions: how it samples and how long an episode may be."""
+
+
+@dataclass(frozen=True)
+class TrainingLimits:
+    """What a trainer's gateway holds every request to. ``sampling``: the rollout's settings — every choice is
+    sampled with its temperature, top-p and top-k whatever the request asks (the trainer's log-probs assume them),
+    seeded per session and call from its ``seed``; ``max_prompt_tokens``: the most ids a sequence's first prompt may
+    have (``data.max_prompt_length``); ``max_response_tokens``: the most ids after it, the model's and the tools'
+    together (``data.max_response_length``)."""
+
+    sampling: SamplingParams
+    max_prompt_tokens: int
+    max_response_tokens: int
 
 
 @dataclass
@@ -49,6 +65,13 @@ class Prompt:
     observation_ids: list[int] = field(default_factory=list)
     rendered: list[dict] = field(default_factory=list)
     template_matched: bool = True
+    root_length: int = -1
+    """The length of the prompt its sequence began with (-1: this prompt's own)."""
+
+    @property
+    def response_length(self) -> int:
+        """Ids after the sequence's first prompt: what the trainer counts as response."""
+        return len(self.ids) - self.root_length if self.root_length >= 0 else 0
 
 
 class GatewayService:
@@ -82,7 +105,7 @@ class GatewayService:
         session, messages, tools = self.session(session_id), [m.plain() for m in request.messages], request.tools
         prompt = self._chat_prompt(messages, tools, session)
         finals = await asyncio.gather(*(_last(self._sample(prompt.ids, params, request.stop_strings()))
-                                        for params in self._choices(request, prompt)))
+                                        for params in self._choices(request, prompt, session)))
         choices = []
         for index, sampled in enumerate(finals):
             reply, calls_tools = reply_message(sampled.text, with_tools=self._tools_on(request))
@@ -100,7 +123,7 @@ class GatewayService:
         header: the client gets the 4xx, not an error inside a 200 stream)."""
         session, messages, tools = self.session(session_id), [m.plain() for m in request.messages], request.tools
         prompt = self._chat_prompt(messages, tools, session)
-        return self._chunks(request, session, messages, tools, prompt, self._choices(request, prompt))
+        return self._chunks(request, session, messages, tools, prompt, self._choices(request, prompt, session))
 
     async def _chunks(self, request: ChatCompletionRequest, session: Optional[SessionRecord], messages: list[dict],
                       tools: Optional[list[dict]], prompt: Prompt,
@@ -144,7 +167,8 @@ class GatewayService:
             history = [*parent.rendered, {"role": "assistant", "content": parent.raw_text}]
             new_rendered = for_template(new_messages)
             observation, matched = renderer.observation_ids(history, new_rendered, parent.ids)
-            prompt = Prompt(parent.ids + observation, index, observation, [*history, *new_rendered], matched)
+            prompt = Prompt(parent.ids + observation, index, observation, [*history, *new_rendered], matched,
+                            root_length=parent.root_prompt_length)
         else:
             rendered = for_template(messages)
             try:
@@ -152,7 +176,7 @@ class GatewayService:
             except Exception as error:  # noqa: BLE001 - the template's refusal, told to the client
                 raise GatewayError(400, f"messages: the chat template cannot render them: "
                                         f"{type(error).__name__}: {error}", param="messages") from error
-        self._check_length(prompt.ids)
+        self._check_prompt(prompt)
         return prompt
 
     def _tools_on(self, request: ChatCompletionRequest) -> bool:
@@ -167,7 +191,9 @@ class GatewayService:
                          policy_versions=list(sampled.policy_versions), finish_reason=str(sampled.finish_reason),
                          parent=prompt.parent, observation_ids=list(prompt.observation_ids),
                          rendered=prompt.rendered, raw_text=self._decode(sampled.token_ids),
-                         tools_key=_tools_key(tools)), template_matched=prompt.template_matched)
+                         tools_key=_tools_key(tools),
+                         root_prompt_length=prompt.root_length if prompt.root_length >= 0 else len(prompt.ids)),
+                    template_matched=prompt.template_matched)
 
     # --- completions ---------------------------------------------------------------------------------------------
 
@@ -177,7 +203,7 @@ class GatewayService:
         session = self.session(session_id)
         prompt = self._completion_prompt(request, session)
         finals = await asyncio.gather(*(_last(self._sample(prompt.ids, params, request.stop_strings()))
-                                        for params in self._choices(request, prompt)))
+                                        for params in self._choices(request, prompt, session)))
         choices = []
         for index, sampled in enumerate(finals):
             self._record(session, [], None, prompt, sampled, {"role": "assistant", "content": sampled.text})
@@ -198,28 +224,49 @@ class GatewayService:
                 raise GatewayError(400, f"prompt: token id {bad[0]} is outside the vocabulary (0..{vocabulary - 1})",
                                    param="prompt")
             ids = list(request.prompt)
-        self._check_length(ids)
         found = session.find_prefix_call(ids) if session is not None else None
-        if found is None:
-            return Prompt(ids)
-        parent, index = found
-        return Prompt(ids, index, ids[len(parent.ids):])
+        prompt = Prompt(ids)
+        if found is not None:
+            parent, index = found
+            prompt = Prompt(ids, index, ids[len(parent.ids):], root_length=parent.root_prompt_length)
+        self._check_prompt(prompt)
+        return prompt
 
     # --- sampling ------------------------------------------------------------------------------------------------
 
-    def _check_length(self, prompt_ids: Sequence[int]) -> None:
-        if len(prompt_ids) >= self.backend.max_model_len:
-            raise GatewayError(400, f"the prompt is {len(prompt_ids)} tokens; the model's context is "
+    def _check_prompt(self, prompt: Prompt) -> None:
+        if len(prompt.ids) >= self.backend.max_model_len:
+            raise GatewayError(400, f"the prompt is {len(prompt.ids)} tokens; the model's context is "
                                     f"{self.backend.max_model_len}, leaving no room to generate",
                                param="messages", code="context_length_exceeded")
+        training = self.backend.training
+        if training is None:
+            return
+        if prompt.root_length < 0 and len(prompt.ids) > training.max_prompt_tokens:
+            raise GatewayError(400, f"the episode's prompt is {len(prompt.ids)} tokens, more than the "
+                                    f"{training.max_prompt_tokens} it may be (data.max_prompt_length)",
+                               param="messages", code="context_length_exceeded")
+        if prompt.response_length >= training.max_response_tokens:
+            raise GatewayError(400, f"the episode has used its {training.max_response_tokens} response tokens "
+                                    "(data.max_response_length: replies and tool results together)",
+                               param="messages", code="context_length_exceeded")
 
-    def _choices(self, request, prompt: Prompt) -> list[SamplingParams]:
+    def _choices(self, request, prompt: Prompt, session: Optional[SessionRecord]) -> list[SamplingParams]:
+        """One sampling per choice: the request's, or a trainer's (``TrainingLimits``) with the request's length."""
         room = self.backend.max_model_len - len(prompt.ids)
         asked = request.token_limit()
         if asked is not None and asked > self.backend.max_tokens:
             raise GatewayError(400, f"max_tokens: {asked} is over the gateway's limit of {self.backend.max_tokens}",
                                param="max_tokens")
         limit = min(asked or self.backend.max_tokens, room)
+        training = self.backend.training
+        if training is not None:
+            limit = min(limit, training.max_response_tokens - prompt.response_length)
+            base = training.sampling
+            call = len(session.calls) if session is not None else 0
+            return [replace(base, n=1, max_new_tokens=limit, seed=None if base.seed is None else derive_seed(
+                base.seed, session.session_id if session is not None else "", call, index))
+                for index in range(request.n)]
         params = SamplingParams(max_new_tokens=limit, do_sample=request.temperature > 0,
                                 temperature=request.temperature or 1.0, top_p=request.top_p, seed=request.seed)
         return [params if request.seed is None else replace(params, seed=request.seed + index)

@@ -47,6 +47,8 @@ class Call:
     """The model's text of this reply (tool-call blocks included): how a continuation renders it."""
     tools_key: str = ""
     """The tools offered (as JSON): a continuation must offer the same."""
+    root_prompt_length: int = 0
+    """The length of the prompt its sequence began with (the first call's of the chain)."""
 
     @property
     def ids(self) -> list[int]:

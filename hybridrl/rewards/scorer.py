@@ -63,6 +63,15 @@ class ScoreInfo:
         """Samples that scored 0 because the reward function failed (any failure status)."""
         return sum(1 for item in self.statuses if item != OK)
 
+    def scattered(self, positions: Sequence[int], size: int) -> "ScoreInfo":
+        """This info of a subset of ``size`` samples, each at its ``positions`` entry; the others ``ok``, no extras."""
+        statuses, extras = [OK] * size, {key: [None] * size for key in self.extras}
+        for subset_index, position in enumerate(positions):
+            statuses[position] = self.statuses[subset_index]
+            for key, values in self.extras.items():
+                extras[key][position] = values[subset_index]
+        return ScoreInfo(statuses, list(self.messages), extras)
+
     def metrics(self, prefix: str = "reward/") -> dict[str, float]:
         """Failure counts (``reward/num_error``, ``…/num_timeout``, ``…/num_invalid``, ``…/num_crashed``) and the
         mean of each numeric extra over the samples that returned it (``reward/acc``)."""

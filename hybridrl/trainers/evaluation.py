@@ -9,10 +9,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from hybridrl.agents.batch import EPISODE_REWARDS, FINAL_RESPONSE, TURN_REWARDS, check_episode_failures
+from hybridrl.agents.batch import AGENT_REWARDS, EPISODE_REWARDS, FINAL_RESPONSE, TURN_REWARDS, check_episode_failures
 from hybridrl.data.loader import DataFields, PromptLoader
 from hybridrl.protocol import Batch, Fields
-from hybridrl.rewards.scorer import RewardScorer
+from hybridrl.rewards.scorer import OK, RewardScorer, ScoreInfo
 from hybridrl.rewards.token_level import scores_to_token_level
 from hybridrl.rollout.base import SamplingParams
 
@@ -75,6 +75,19 @@ class Scoring:
     def _score(self, batch: Batch) -> tuple[torch.Tensor, Any, list[str]]:
         check_episode_failures(batch)  # every episode failed the same way: stop quoting it, before scoring nothing
         texts = self.decode(batch)
+        if AGENT_REWARDS not in batch:
+            return (*self._scored(batch, texts), texts)
+        agent_rewards = batch[AGENT_REWARDS].float()
+        left = torch.isnan(agent_rewards).nonzero().flatten().tolist()  # the agent left these to the reward function
+        scores, info = torch.nan_to_num(agent_rewards, nan=0.0), ScoreInfo(statuses=[OK] * len(texts))
+        if left:
+            left_scores, left_info = self._scored(batch.index(left), [texts[index] for index in left])
+            scores[left] = left_scores.to(scores.dtype)
+            info = left_info.scattered(left, len(texts))
+        return scores, info, texts
+
+    def _scored(self, batch: Batch, texts: list[str]) -> tuple[torch.Tensor, Any]:
+        """``texts`` of ``batch``'s rows scored by the reward functions."""
         scores, info = self.scorer.score(list(batch[DataFields.DATA_SOURCE]), texts,
                                          list(batch[DataFields.GROUND_TRUTH]), list(batch[DataFields.EXTRA_INFO]))
         if info.messages and info.num_failed == len(texts):  # one bad sample scores 0; a whole bad batch is a bug
@@ -84,7 +97,7 @@ class Scoring:
         if info.messages:
             logger.warning("reward: %d sample(s) scored 0 after a failure, e.g. %s", len(info.messages),
                            info.messages[0])
-        return scores, info, texts
+        return scores, info
 
     def token_level_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         """Scores on each response's last valid token ``[B, R]`` (multi-turn: plus the environment's rewards, per

@@ -94,7 +94,8 @@ class RLTrainer:
         reward_source.load()  # a bad reward file, name or keyword fails now, before Ray starts
         for loader in filter(None, self.loaders):
             check_agent_names(config, loader.dataset, episodes and [tool.name for tool in episodes.tools])
-        if reward_source.is_builtin:  # every prompt's data_source needs a reward function, now
+        # every prompt's data_source needs a reward function, now (a user's agent may score its episodes itself)
+        if reward_source.is_builtin and not config.rollout.multi_turn.agent:
             for loader in filter(None, self.loaders):
                 check_data_sources(sorted({prompt.data_source for prompt in loader.dataset}))
         self.total_steps = config.trainer.total_training_steps or \

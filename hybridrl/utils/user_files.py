@@ -41,3 +41,28 @@ def import_user_file(path: str | Path, key: str) -> ModuleType:
         sys.modules.pop(module_name, None)
         raise ValueError(f"{key}={str(path)!r}: importing it failed: {type(error).__name__}: {error}") from error
     return module
+
+
+def import_named(name: str, where: str, base: Path | None = None) -> object:
+    """The callable ``name`` names — ``module.Name``, ``module:Name`` or ``path/to/file.py:Name`` (a relative path
+    from ``base``, default the working directory); ``where`` names the config key or file entry in every error
+    (``ValueError``: a malformed name, an import that fails, no such callable)."""
+    import importlib
+
+    module_part, separator, attribute = name.rpartition(":")
+    if not separator:
+        module_part, _, attribute = name.rpartition(".")
+    if not module_part or not attribute:
+        raise ValueError(f"{where}: {name!r} must be module.Name, module:Name or file.py:Name")
+    if module_part.endswith(".py"):
+        file = Path(module_part)
+        module = import_user_file(file if file.is_absolute() else (base or Path.cwd()) / file, where)
+    else:
+        try:
+            module = importlib.import_module(module_part)
+        except Exception as error:  # noqa: BLE001 - a module that is missing or raises while importing
+            raise ValueError(f"{where}: importing {module_part!r} failed: {type(error).__name__}: {error}") from None
+    target = getattr(module, attribute, None)
+    if not callable(target):
+        raise ValueError(f"{where}: {module_part!r} has no function or class {attribute!r}")
+    return target

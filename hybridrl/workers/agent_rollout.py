@@ -20,6 +20,8 @@ from hybridrl.agents.tool_config import load_tool_config
 from hybridrl.agents.trajectory import ChatRenderer, supports_tools
 from hybridrl.config.multi_turn_schema import MultiTurnConfig
 from hybridrl.data.loader import DataFields
+from hybridrl.gateway.episodes import load_agent
+from hybridrl.gateway.training import AgentRun, play_agent_episodes
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.seeding import derive_seed
@@ -38,7 +40,8 @@ def episode_runner(config, tokenizer) -> "EpisodeRunner | None":
     """The runner when ``rollout.multi_turn.enable``, else ``None`` (single-turn generation)."""
     if not config.rollout.multi_turn.enable:
         return None
-    return EpisodeRunner(config.rollout.multi_turn, tokenizer, config.data.max_prompt_length)
+    return EpisodeRunner(config.rollout.multi_turn, tokenizer, config.data.max_prompt_length,
+                         config.data.max_response_length)
 
 
 SINGLE_TURN_AGENTS = ("single_turn", "single_turn_agent")
@@ -108,10 +111,16 @@ class EpisodeRunner:
         multi_turn: ``rollout.multi_turn``.
         tokenizer: the policy's tokenizer (its chat template renders tools and observations).
         max_prompt_length: ``data.max_prompt_length`` (episode prompts are padded to it plus the tools' rendering).
+        max_response_length: ``data.max_response_length`` (with the prompt: the engine's context for an agent).
     """
 
-    def __init__(self, multi_turn: MultiTurnConfig, tokenizer, max_prompt_length: int = 0) -> None:
+    def __init__(self, multi_turn: MultiTurnConfig, tokenizer, max_prompt_length: int = 0,
+                 max_response_length: int = 0) -> None:
         self.config, self.tokenizer = multi_turn, tokenizer
+        self.agent_run = AgentRun(load_agent(multi_turn.agent), multi_turn.agent_timeout_s,
+                                  multi_turn.agent_concurrency, max_prompt_length) if multi_turn.agent else None
+        """A user's agent (``rollout.multi_turn.agent``), played through a gateway; ``None``: the environments."""
+        self.max_model_len = max_prompt_length + max_response_length
         self.tools = [*resolve_tools(multi_turn.builtin_tools()),
                       *(load_tool_config(multi_turn.tool_config_path) if multi_turn.tool_config_path else [])]
         schemas = [tool.schema() for tool in self.tools]
@@ -144,19 +153,11 @@ class EpisodeRunner:
         copies = params.n
         rows = prompts.repeat_interleave(copies)
         row_dicts = [{"prompt": rows[DataFields.MESSAGES][index], "ground_truth": rows[DataFields.GROUND_TRUTH][index],
-                      "extra_info": rows[DataFields.EXTRA_INFO][index]} for index in range(len(rows))]
-        environments = [ENVIRONMENTS[self._environment_name(row)](self.tools, no_reward,
-                                                                  self.config.max_tool_calls_per_turn)
-                        for row in row_dicts]
-        episode_params = [replace(params, n=1, seed=None if params.seed is None else
-                                  derive_seed(params.seed, "episode", index)) for index in range(len(rows))]
-        limits = LoopLimits(max_assistant_turns=self.config.max_assistant_turns,
-                            max_response_tokens=params.max_new_tokens, env_step_timeout_s=self.config.env_step_timeout_s)
+                      "extra_info": rows[DataFields.EXTRA_INFO][index],
+                      "data_source": rows[DataFields.DATA_SOURCE][index]} for index in range(len(rows))]
         requests = LeaderRequests(engine.requests, replica) if replica is not None else engine.requests
-        loop = AgentLoop(requests, self.renderer, limits, stop_ids=engine.eos_token_ids,
-                         version=lambda: engine.policy_version)
         try:
-            trajectories = loop.run(environments, row_dicts, episode_params)
+            trajectories = self._play(engine, requests, row_dicts, params)
         finally:
             if replica is not None:
                 requests.finish()
@@ -166,6 +167,23 @@ class EpisodeRunner:
                 trajectory.prompt_ids = rows[Fields.INPUT_IDS][index][mask].tolist()
         return trajectories_to_batch(trajectories, rows, params.max_new_tokens, engine.pad_token_id,
                                      self.prompt_width, turn_rewards=self.config.reward_placement == "turn_end")
+
+    def _play(self, engine, requests, row_dicts: list[dict], params: SamplingParams) -> list:
+        """One trajectory per row: the user's agent through a gateway, or the rows' environments."""
+        if self.agent_run is not None:
+            return play_agent_episodes(requests, self.tokenizer, engine.eos_token_ids, self.max_model_len,
+                                       self.agent_run, row_dicts, replace(params, n=1),
+                                       version=lambda: engine.policy_version)
+        environments = [ENVIRONMENTS[self._environment_name(row)](self.tools, no_reward,
+                                                                  self.config.max_tool_calls_per_turn)
+                        for row in row_dicts]
+        episode_params = [replace(params, n=1, seed=None if params.seed is None else
+                                  derive_seed(params.seed, "episode", index)) for index in range(len(row_dicts))]
+        limits = LoopLimits(max_assistant_turns=self.config.max_assistant_turns,
+                            max_response_tokens=params.max_new_tokens, env_step_timeout_s=self.config.env_step_timeout_s)
+        loop = AgentLoop(requests, self.renderer, limits, stop_ids=engine.eos_token_ids,
+                         version=lambda: engine.policy_version)
+        return loop.run(environments, row_dicts, episode_params)
 
     def _environment_name(self, row: dict) -> str:
         """The row's ``agent_name`` (a data column, kept in ``extra_info``), else ``rollout.multi_turn.environment``;

@@ -249,7 +249,7 @@ def test_users_agent_functions_run_as_episodes_and_their_failures_end_only_their
             [sequence] = episode.record.sequences()
             assert sum(sequence.response_mask) == sum(len(call.completion_ids) for call in episode.record.calls)
     [bad] = asyncio.run(run_episodes(bad_reward, [{}], gateway))
-    assert bad.failure == "the agent returned 'high': a reward must be a finite number (or an AgentResult)"
+    assert bad.failure == "the agent returned 'high': a reward must be a finite number, None or an AgentResult"
 
 
 def test_an_agent_that_is_not_an_async_function_of_row_and_client_is_refused_naming_it():

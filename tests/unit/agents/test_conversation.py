@@ -78,7 +78,7 @@ def test_trajectory_rows_pad_to_a_common_prompt_width():
     assert batch[Fields.RESPONSE_MASK].tolist() == [[1, 1, 0, 0], [1, 0, 0, 0]]
     assert batch[Fields.ATTENTION_MASK][:, 5:].tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]
     assert torch.equal(batch[EPISODE_REWARDS], torch.tensor([0.0, 0.5]))
-    assert agent_metrics(batch)["agent/observation_tokens"] == 1.0 and len(AGENT_STATS) == 8
+    assert agent_metrics(batch)["agent/observation_tokens"] == 1.0 and len(AGENT_STATS) == 9
     with pytest.raises(ValueError, match="episode 0: its prompt .* is 3 ids, more than the 2 allowed"):
         trajectories_to_batch(trajectories, rows, 4, pad_token_id=0, prompt_width=2)
 
@@ -112,3 +112,43 @@ def test_per_turn_rewards_sit_on_the_last_id_of_the_turn_they_answered():
     at_end, _ = scoring.token_level_scores(trajectories_to_batch([trajectory], rows, 6, pad_token_id=0))
     assert at_end[0].tolist() == pytest.approx([0.0, 0.0, 0.0, 0.0, 1.45, 0.0])
     assert per_turn.sum().item() == pytest.approx(at_end.sum().item())
+
+
+def _agent_reward_function(data_source, solution_str, ground_truth, extra_info=None):
+    """The test's reward function: 1.0 when the text is the ground truth, with an ``acc`` extra."""
+    right = solution_str.strip() == str(ground_truth)
+    return {"score": 1.0 if right else 0.25, "acc": right}
+
+
+def test_an_agents_rewards_stand_and_only_the_rows_it_left_are_scored():
+    """Rows whose agent returned a reward take it as their whole reward (the reward function is not asked); rows it
+    left (``None``) are scored by the reward function; metrics and extras are of the scored rows, in place."""
+    from hybridrl.agents.batch import AGENT_REWARDS
+    from hybridrl.rewards.scorer import RewardScorer
+    from hybridrl.trainers.evaluation import Scoring
+
+    trajectories = []
+    for agent_reward, text in ((0.75, "7"), (None, "7"), (None, "8"), (-1.0, "no")):
+        trajectory = Trajectory(prompt_ids=[1], final_text=text, agent_reward=agent_reward)
+        trajectory.add_model_turn([9, 10], [-0.1, -0.1], [0, 0])
+        trajectories.append(trajectory)
+    rows = Batch(non_tensors={Fields.UID: list("abcd"), "data_source": ["s"] * 4, "ground_truth": ["7"] * 4,
+                              "extra_info": [{}] * 4})
+    batch = trajectories_to_batch(trajectories, rows, 3, pad_token_id=0)
+    assert torch.isnan(batch[AGENT_REWARDS][1:3]).all() and batch[AGENT_REWARDS][[0, 3]].tolist() == [0.75, -1.0]
+    seen = []
+
+    def reward_function(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append(solution_str)
+        return _agent_reward_function(data_source, solution_str, ground_truth, extra_info)
+    with RewardScorer(reward_function, num_workers=0) as scorer:
+        scoring = Scoring(scorer, tokenizer=None)
+        token_scores, metrics = scoring.token_level_scores(batch)
+        scores, correct, _ = scoring.judge(batch)
+    assert sorted(seen) == ["7", "7", "8", "8"]  # rows 1 and 2, once for the scores and once for judge
+    assert token_scores.sum(-1).tolist() == pytest.approx([0.75, 1.0, 0.25, -1.0])
+    assert token_scores[:, 1].tolist() == pytest.approx([0.75, 1.0, 0.25, -1.0])  # on each row's last model id
+    assert scores.tolist() == pytest.approx([0.75, 1.0, 0.25, -1.0]) and correct == [0.0, 1.0, 0.0, 0.0]
+    assert metrics["reward/acc"] == pytest.approx(0.5)  # the two scored rows only
+    no_agent = trajectories_to_batch([Trajectory(prompt_ids=[1], final_text="7")], rows.index([0]), 3, 0)
+    assert AGENT_REWARDS not in no_agent

@@ -1,0 +1,186 @@
+"""A user's agent as the rollout's episodes (``rollout.multi_turn.agent``): plain ``openai`` client code, played
+through a gateway over a real vLLM engine (CPU build, tiny fp32 model with a tool-calling chat template) by the
+worker's ``EpisodeRunner``. The rows it returns hold exactly the ids and log-probs the engine sampled, with the
+template's ids for the agent's other messages out of the loss; the agent's reward, its ``None`` and its failure
+each land as described; a fixed seed gives the same rows twice; the rollout's sampling settings hold whatever the
+agent asks."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+from vllm_helpers import cpu_engine
+
+from hybridrl.agents.batch import AGENT_REWARDS, AGENT_STATS, AGENT_STATS_FIELD, EPISODE_FAILURE, FINAL_RESPONSE
+from hybridrl.config.multi_turn_schema import MultiTurnConfig
+from hybridrl.data.loader import DataFields
+from hybridrl.protocol import Batch, Fields
+from hybridrl.rollout.base import SamplingParams
+from hybridrl.utils.tiny_model import save_tiny_model
+from hybridrl.workers.agent_rollout import EpisodeRunner
+
+pytest.importorskip("vllm", reason="needs vLLM (pip install 'hybridrl[cpu]')")
+pytestmark = pytest.mark.distributed
+
+MAX_PROMPT, MAX_RESPONSE, TURNS = 40, 120, 3
+AGENT_FILE = '''
+async def agent(row, client):
+    """Three model turns: each reply is answered by a tool result (or the user's nudge when it called no tool)."""
+    if row["extra_info"].get("fail"):
+        raise RuntimeError("the agent's own bug")
+    messages = list(row["prompt"])
+    replies = []
+    for turn in range(3):
+        reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=10,
+                                                     temperature=0.0, tools=TOOLS)
+        message = reply.choices[0].message
+        replies.append(message.content or "")
+        messages.append(message.model_dump(exclude_none=True))
+        if message.tool_calls:
+            messages += [{"role": "tool", "tool_call_id": call.id, "content": "42"} for call in message.tool_calls]
+        else:
+            messages.append({"role": "tool", "content": f"turn {turn} said {len(replies[-1])} characters"})
+    if row["extra_info"].get("leave_reward"):
+        return None
+    return float(len(replies[-1]) % 5)
+
+TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "arithmetic",
+                                           "parameters": {"type": "object", "properties": {}}}}]
+'''
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("agent_gateway") / "model", tool_chat=True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir, tokenizer):
+    engine = cpu_engine(model_dir, tokenizer, max_model_len=MAX_PROMPT + MAX_RESPONSE)
+    yield engine
+    engine.close()
+
+
+class RecordingRequests:
+    """The engine's request queue, passed through; keeps every finished completion and the sampling it was given."""
+
+    def __init__(self, requests) -> None:
+        self.requests, self.finished, self.params = requests, [], []
+
+    def __getattr__(self, name):
+        return getattr(self.requests, name)
+
+    def submit(self, prompt_ids, params, *args, **kwargs):
+        self.params.append(params)
+        return self.requests.submit(prompt_ids, params, *args, **kwargs)
+
+    def step(self):
+        completions = self.requests.step()
+        self.finished += [completion for completion in completions if completion.finished]
+        return completions
+
+
+@pytest.fixture(scope="module")
+def runner(tokenizer, tmp_path_factory):
+    path = tmp_path_factory.mktemp("agent_file") / "my_agent.py"
+    path.write_text(AGENT_FILE)
+    config = MultiTurnConfig(enable=True, agent=f"{path}:agent", agent_timeout_s=60.0)
+    return EpisodeRunner(config, tokenizer, MAX_PROMPT, MAX_RESPONSE)
+
+
+def prompt_rows(tokenizer, extra_infos) -> Batch:
+    messages = [[{"role": "user", "content": f"{index}*7="}] for index in range(len(extra_infos))]
+    ids = [tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
+                                         return_dict=False) for conversation in messages]
+    width = max(len(row) for row in ids)
+    input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(row)) + list(row) for row in ids])
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in ids])
+    return Batch(tensors={Fields.INPUT_IDS: input_ids, Fields.ATTENTION_MASK: mask},
+                 non_tensors={Fields.UID: [f"p{index}" for index in range(len(ids))],
+                              DataFields.MESSAGES: messages, DataFields.GROUND_TRUTH: ["7"] * len(ids),
+                              DataFields.EXTRA_INFO: list(extra_infos), DataFields.DATA_SOURCE: ["agent"] * len(ids)})
+
+
+def generate(runner, engine, rows, recording=None, seed=11):
+    params = SamplingParams(max_new_tokens=MAX_RESPONSE, temperature=0.7, top_p=0.9, seed=seed, n=2)
+    target = engine if recording is None else SimpleNamespace(
+        requests=recording, eos_token_ids=engine.eos_token_ids, pad_token_id=engine.pad_token_id,
+        policy_version=engine.policy_version)
+    return runner.run(target, rows, params)
+
+
+def segments(mask: list[int]) -> list[tuple[int, int]]:
+    """``(start, end)`` of each run of 1s."""
+    runs, start = [], None
+    for position, value in enumerate([*mask, 0]):
+        if value and start is None:
+            start = position
+        elif not value and start is not None:
+            runs.append((start, position))
+            start = None
+    return runs
+
+
+def test_an_agents_episodes_train_exactly_what_the_engine_sampled(runner, engine, tokenizer):
+    """Each model segment of a row is one of the engine's completions id for id, with its log-probs; the prompt is
+    the template's rendering of the row's messages with the agent's tools; what lies between segments takes no loss;
+    every request was sampled with the rollout's temperature and top-p (the agent asked for 0)."""
+    recording = RecordingRequests(engine.requests)
+    batch = generate(runner, engine, prompt_rows(tokenizer, [{}, {}]), recording)
+    assert len(batch) == 4 and batch[AGENT_REWARDS].isfinite().all()
+    assert {(params.temperature, params.top_p, params.do_sample) for params in recording.params} == {(0.7, 0.9, True)}
+    completions = {tuple(completion.token_ids): completion for completion in recording.finished}
+    assert len(recording.finished) == 4 * TURNS
+    for row in range(len(batch)):
+        mask = batch[Fields.RESPONSE_MASK][row].tolist()
+        responses = batch[Fields.RESPONSES][row].tolist()
+        runs = segments(mask)
+        assert len(runs) == TURNS
+        for start, end in runs:
+            completion = completions[tuple(responses[start:end])]
+            assert batch[Fields.ROLLOUT_LOG_PROBS][row, start:end].tolist() == pytest.approx(completion.log_probs,
+                                                                                             abs=1e-6)
+        observations = sum(end - start for start, end in zip([e for _, e in runs[:-1]], [s for s, _ in runs[1:]]))
+        assert observations > 0 and batch[Fields.ROLLOUT_LOG_PROBS][row][torch.tensor(mask) == 0].abs().sum() == 0
+        prompt = batch[Fields.PROMPTS][row][batch[Fields.ATTENTION_MASK][row, :MAX_PROMPT].bool()].tolist()
+        tools = [{"type": "function", "function": {"name": "calculator", "description": "arithmetic",
+                                                   "parameters": {"type": "object", "properties": {}}}}]
+        assert prompt == list(tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"{row // 2}*7="}], tools=tools, add_generation_prompt=True, tokenize=True,
+            return_dict=False))
+        final = batch[FINAL_RESPONSE][row]
+        assert batch[AGENT_REWARDS][row].item() == float(len(final) % 5)
+    stats = dict(zip(AGENT_STATS, batch[AGENT_STATS_FIELD].mean(dim=0).tolist()))
+    assert stats["turns"] == TURNS and stats["split_sequences"] == 0 and stats["env_failures"] == 0
+
+
+def test_a_fixed_seed_gives_the_same_rows_and_another_seed_other_rows(runner, engine, tokenizer):
+    rows = prompt_rows(tokenizer, [{}, {}])
+    first, again = generate(runner, engine, rows), generate(runner, engine, rows)
+    assert torch.equal(first[Fields.INPUT_IDS], again[Fields.INPUT_IDS])
+    assert torch.equal(first[Fields.ROLLOUT_LOG_PROBS], again[Fields.ROLLOUT_LOG_PROBS])
+    other = generate(runner, engine, rows, seed=12)
+    assert not torch.equal(first[Fields.RESPONSES], other[Fields.RESPONSES])
+
+
+def test_a_failed_episode_is_counted_and_a_left_reward_is_nan(runner, engine, tokenizer):
+    """The agent's exception ends only its episode: its rows take no loss, score 0 and carry the failure; an
+    episode whose agent returned ``None`` keeps NaN for the reward function to fill."""
+    batch = generate(runner, engine, prompt_rows(tokenizer, [{"fail": True}, {"leave_reward": True}]))
+    failed, left = [0, 1], [2, 3]
+    assert batch[Fields.RESPONSE_MASK][failed].sum() == 0 and batch[AGENT_REWARDS][failed].tolist() == [0.0, 0.0]
+    assert all("RuntimeError: the agent's own bug" in batch[EPISODE_FAILURE][row] for row in failed)
+    assert all(math.isnan(batch[AGENT_REWARDS][row].item()) for row in left)
+    assert batch[Fields.RESPONSE_MASK][left].sum() > 0 and batch[EPISODE_FAILURE][2] == ""
+    stats = batch[AGENT_STATS_FIELD][:, AGENT_STATS.index("env_failures")].tolist()
+    assert stats == [1.0, 1.0, 0.0, 0.0]
+    assert batch[Fields.PROMPTS].shape[1] == MAX_PROMPT  # every rank pads to data.max_prompt_length
