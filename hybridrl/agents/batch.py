@@ -44,11 +44,13 @@ def _stats_row(trajectory: Trajectory) -> list[float]:
 
 
 def trajectories_to_batch(trajectories: Sequence[Trajectory], rows: Batch, response_length: int,
-                          pad_token_id: int, prompt_width: int = 0, turn_rewards: bool = False) -> Batch:
+                          pad_token_id: int, prompt_width: int = 0, turn_rewards: bool = False,
+                          agent_rewards: bool = False) -> Batch:
     """One row per trajectory; ``rows`` holds each trajectory's prompt row (already repeated ``n`` times), whose
     non-tensor fields (``uid``, ``data_source``, ground truth …) are carried over. ``prompt_width``: pad prompts to
     this many ids (so batches of different ranks concatenate); ``ValueError`` naming the row if one is longer.
-    ``turn_rewards``: add the ``[B, R]`` per-turn rewards (``reward_placement=turn_end``)."""
+    ``turn_rewards``: add the ``[B, R]`` per-turn rewards (``reward_placement=turn_end``); ``agent_rewards``: add
+    the ``[B]`` rewards of a user's agent (every rank's batch has the field, so that they concatenate)."""
     if len(rows) != len(trajectories):
         raise ValueError(f"{len(trajectories)} trajectories for {len(rows)} prompt rows")
     longest = max(max((len(t.prompt_ids) for t in trajectories), default=1), 1)
@@ -83,7 +85,7 @@ def trajectories_to_batch(trajectories: Sequence[Trajectory], rows: Batch, respo
     }
     if turn_rewards:
         tensors[TURN_REWARDS] = _turn_rewards(trajectories, response_length)
-    if any(t.agent_reward is not None for t in trajectories):
+    if agent_rewards:
         tensors[AGENT_REWARDS] = torch.tensor([math.nan if t.agent_reward is None else t.agent_reward
                                                for t in trajectories], dtype=torch.float32)
     non_tensors = {**dict(rows.non_tensors), FINAL_RESPONSE: [t.final_text for t in trajectories],

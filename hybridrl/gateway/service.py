@@ -67,6 +67,9 @@ class Prompt:
     template_matched: bool = True
     root_length: int = -1
     """The length of the prompt its sequence began with (-1: this prompt's own)."""
+    spent: bool = False
+    """Its episode has used all the response tokens a trainer allows: every choice is answered empty, with
+    ``finish_reason`` ``length``, without sampling, and the call is not recorded (nothing was generated)."""
 
     @property
     def response_length(self) -> int:
@@ -184,7 +187,7 @@ class GatewayService:
 
     def _record(self, session: Optional[SessionRecord], messages: list[dict], tools: Optional[list[dict]],
                 prompt: Prompt, sampled: Sampled, reply: dict) -> None:
-        if session is None:
+        if session is None or prompt.spent:
             return
         session.add(Call(messages=messages, reply=reply, prompt_ids=list(prompt.ids),
                          completion_ids=list(sampled.token_ids), log_probs=list(sampled.log_probs),
@@ -235,20 +238,19 @@ class GatewayService:
     # --- sampling ------------------------------------------------------------------------------------------------
 
     def _check_prompt(self, prompt: Prompt) -> None:
+        """Refuse a prompt with no room to generate; for a trainer, one over ``max_prompt_tokens``, and mark one
+        whose episode has spent its response budget (``Prompt.spent``: answered without sampling)."""
+        training = self.backend.training
+        if training is not None and prompt.response_length >= training.max_response_tokens:
+            prompt.spent = True
+            return
         if len(prompt.ids) >= self.backend.max_model_len:
             raise GatewayError(400, f"the prompt is {len(prompt.ids)} tokens; the model's context is "
                                     f"{self.backend.max_model_len}, leaving no room to generate",
                                param="messages", code="context_length_exceeded")
-        training = self.backend.training
-        if training is None:
-            return
-        if prompt.root_length < 0 and len(prompt.ids) > training.max_prompt_tokens:
+        if training is not None and prompt.root_length < 0 and len(prompt.ids) > training.max_prompt_tokens:
             raise GatewayError(400, f"the episode's prompt is {len(prompt.ids)} tokens, more than the "
                                     f"{training.max_prompt_tokens} it may be (data.max_prompt_length)",
-                               param="messages", code="context_length_exceeded")
-        if prompt.response_length >= training.max_response_tokens:
-            raise GatewayError(400, f"the episode has used its {training.max_response_tokens} response tokens "
-                                    "(data.max_response_length: replies and tool results together)",
                                param="messages", code="context_length_exceeded")
 
     def _choices(self, request, prompt: Prompt, session: Optional[SessionRecord]) -> list[SamplingParams]:
@@ -261,7 +263,7 @@ class GatewayService:
         limit = min(asked or self.backend.max_tokens, room)
         training = self.backend.training
         if training is not None:
-            limit = min(limit, training.max_response_tokens - prompt.response_length)
+            limit = 0 if prompt.spent else min(limit, training.max_response_tokens - prompt.response_length)
             base = training.sampling
             call = len(session.calls) if session is not None else 0
             return [replace(base, n=1, max_new_tokens=limit, seed=None if base.seed is None else derive_seed(
@@ -278,6 +280,10 @@ class GatewayService:
         otherwise once, finished); the last has ``finish_reason``. A stop string ends it (the text is cut before
         it; the ids keep every token sampled, up to the one that completed it)."""
         sampled = Sampled()
+        if params.max_new_tokens <= 0:  # an episode whose response budget is spent (Prompt.spent)
+            sampled.finish_reason = "length"
+            yield sampled
+            return
         if not stops and not streamed:  # the engine reports it once, at its end: no per-token traffic
             completion = await self.backend.server.generate(prompt_ids, params, streamed=False)
             sampled.token_ids, sampled.log_probs = completion.token_ids, completion.log_probs

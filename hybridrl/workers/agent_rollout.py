@@ -166,7 +166,8 @@ class EpisodeRunner:
                 mask = rows[Fields.ATTENTION_MASK][index].bool()
                 trajectory.prompt_ids = rows[Fields.INPUT_IDS][index][mask].tolist()
         return trajectories_to_batch(trajectories, rows, params.max_new_tokens, engine.pad_token_id,
-                                     self.prompt_width, turn_rewards=self.config.reward_placement == "turn_end")
+                                     self.prompt_width, turn_rewards=self.config.reward_placement == "turn_end",
+                                     agent_rewards=self.agent_run is not None)
 
     def _play(self, engine, requests, row_dicts: list[dict], params: SamplingParams) -> list:
         """One trajectory per row: the user's agent through a gateway, or the rows' environments."""

@@ -46,6 +46,13 @@ async def agent(row, client):
             messages.append({"role": "tool", "content": f"turn {turn} said {len(replies[-1])} characters"})
     if row["extra_info"].get("leave_reward"):
         return None
+    if row["extra_info"].get("long"):  # goes on past the episode's response budget
+        for _ in range(40):
+            reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=10, tools=TOOLS)
+            if reply.choices[0].finish_reason == "length" and not reply.choices[0].message.content:
+                return 1.0
+            messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "content": "go"}]
+        return -1.0
     return float(len(replies[-1]) % 5)
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "arithmetic",
@@ -184,3 +191,13 @@ def test_a_failed_episode_is_counted_and_a_left_reward_is_nan(runner, engine, to
     stats = batch[AGENT_STATS_FIELD][:, AGENT_STATS.index("env_failures")].tolist()
     assert stats == [1.0, 1.0, 0.0, 0.0]
     assert batch[Fields.PROMPTS].shape[1] == MAX_PROMPT  # every rank pads to data.max_prompt_length
+
+
+def test_an_episode_past_its_response_budget_gets_empty_length_replies(runner, engine, tokenizer):
+    """Once an episode's replies and tool results fill ``data.max_response_length``, the gateway answers empty
+    with ``finish_reason`` ``length`` (sampling nothing, recording nothing): the agent ends as it would on a short
+    reply, its episode trains, cut to the budget."""
+    batch = generate(runner, engine, prompt_rows(tokenizer, [{"long": True}]))
+    assert batch[AGENT_REWARDS].tolist() == [1.0, 1.0] and list(batch[EPISODE_FAILURE]) == ["", ""]
+    assert batch[Fields.RESPONSE_MASK].shape[1] == MAX_RESPONSE and batch[Fields.RESPONSE_MASK].sum() > 0
+    assert (batch[Fields.ATTENTION_MASK][:, MAX_PROMPT:].sum(-1) > MAX_RESPONSE - 12).all()  # filled to the budget

@@ -134,7 +134,7 @@ def test_an_agents_rewards_stand_and_only_the_rows_it_left_are_scored():
         trajectories.append(trajectory)
     rows = Batch(non_tensors={Fields.UID: list("abcd"), "data_source": ["s"] * 4, "ground_truth": ["7"] * 4,
                               "extra_info": [{}] * 4})
-    batch = trajectories_to_batch(trajectories, rows, 3, pad_token_id=0)
+    batch = trajectories_to_batch(trajectories, rows, 3, pad_token_id=0, agent_rewards=True)
     assert torch.isnan(batch[AGENT_REWARDS][1:3]).all() and batch[AGENT_REWARDS][[0, 3]].tolist() == [0.75, -1.0]
     seen = []
 

@@ -60,6 +60,11 @@ BAD_CONFIGS = [
     (["rollout.multi_turn.environment=gym"], "rollout.multi_turn.environment", "expected one of"),
     (["rollout.name=vllm", "rollout.multi_turn.enable=true", "rollout.multi_turn.env_step_timeout_s=0"],
      "rollout.multi_turn.env_step_timeout_s", "> 0"),
+    (["rollout.multi_turn.agent=my_agent:agent"], "rollout.multi_turn.agent", "set rollout.multi_turn.enable=true"),
+    (["rollout.name=vllm", "rollout.multi_turn.enable=true", "rollout.multi_turn.agent=my_agent:agent",
+      "rollout.multi_turn.tools=[calculator]"], "rollout.multi_turn.tools", "the agent offers its tools itself"),
+    (["rollout.name=vllm", "rollout.multi_turn.enable=true", "rollout.multi_turn.agent=my_agent:agent",
+      "rollout.multi_turn.agent_timeout_s=0"], "rollout.multi_turn.agent_timeout_s", "> 0"),
     (["rollout.weight_sync_method=ipc"], "rollout.weight_sync_method", "expected one of"),
     (["rollout.weight_sync_method=shared", "trainer.device=cuda"], "rollout.weight_sync_method", "on a GPU use plan"),
     (["rollout.weight_sync_method=shared", "trainer.device=cpu", "trainer.nnodes=2"], "rollout.weight_sync_method", "one host"),
@@ -243,3 +248,21 @@ def test_an_architecture_vllm_does_not_serve_is_refused_before_workers_start(tmp
     with pytest.raises(ConfigError, match=r"rollout.name='vllm': the installed vLLM does not serve MadeUpForCausalLM"):
         load_config([f"model.path={model}", "rollout=vllm_cpu"])
     assert load_config([f"model.path={model}", "rollout=hf"]).rollout.name == "hf"
+
+
+@pytest.mark.parametrize("agent, phrase", [
+    ("json:loads", "not an async function"),
+    ("no_such_module_x:agent", "importing 'no_such_module_x' failed"),
+    ("missing_file.py:agent", "does not exist"),
+    ("{file}:missing", "has no function or class 'missing'"),
+    ("{file}:two_arguments_short", "must take (row, client)"),
+])
+def test_a_bad_agent_is_refused_at_start_naming_the_key(tmp_path, agent, phrase):
+    """``rollout.multi_turn.agent`` is imported and checked before any worker starts."""
+    file = tmp_path / "my_agent.py"
+    file.write_text("async def two_arguments_short(row):\n    return 1.0\n")
+    overrides = ["rollout.name=vllm", "rollout.multi_turn.enable=true",
+                 f"rollout.multi_turn.agent={agent.format(file=file)}"]
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides)
+    assert "rollout.multi_turn.agent" in str(caught.value) and phrase in str(caught.value)

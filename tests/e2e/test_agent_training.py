@@ -1,0 +1,77 @@
+"""A user's agent trained by the RL trainer (``rollout.multi_turn.agent``): plain ``openai`` client code in a file,
+two GRPO steps on a tensor-parallel (t_g = 2) colocated vLLM CPU replica. Every call of every episode is made once —
+by the replica's leader, whatever the tensor-parallel size — and the rows trained are the episodes' two-turn
+conversations; the agent's reward and the reward function's score (where the agent returns ``None``) both reach
+the step's scores; a fixed seed gives the same run twice."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridrl.config import load_config
+from hybridrl.trainers.rl_trainer import RLTrainer
+from hybridrl.utils.tiny_model import save_tiny_model
+from hybridrl.utils.tracking import read_metrics
+
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.long]
+
+AGENT = '''
+import os
+
+async def agent(row, client):
+    """Two turns: the model answers, is asked to check, answers again; odd rows score themselves."""
+    messages = list(row["prompt"])
+    for turn in range(2):
+        reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+        with open({log!r}, "a") as log:
+            log.write(f"{{os.getpid()}} {{row['extra_info'].get('split')}}\\n")
+        messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                     {{"role": "user", "content": "check"}}]
+    answer = reply.choices[0].message.content or ""
+    return None if int(row["extra_info"].get("index", 0)) % 2 == 0 else -float(len(answer))
+'''
+STEPS, PROMPTS, N = 2, 4, 2
+
+
+@pytest.fixture(scope="module")
+def agent_setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("agent_training")
+    model = save_tiny_model(root / "model", tool_chat=True)
+    log = root / "calls.log"
+    (root / "my_agent.py").write_text(AGENT.format(log=str(log)))
+    return model, root / "my_agent.py", log
+
+
+def run(model, agent_file, run_dir):
+    trainer = RLTrainer(load_config([
+        f"model.path={model}", "model.dtype=float32", f"trainer.default_local_dir={run_dir}",
+        f"trainer.total_training_steps={STEPS}", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
+        "trainer.test_freq=-1", "trainer.ray.num_cpus=4", "trainer.n_gpus_per_node=2", "rollout=vllm_cpu",
+        "rollout.tensor_model_parallel_size=2", "algorithm.adv_estimator=grpo",
+        "data.synthetic_task_kwargs={max_digits: 1, operators: '+', num_val: 4}", f"data.train_batch_size={PROMPTS}",
+        f"rollout.n={N}", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size_per_gpu=2",
+        "data.max_prompt_length=32", "data.max_response_length=48", "actor.optim.lr=1e-2",
+        "rollout.multi_turn.enable=true", f"rollout.multi_turn.agent={agent_file}:agent"]))
+    trainer.fit()
+    return trainer
+
+
+def test_an_agent_trains_two_steps_each_call_made_once(agent_setup, tmp_path):
+    model, agent_file, log = agent_setup
+    run(model, agent_file, tmp_path / "first")
+    calls = [line.split() for line in log.read_text().splitlines()]
+    # two calls per training episode, once each: not once per TP rank (the run's last validation has its own)
+    assert sum(split == "train" for _, split in calls) == STEPS * PROMPTS * N * 2
+    assert len({pid for pid, _ in calls}) == 1  # the replica's leader
+    rows = read_metrics(tmp_path / "first")
+    assert [row["step"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["agent/turns"] == 2.0 and row["agent/env_failures"] == 0.0 and row["agent/split_sequences"] == 0
+        assert row["agent/observation_tokens"] > 0
+        assert row["critic/score/min"] < 0  # an agent's own reward (minus its answer's length) reached the scores
+    log.unlink()
+    run(model, agent_file, tmp_path / "second")
+    again = read_metrics(tmp_path / "second")
+    for first, second in zip(rows, again):
+        for key in ("critic/score/mean", "actor/pg_loss", "response_length/mean"):
+            assert first[key] == second[key], key
