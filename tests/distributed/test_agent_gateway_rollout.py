@@ -201,3 +201,20 @@ def test_an_episode_past_its_response_budget_gets_empty_length_replies(runner, e
     assert batch[AGENT_REWARDS].tolist() == [1.0, 1.0] and list(batch[EPISODE_FAILURE]) == ["", ""]
     assert batch[Fields.RESPONSE_MASK].shape[1] == MAX_RESPONSE and batch[Fields.RESPONSE_MASK].sum() > 0
     assert (batch[Fields.ATTENTION_MASK][:, MAX_PROMPT:].sum(-1) > MAX_RESPONSE - 12).all()  # filled to the budget
+
+
+def test_the_readmes_agent_is_the_recipe_and_runs(engine, tokenizer):
+    """The README's "Bring your own agent" code is ``recipes/agents/calculator_agent.py`` (less its docstring), and
+    it plays episodes on the engine without failing."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    recipe = root / "recipes" / "agents" / "calculator_agent.py"
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("## Bring your own agent"):]
+    shown = section[section.index("```python\n") + len("```python\n"):section.index("\n```\n")]
+    assert shown == recipe.read_text().split("\n", 1)[1].strip("\n")
+    runner = EpisodeRunner(MultiTurnConfig(enable=True, agent=f"{recipe}:agent"), tokenizer, MAX_PROMPT, MAX_RESPONSE)
+    batch = generate(runner, engine, prompt_rows(tokenizer, [{}, {}]))
+    assert list(batch[EPISODE_FAILURE]) == [""] * 4 and batch[Fields.RESPONSE_MASK].sum(-1).min() > 0
+    assert torch.isnan(batch[AGENT_REWARDS]).all()  # it leaves every reward to the reward function
