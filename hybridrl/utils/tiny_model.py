@@ -152,3 +152,34 @@ def encode_chat(tokenizer, prompts: Sequence[str]) -> list[list[int]]:
                                             tokenize=True, return_dict=True)["input_ids"]
         encoded.append(list(ids))
     return encoded
+
+
+def teach_tiny_model(directory: str | Path, conversations: Sequence[Sequence[dict]], *, tools: Sequence[dict] = (),
+                     steps: int = 150, lr: float = 3e-3) -> Path:
+    """Fine-tune the tiny model saved in ``directory`` until it has learnt ``conversations`` by heart (every token,
+    a plain full-batch loop), and save it back: a real model whose replies a test can rely on — e.g. a tool call
+    in the Hermes format, then an answer. ``tools``: rendered by the chat template as an agent would send them."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = Path(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    rows = [list(tokenizer.apply_chat_template(list(messages), tools=list(tools) or None, tokenize=True,
+                                               return_dict=True)["input_ids"]) for messages in conversations]
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([row + [tokenizer.pad_token_id] * (width - len(row)) for row in rows])
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+    labels = ids.masked_fill(mask == 0, -100)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model.train()
+        for _ in range(steps):
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    model.eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory

@@ -1,8 +1,9 @@
-"""A user's agent trained by the RL trainer (``rollout.multi_turn.agent``): plain ``openai`` client code in a file,
+"""Users' agents trained by the RL trainer (``rollout.multi_turn.agent``): plain ``openai`` client code in a file,
 two GRPO steps on a tensor-parallel (t_g = 2) colocated vLLM CPU replica. Every call of every episode is made once —
 by the replica's leader, whatever the tensor-parallel size — and the rows trained are the episodes' two-turn
 conversations; the agent's reward and the reward function's score (where the agent returns ``None``) both reach
-the step's scores; a fixed seed gives the same run twice."""
+the step's scores; a fixed seed gives the same run twice. An OpenAI Agents SDK agent with a function tool trains
+the same way."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def agent_setup(tmp_path_factory):
     return model, root / "my_agent.py", log
 
 
-def run(model, agent_file, run_dir):
+def run(model, agent_file, run_dir, *extra):
     trainer = RLTrainer(load_config([
         f"model.path={model}", "model.dtype=float32", f"trainer.default_local_dir={run_dir}",
         f"trainer.total_training_steps={STEPS}", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
@@ -51,7 +52,7 @@ def run(model, agent_file, run_dir):
         "data.synthetic_task_kwargs={max_digits: 1, operators: '+', num_val: 4}", f"data.train_batch_size={PROMPTS}",
         f"rollout.n={N}", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size_per_gpu=2",
         "data.max_prompt_length=32", "data.max_response_length=48", "actor.optim.lr=1e-2",
-        "rollout.multi_turn.enable=true", f"rollout.multi_turn.agent={agent_file}:agent"]))
+        "rollout.multi_turn.enable=true", f"rollout.multi_turn.agent={agent_file}:agent", *extra]))
     trainer.fit()
     return trainer
 
@@ -75,3 +76,36 @@ def test_an_agent_trains_two_steps_each_call_made_once(agent_setup, tmp_path):
     for first, second in zip(rows, again):
         for key in ("critic/score/mean", "actor/pg_loss", "response_length/mean"):
             assert first[key] == second[key], key
+
+
+SDK_AGENT = """
+from agents import Agent, function_tool
+
+from hybridrl.gateway.adapters import openai_agents_sdk
+
+
+@function_tool
+def calculator(expression: str) -> str:
+    \"\"\"Evaluate a sum.\"\"\"
+    left, right = expression.split("+")
+    return str(int(left) + int(right))
+
+
+agent = openai_agents_sdk(Agent(name="calculator agent", instructions="", tools=[calculator]),
+                          reward=lambda row, final_output: float(final_output.strip() == "5"))
+"""
+
+
+def test_an_openai_agents_sdk_agent_trains_two_steps(tmp_path):
+    """The SDK's runner calls the policy, runs its function tool and calls again, in every episode of both steps."""
+    pytest.importorskip("agents", reason="needs the OpenAI Agents SDK (pip install 'hybridrl[agents]')")
+    from taught_models import save_calculator_caller
+
+    model = save_calculator_caller(tmp_path / "model")
+    (tmp_path / "sdk_agent.py").write_text(SDK_AGENT)
+    run(model, tmp_path / "sdk_agent.py", tmp_path / "run", "rollout.temperature=0.3")
+    rows = read_metrics(tmp_path / "run")
+    assert [row["step"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["agent/tool_calls"] == 1.0 and row["agent/turns"] == 2.0 and row["agent/env_failures"] == 0.0
+        assert row["critic/score/mean"] == 1.0  # the adapter's reward: the SDK's final output is the tool's sum
