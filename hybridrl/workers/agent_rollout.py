@@ -152,9 +152,10 @@ class EpisodeRunner:
             return None
         copies = params.n
         rows = prompts.repeat_interleave(copies)
+        sources = rows[DataFields.DATA_SOURCE] if DataFields.DATA_SOURCE in rows else [None] * len(rows)
         row_dicts = [{"prompt": rows[DataFields.MESSAGES][index], "ground_truth": rows[DataFields.GROUND_TRUTH][index],
-                      "extra_info": rows[DataFields.EXTRA_INFO][index],
-                      "data_source": rows[DataFields.DATA_SOURCE][index]} for index in range(len(rows))]
+                      "extra_info": rows[DataFields.EXTRA_INFO][index], "data_source": sources[index]}
+                     for index in range(len(rows))]
         requests = LeaderRequests(engine.requests, replica) if replica is not None else engine.requests
         try:
             trajectories = self._play(engine, requests, row_dicts, params)
