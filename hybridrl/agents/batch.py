@@ -18,6 +18,7 @@ controller logs per-batch means.
 from __future__ import annotations
 
 import math
+import uuid
 from typing import Sequence
 
 import torch
@@ -100,6 +101,21 @@ def _turn_rewards(trajectories: Sequence[Trajectory], response_length: int) -> t
         for position, reward in trajectory.turn_rewards:
             rewards[row, min(position, response_length - 1)] += reward
     return rewards
+
+
+def out_of_groups(batch: Batch) -> Batch:
+    """``batch`` with each failed episode whose row takes no loss (a user's agent that raised or timed out) given
+    a ``uid`` of its own: a group of one, so its reward of 0 enters no other row's group statistics (GRPO's mean
+    and std, RLOO's baseline) — the episode is dropped, not scored as a failure of its prompt."""
+    if EPISODE_FAILURE not in batch:
+        return batch
+    no_loss = (batch[Fields.RESPONSE_MASK].sum(-1) == 0).tolist()
+    uids = list(batch[Fields.UID])
+    for row, (failure, empty) in enumerate(zip(batch[EPISODE_FAILURE], no_loss)):
+        if failure and empty:
+            uids[row] = f"{uids[row]}#dropped-{uuid.uuid4().hex[:12]}"
+    non_tensors = {**dict(batch.non_tensors), Fields.UID: uids}
+    return Batch(tensors=dict(batch.tensors), non_tensors=non_tensors, meta=batch.meta)
 
 
 def agent_metrics(batch: Batch) -> dict[str, float]:

@@ -10,7 +10,8 @@ so a fixed seed gives the same episodes whatever order the requests arrive in.
 An episode trains as one sequence. When its calls split (a conversation that does not extend an earlier call's:
 an agent that edits its context), the sequence holding its last call is the one trained and the others are counted
 in ``agent/split_sequences`` — they are not trained yet. A failed episode (the agent raised or ran out of time)
-keeps its row with no token in the loss, is scored 0 and counted in ``agent/env_failures``.
+keeps its row with no token in the loss, is scored 0 and counted in ``agent/env_failures``; the worker then makes it
+a group of its own (``agents.batch.out_of_groups``), so it moves no other row's advantage.
 """
 
 from __future__ import annotations

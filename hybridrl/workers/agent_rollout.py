@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Optional
 
-from hybridrl.agents.batch import trajectories_to_batch
+from hybridrl.agents.batch import out_of_groups, trajectories_to_batch
 from hybridrl.agents.environment import ENVIRONMENTS, resolve_tools, unknown_row_tools
 from hybridrl.agents.lockstep import LeaderRequests, ReplicaGroup, follow
 from hybridrl.agents.loop import AgentLoop, LoopLimits
@@ -166,9 +166,10 @@ class EpisodeRunner:
             if not trajectory.prompt_ids:  # reset() failed: keep the row's own prompt, so the row stays well-formed
                 mask = rows[Fields.ATTENTION_MASK][index].bool()
                 trajectory.prompt_ids = rows[Fields.INPUT_IDS][index][mask].tolist()
-        return trajectories_to_batch(trajectories, rows, params.max_new_tokens, engine.pad_token_id,
-                                     self.prompt_width, turn_rewards=self.config.reward_placement == "turn_end",
-                                     agent_rewards=self.agent_run is not None)
+        batch = trajectories_to_batch(trajectories, rows, params.max_new_tokens, engine.pad_token_id,
+                                      self.prompt_width, turn_rewards=self.config.reward_placement == "turn_end",
+                                      agent_rewards=self.agent_run is not None)
+        return out_of_groups(batch) if self.agent_run is not None else batch
 
     def _play(self, engine, requests, row_dicts: list[dict], params: SamplingParams) -> list:
         """One trajectory per row: the user's agent through a gateway, or the rows' environments."""

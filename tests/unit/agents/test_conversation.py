@@ -152,3 +152,31 @@ def test_an_agents_rewards_stand_and_only_the_rows_it_left_are_scored():
     assert metrics["reward/acc"] == pytest.approx(0.5)  # the two scored rows only
     no_agent = trajectories_to_batch([Trajectory(prompt_ids=[1], final_text="7")], rows.index([0]), 3, 0)
     assert AGENT_REWARDS not in no_agent
+
+
+def test_a_dropped_agent_episode_leaves_its_groups_statistics():
+    """A failed agent episode (no token in the loss) becomes a group of its own: the GRPO advantages of the others
+    are those of their group without it, and its own advantage is 0."""
+    from hybridrl.agents.batch import out_of_groups
+    from hybridrl.algorithms.advantages import compute_grpo
+
+    trajectories = []
+    for failure in (None, "the agent raised KeyError: 'x'", None, None):
+        trajectory = Trajectory(prompt_ids=[1], failure=failure)
+        trajectory.add_model_turn([9, 10], [-0.1, -0.1], [0, 0])
+        if failure:
+            trajectory.response_mask = [0, 0]
+        trajectories.append(trajectory)
+    rows = Batch(non_tensors={Fields.UID: ["a", "a", "a", "b"], "data_source": ["s"] * 4,
+                              "ground_truth": ["1"] * 4, "extra_info": [{}] * 4})
+    batch = out_of_groups(trajectories_to_batch(trajectories, rows, 2, pad_token_id=0, agent_rewards=True))
+    uids = list(batch[Fields.UID])
+    assert uids[0] == uids[2] == "a" and uids[3] == "b" and uids[1].startswith("a#dropped-")
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.0, 0.0], [0.0, 1.0]])
+    advantages, _ = compute_grpo(token_level_rewards=rewards, response_mask=batch[Fields.RESPONSE_MASK],
+                                 index=uids)
+    without, _ = compute_grpo(token_level_rewards=rewards[[0, 2]], response_mask=batch[Fields.RESPONSE_MASK][[0, 2]],
+                              index=["a", "a"])
+    assert torch.equal(advantages[[0, 2]], without) and advantages[1].abs().sum() == 0
+    kept = trajectories_to_batch(trajectories[:1], rows.index([0]), 2, pad_token_id=0)
+    assert list(out_of_groups(kept)[Fields.UID]) == ["a"]  # a batch without failures is left as it is
