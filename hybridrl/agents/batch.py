@@ -18,7 +18,6 @@ controller logs per-batch means.
 from __future__ import annotations
 
 import math
-import uuid
 from typing import Sequence
 
 import torch
@@ -113,7 +112,7 @@ def out_of_groups(batch: Batch) -> Batch:
     uids = list(batch[Fields.UID])
     for row, (failure, empty) in enumerate(zip(batch[EPISODE_FAILURE], no_loss)):
         if failure and empty:
-            uids[row] = f"{uids[row]}#dropped-{uuid.uuid4().hex[:12]}"
+            uids[row] = f"{uids[row]}#dropped-{row}"  # a prompt's rows are all on one rank: unique
     non_tensors = {**dict(batch.non_tensors), Fields.UID: uids}
     return Batch(tensors=dict(batch.tensors), non_tensors=non_tensors, meta=batch.meta)
 
@@ -139,7 +138,9 @@ def check_episode_failures(batch: Batch) -> None:
         return
     failures = [str(failure) for failure in batch[EPISODE_FAILURE]]
     if all(failures) and len(set(failures)) == 1:
+        fix = ("Fix the agent (rollout.multi_turn.agent; rollout.multi_turn.agent_timeout_s bounds an episode)"
+               if AGENT_REWARDS in batch else "Fix the tool or environment (rollout.multi_turn.tool_config_path, "
+               "rollout.multi_turn.environment, or the rows' agent_name)")
         raise EpisodesFailedError(
             f"rollout.multi_turn: all {len(failures)} episodes of the batch failed with the same error, so there is "
-            f"nothing to train on: {failures[0]}. Fix the tool or environment (rollout.multi_turn.tool_config_path, "
-            "rollout.multi_turn.environment, or the rows' agent_name) and run again")
+            f"nothing to train on: {failures[0]}. {fix} and run again")

@@ -46,7 +46,8 @@ class MultiTurnConfig(FreezableConfig):
     a session of a gateway over this replica; every call is captured token for token and trained as sampled
     (``hybridrl/gateway``). It returns the episode's reward, or ``None`` to have the data source's reward function
     score its last reply. The agent brings its own tools (``tools``, ``tool_config_path``, ``environment``,
-    ``max_assistant_turns``, ``tool_prompt`` and ``reward_placement`` are not read); the gateway samples with
+    ``max_assistant_turns``, ``tool_prompt``, ``reward_placement`` and ``strict`` are not read: template
+    mismatches are counted); the gateway samples with
     ``rollout``'s settings (temperature, top-p …) whatever a request asks, the episode's first prompt may be
     ``data.max_prompt_length`` ids and all its replies and tool results ``data.max_response_length``."""
     agent_timeout_s: float = 600.0

@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class AgentResult:
     """What an agent may return instead of a bare reward: the ``reward`` (``None``: the reward function's) and
-    numbers to log (``info``)."""
+    numbers about the episode (``info``: kept on its :class:`AgentEpisode`; the trainer does not log them yet)."""
 
     reward: Optional[float]
     info: Mapping[str, float] = field(default_factory=dict)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import threading
 import time
@@ -249,30 +250,36 @@ class GatewayService:
                                     f"{self.backend.max_model_len}, leaving no room to generate",
                                param="messages", code="context_length_exceeded")
         if training is not None and prompt.root_length < 0 and len(prompt.ids) > training.max_prompt_tokens:
-            raise GatewayError(400, f"the episode's prompt is {len(prompt.ids)} tokens, more than the "
-                                    f"{training.max_prompt_tokens} it may be (data.max_prompt_length)",
+            raise GatewayError(400, f"the prompt is {len(prompt.ids)} tokens and starts a training sequence (it is "
+                                    "the episode's first, or its messages are not an earlier request's plus the "
+                                    "reply given to it plus new ones), which may be at most "
+                                    f"{training.max_prompt_tokens} (data.max_prompt_length)",
                                param="messages", code="context_length_exceeded")
 
     def _choices(self, request, prompt: Prompt, session: Optional[SessionRecord]) -> list[SamplingParams]:
         """One sampling per choice: the request's, or a trainer's (``TrainingLimits``) with the request's length."""
         room = self.backend.max_model_len - len(prompt.ids)
         asked = request.token_limit()
-        if asked is not None and asked > self.backend.max_tokens:
+        training = self.backend.training
+        if asked is not None and asked > self.backend.max_tokens and training is None:
             raise GatewayError(400, f"max_tokens: {asked} is over the gateway's limit of {self.backend.max_tokens}",
                                param="max_tokens")
-        limit = min(asked or self.backend.max_tokens, room)
-        training = self.backend.training
-        if training is not None:
-            limit = 0 if prompt.spent else min(limit, training.max_response_tokens - prompt.response_length)
-            base = training.sampling
-            call = len(session.calls) if session is not None else 0
-            return [replace(base, n=1, max_new_tokens=limit, seed=None if base.seed is None else derive_seed(
-                base.seed, session.session_id if session is not None else "", call, index))
-                for index in range(request.n)]
-        params = SamplingParams(max_new_tokens=limit, do_sample=request.temperature > 0,
-                                temperature=request.temperature or 1.0, top_p=request.top_p, seed=request.seed)
-        return [params if request.seed is None else replace(params, seed=request.seed + index)
-                for index in range(request.n)]
+        limit = min(asked or self.backend.max_tokens, self.backend.max_tokens, room)
+        if training is None:
+            params = SamplingParams(max_new_tokens=limit, do_sample=request.temperature > 0,
+                                    temperature=request.temperature or 1.0, top_p=request.top_p, seed=request.seed)
+            return [params if request.seed is None else replace(params, seed=request.seed + index)
+                    for index in range(request.n)]
+        # a trainer's gateway: its sampling, the episode's budget (what an agent asks beyond it is cut, not refused)
+        limit = 0 if prompt.spent else min(limit, training.max_response_tokens - prompt.response_length)
+        base, seeds = training.sampling, [None] * request.n
+        if base.seed is not None:
+            # seeded by what is asked (the prompt ids) and how often the session asked it before, never by the
+            # order requests arrive in: concurrent calls of a session get the same seeds in every run
+            session_id, asked_before = (session.session_id, session.claim(prompt.ids)) if session else ("", 0)
+            digest = hashlib.sha256(str(prompt.ids).encode()).hexdigest()[:16]
+            seeds = [derive_seed(base.seed, session_id, digest, asked_before, index) for index in range(request.n)]
+        return [replace(base, n=1, max_new_tokens=limit, seed=seed) for seed in seeds]
 
     async def _sample(self, prompt_ids: list[int], params: SamplingParams, stops: Sequence[str],
                       streamed: bool = False) -> AsyncIterator[Sampled]:

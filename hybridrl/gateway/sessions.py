@@ -85,7 +85,16 @@ class SessionRecord:
         self.continued = 0
         self.split = 0
         self.template_mismatches = 0
+        self._asked: dict[tuple[int, ...], int] = {}
         self._lock = threading.Lock()
+
+    def claim(self, prompt_ids: Sequence[int]) -> int:
+        """How many times the session asked for ``prompt_ids`` before this request (counted as requests arrive)."""
+        with self._lock:
+            key = tuple(prompt_ids)
+            count = self._asked.get(key, 0)
+            self._asked[key] = count + 1
+            return count
 
     def find_parent(self, messages: Sequence[Message], tools_key: str) -> Optional[tuple[Call, int, list[Message]]]:
         """The latest call, with the same tools, whose conversation plus reply begins ``messages``; its index and

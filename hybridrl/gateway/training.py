@@ -4,8 +4,9 @@ into the trajectory the trainer trains (``agents/batch.py`` layout) — the engi
 re-encoded (``sessions.py``).
 
 The gateway samples with the rollout's settings (``TrainingLimits``), so the log-probs the trainer recomputes are of
-the distribution that sampled; each call is seeded from the call's seed, its session and its place in the session,
-so a fixed seed gives the same episodes whatever order the requests arrive in.
+the distribution that sampled; each call is seeded from the generation call's seed, its session, its prompt ids and
+how often the session asked for them before, so a fixed seed gives the same episodes whatever order the requests of
+different episodes (or the different calls of one) arrive in.
 
 An episode trains as one sequence. When its calls split (a conversation that does not extend an earlier call's:
 an agent that edits its context), the sequence holding its last call is the one trained and the others are counted
@@ -16,6 +17,7 @@ a group of its own (``agents.batch.out_of_groups``), so it moves no other row's 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -54,6 +56,7 @@ def play_agent_episodes(requests: Any, tokenizer: Any, stop_ids: Sequence[int], 
         with Gateway(GatewayService(backend)) as gateway:
             return await run_episodes(run.agent, rows, gateway, timeout_s=run.timeout_s,
                                       concurrency=run.concurrency, session_prefix="episode")
+    rows = [copy.deepcopy(row) for row in rows]  # an agent may edit its row: never its siblings' or the batch's
     episodes = serve(requests, episodes_on, version=version, name="agent-gateway")
     return [episode_trajectory(episode) for episode in episodes]
 

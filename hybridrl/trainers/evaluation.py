@@ -81,16 +81,18 @@ class Scoring:
         left = torch.isnan(agent_rewards).nonzero().flatten().tolist()  # the agent left these to the reward function
         scores, info = torch.nan_to_num(agent_rewards, nan=0.0), ScoreInfo(statuses=[OK] * len(texts))
         if left:
-            left_scores, left_info = self._scored(batch.index(left), [texts[index] for index in left])
+            left_scores, left_info = self._scored(batch.index(left), [texts[index] for index in left],
+                                                  batch_size=len(texts))
             scores[left] = left_scores.to(scores.dtype)
             info = left_info.scattered(left, len(texts))
         return scores, info, texts
 
-    def _scored(self, batch: Batch, texts: list[str]) -> tuple[torch.Tensor, Any]:
-        """``texts`` of ``batch``'s rows scored by the reward functions."""
+    def _scored(self, batch: Batch, texts: list[str], batch_size: int = 0) -> tuple[torch.Tensor, Any]:
+        """``texts`` of ``batch``'s rows scored by the reward functions; ``batch_size``: the rows of the whole
+        batch they are part of (a failure of all of them stops the run only when they are the whole batch)."""
         scores, info = self.scorer.score(list(batch[DataFields.DATA_SOURCE]), texts,
                                          list(batch[DataFields.GROUND_TRUTH]), list(batch[DataFields.EXTRA_INFO]))
-        if info.messages and info.num_failed == len(texts):  # one bad sample scores 0; a whole bad batch is a bug
+        if info.messages and info.num_failed == max(len(texts), batch_size):  # one bad sample scores 0; a whole bad batch is a bug
             source = getattr(self.scorer.source, "describe", lambda: "the reward function")()
             raise ValueError(f"custom_reward_function: all {len(texts)} samples of the batch failed in {source}, "
                              f"so it cannot be trusted to score this run; first: {info.messages[0]}")

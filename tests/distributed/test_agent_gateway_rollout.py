@@ -218,3 +218,37 @@ def test_the_readmes_agent_is_the_recipe_and_runs(engine, tokenizer):
     batch = generate(runner, engine, prompt_rows(tokenizer, [{}, {}]))
     assert list(batch[EPISODE_FAILURE]) == [""] * 4 and batch[Fields.RESPONSE_MASK].sum(-1).min() > 0
     assert torch.isnan(batch[AGENT_REWARDS]).all()  # it leaves every reward to the reward function
+
+
+def test_the_trainers_gateway_cuts_max_tokens_to_the_budget_and_seeds_concurrent_calls_by_their_prompts(
+        engine, tokenizer):
+    """An agent asking for more tokens than the episode may have is served what is left (not refused); two calls
+    of one session in flight at once are seeded by what they ask, so the rows are the same in every run whichever
+    call arrives first."""
+    import asyncio
+
+    from hybridrl.gateway.app import Gateway
+    from hybridrl.gateway.episodes import run_episodes
+    from hybridrl.gateway.service import GatewayBackend, GatewayService, TrainingLimits
+    from hybridrl.rollout.server import serve
+
+    async def greedy_for_tokens(row, client):
+        one = client.chat.completions.create(model="p", messages=row["prompt"], max_tokens=10_000)
+        other = client.chat.completions.create(model="p", messages=[*row["prompt"], {"role": "tool", "content": "x"}],
+                                               max_tokens=10_000)
+        replies = await asyncio.gather(*(one, other) if row["order"] else (other, one))
+        return float(sum(reply.usage.completion_tokens for reply in replies))
+
+    def play(order: int) -> list:
+        limits = TrainingLimits(SamplingParams(max_new_tokens=20, temperature=1.0, seed=5), MAX_PROMPT, 20)
+
+        async def work(server):
+            backend = GatewayBackend(server, tokenizer, engine.eos_token_ids, MAX_PROMPT + MAX_RESPONSE,
+                                     max_tokens=20, training=limits)
+            with Gateway(GatewayService(backend)) as gateway:
+                return await run_episodes(greedy_for_tokens, [{"prompt": [{"role": "user", "content": "3*7="}],
+                                                               "order": order}], gateway, session_prefix="e")
+        [episode] = serve(engine.requests, work)
+        assert episode.failure is None and 0 < episode.reward <= 40
+        return sorted((call.prompt_ids, call.completion_ids) for call in episode.record.calls)
+    assert play(0) == play(1)

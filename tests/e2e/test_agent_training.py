@@ -29,7 +29,7 @@ async def agent(row, client):
         messages += [reply.choices[0].message.model_dump(exclude_none=True),
                      {{"role": "user", "content": "check"}}]
     answer = reply.choices[0].message.content or ""
-    return None if int(row["extra_info"].get("index", 0)) % 2 == 0 else -float(len(answer))
+    return None if int(row["extra_info"].get("index", 0)) % 2 == 0 else -1.0 - len(answer)
 '''
 STEPS, PROMPTS, N = 2, 4, 2
 
