@@ -64,13 +64,15 @@ class ScoreInfo:
         return sum(1 for item in self.statuses if item != OK)
 
     def scattered(self, positions: Sequence[int], size: int) -> "ScoreInfo":
-        """This info of a subset of ``size`` samples, each at its ``positions`` entry; the others ``ok``, no extras."""
+        """This info of a subset of ``size`` samples, each at its ``positions`` entry; the others ``ok``, no extras;
+        the messages name the samples by their positions."""
         statuses, extras = [OK] * size, {key: [None] * size for key in self.extras}
         for subset_index, position in enumerate(positions):
             statuses[position] = self.statuses[subset_index]
             for key, values in self.extras.items():
                 extras[key][position] = values[subset_index]
-        return ScoreInfo(statuses, list(self.messages), extras)
+        messages = [_renumbered(message, positions) for message in self.messages]
+        return ScoreInfo(statuses, messages, extras)
 
     def metrics(self, prefix: str = "reward/") -> dict[str, float]:
         """Failure counts (``reward/num_error``, ``…/num_timeout``, ``…/num_invalid``, ``…/num_crashed``) and the
@@ -81,6 +83,16 @@ class ScoreInfo:
             if numeric:
                 metrics[f"{prefix}{key}"] = sum(numeric) / len(numeric)
         return metrics
+
+
+
+def _renumbered(message: str, positions: Sequence[int]) -> str:
+    """``"sample i ..."`` of a subset as ``"sample positions[i] ..."``."""
+    head, _, rest = message.partition(" ")
+    number, space, tail = rest.partition(" ")
+    if head != "sample" or not number.isdigit() or int(number) >= len(positions):
+        return message
+    return f"sample {positions[int(number)]}{space}{tail}"
 
 
 class RewardScorer:

@@ -150,3 +150,15 @@ def test_worker_modules_do_not_import_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_a_subsets_score_info_lands_at_its_rows_positions():
+    """``ScoreInfo.scattered``: statuses, extras and the messages' sample numbers of a subset (the rows an agent left
+    to the reward function) at their places in the whole batch."""
+    from hybridrl.rewards.scorer import ScoreInfo
+
+    subset = ScoreInfo(["ok", "error"], ["sample 1 (data_source='s'): error: boom"], {"acc": [True, None]})
+    whole = subset.scattered([2, 5], 6)
+    assert whole.statuses == ["ok", "ok", "ok", "ok", "ok", "error"]
+    assert whole.extras == {"acc": [None, None, True, None, None, None]}
+    assert whole.messages == ["sample 5 (data_source='s'): error: boom"] and whole.num_failed == 1
