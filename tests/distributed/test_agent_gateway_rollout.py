@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from transformers import AutoTokenizer
-from vllm_helpers import cpu_engine
+from vllm_helpers import RecordingRequests, cpu_engine
 
 from hybridrl.agents.batch import AGENT_REWARDS, AGENT_STATS, AGENT_STATS_FIELD, EPISODE_FAILURE, FINAL_RESPONSE
 from hybridrl.config.multi_turn_schema import MultiTurnConfig
@@ -75,25 +75,6 @@ def engine(model_dir, tokenizer):
     engine = cpu_engine(model_dir, tokenizer, max_model_len=MAX_PROMPT + MAX_RESPONSE)
     yield engine
     engine.close()
-
-
-class RecordingRequests:
-    """The engine's request queue, passed through; keeps every finished completion and the sampling it was given."""
-
-    def __init__(self, requests) -> None:
-        self.requests, self.finished, self.params = requests, [], []
-
-    def __getattr__(self, name):
-        return getattr(self.requests, name)
-
-    def submit(self, prompt_ids, params, *args, **kwargs):
-        self.params.append(params)
-        return self.requests.submit(prompt_ids, params, *args, **kwargs)
-
-    def step(self):
-        completions = self.requests.step()
-        self.finished += [completion for completion in completions if completion.finished]
-        return completions
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,8 @@ import threading
 import time
 
 import pytest
-import torch
 from transformers import AutoTokenizer
-from vllm_helpers import cpu_engine
+from vllm_helpers import RecordingRequests, cpu_engine
 
 from hybridrl.agents.environment import Environment, StepResult
 from hybridrl.agents.loop import AgentLoop, LoopLimits
@@ -39,23 +38,6 @@ def engine(model_dir, tokenizer):
     engine = cpu_engine(model_dir, tokenizer, max_model_len=256)
     yield engine
     engine.close()
-
-
-class RecordingRequests:
-    """The engine's request queue, passed through; keeps every finished completion (to compare trajectories with)."""
-
-    def __init__(self, requests) -> None:
-        self.requests, self.finished = requests, {}
-
-    def __getattr__(self, name):  # submit, has_work, abort, pause, resume, in_flight, paused
-        return getattr(self.requests, name)
-
-    def step(self):
-        completions = self.requests.step()
-        for completion in completions:
-            if completion.finished:
-                self.finished[completion.request_id] = completion
-        return completions
 
 
 class Echo(Environment):
@@ -100,7 +82,7 @@ def test_trajectory_ids_are_the_engines_and_the_templates(engine, tokenizer):
         position, conversation, turn_ends = 0, [{"role": "user", "content": f"{index}*7="}], []
         assert trajectory.prompt_ids == renderer.prompt_ids(conversation)
         for turn in range(trajectory.turns):
-            completion = recording.finished[f"e{index}t{turn}"]
+            completion = recording.finished_by_id[f"e{index}t{turn}"]
             ids = trajectory.response_ids[position:position + len(completion.token_ids)]
             assert ids == completion.token_ids
             assert trajectory.log_probs[position:position + len(ids)] == completion.log_probs

