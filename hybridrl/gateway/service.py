@@ -47,7 +47,7 @@ class GatewayBackend:
 class TrainingLimits:
     """What a trainer's gateway holds every request to. ``sampling``: the rollout's settings — every choice is
     sampled with its temperature, top-p and top-k whatever the request asks (the trainer's log-probs assume them),
-    seeded per session and call from its ``seed``; ``max_prompt_tokens``: the most ids a sequence's first prompt may
+    seeded from its ``seed``, the session, the prompt ids and how often the session asked them before; ``max_prompt_tokens``: the most ids a sequence's first prompt may
     have (``data.max_prompt_length``); ``max_response_tokens``: the most ids after it, the model's and the tools'
     together (``data.max_response_length``)."""
 
@@ -66,16 +66,17 @@ class Prompt:
     observation_ids: list[int] = field(default_factory=list)
     rendered: list[dict] = field(default_factory=list)
     template_matched: bool = True
-    root_length: int = -1
-    """The length of the prompt its sequence began with (-1: this prompt's own)."""
-    spent: bool = False
-    """Its episode has used all the response tokens a trainer allows: every choice is answered empty, with
-    ``finish_reason`` ``length``, without sampling, and the call is not recorded (nothing was generated)."""
+    root_length: Optional[int] = None
+    """The length of the prompt its sequence began with (default: this prompt's own, when it starts one)."""
+
+    def __post_init__(self) -> None:
+        if self.root_length is None:
+            self.root_length = len(self.ids)
 
     @property
     def response_length(self) -> int:
         """Ids after the sequence's first prompt: what the trainer counts as response."""
-        return len(self.ids) - self.root_length if self.root_length >= 0 else 0
+        return len(self.ids) - self.root_length
 
 
 class GatewayService:
@@ -188,7 +189,7 @@ class GatewayService:
 
     def _record(self, session: Optional[SessionRecord], messages: list[dict], tools: Optional[list[dict]],
                 prompt: Prompt, sampled: Sampled, reply: dict) -> None:
-        if session is None or prompt.spent:
+        if session is None or self._spent(prompt):  # nothing was generated
             return
         session.add(Call(messages=messages, reply=reply, prompt_ids=list(prompt.ids),
                          completion_ids=list(sampled.token_ids), log_probs=list(sampled.log_probs),
@@ -196,7 +197,7 @@ class GatewayService:
                          parent=prompt.parent, observation_ids=list(prompt.observation_ids),
                          rendered=prompt.rendered, raw_text=self._decode(sampled.token_ids),
                          tools_key=_tools_key(tools),
-                         root_prompt_length=prompt.root_length if prompt.root_length >= 0 else len(prompt.ids)),
+                         root_prompt_length=prompt.root_length),
                     template_matched=prompt.template_matched)
 
     # --- completions ---------------------------------------------------------------------------------------------
@@ -238,18 +239,23 @@ class GatewayService:
 
     # --- sampling ------------------------------------------------------------------------------------------------
 
-    def _check_prompt(self, prompt: Prompt) -> None:
-        """Refuse a prompt with no room to generate; for a trainer, one over ``max_prompt_tokens``, and mark one
-        whose episode has spent its response budget (``Prompt.spent``: answered without sampling)."""
+    def _spent(self, prompt: Prompt) -> bool:
+        """Whether ``prompt``'s episode has used all the response tokens a trainer allows: every choice is then
+        answered empty, with ``finish_reason`` ``length``, without sampling, and the call is not recorded."""
         training = self.backend.training
-        if training is not None and prompt.response_length >= training.max_response_tokens:
-            prompt.spent = True
+        return training is not None and prompt.response_length >= training.max_response_tokens
+
+    def _check_prompt(self, prompt: Prompt) -> None:
+        """Refuse a prompt with no room to generate and, for a trainer, a sequence's first prompt over
+        ``max_prompt_tokens`` (a spent episode's prompt is answered empty instead: :meth:`_spent`)."""
+        training = self.backend.training
+        if self._spent(prompt):
             return
         if len(prompt.ids) >= self.backend.max_model_len:
             raise GatewayError(400, f"the prompt is {len(prompt.ids)} tokens; the model's context is "
                                     f"{self.backend.max_model_len}, leaving no room to generate",
                                param="messages", code="context_length_exceeded")
-        if training is not None and prompt.root_length < 0 and len(prompt.ids) > training.max_prompt_tokens:
+        if training is not None and prompt.parent is None and len(prompt.ids) > training.max_prompt_tokens:
             raise GatewayError(400, f"the prompt is {len(prompt.ids)} tokens and starts a training sequence (it is "
                                     "the episode's first, or its messages are not an earlier request's plus the "
                                     "reply given to it plus new ones), which may be at most "
@@ -271,7 +277,7 @@ class GatewayService:
             return [params if request.seed is None else replace(params, seed=request.seed + index)
                     for index in range(request.n)]
         # a trainer's gateway: its sampling, the episode's budget (what an agent asks beyond it is cut, not refused)
-        limit = 0 if prompt.spent else min(limit, training.max_response_tokens - prompt.response_length)
+        limit = 0 if self._spent(prompt) else min(limit, training.max_response_tokens - prompt.response_length)
         base, seeds = training.sampling, [None] * request.n
         if base.seed is not None:
             # seeded by what is asked (the prompt ids) and how often the session asked it before, never by the
@@ -287,7 +293,7 @@ class GatewayService:
         otherwise once, finished); the last has ``finish_reason``. A stop string ends it (the text is cut before
         it; the ids keep every token sampled, up to the one that completed it)."""
         sampled = Sampled()
-        if params.max_new_tokens <= 0:  # an episode whose response budget is spent (Prompt.spent)
+        if params.max_new_tokens <= 0:  # an episode whose response budget is spent (_spent)
             sampled.finish_reason = "length"
             yield sampled
             return

@@ -92,7 +92,8 @@ class Scoring:
         batch they are part of (a failure of all of them stops the run only when they are the whole batch)."""
         scores, info = self.scorer.score(list(batch[DataFields.DATA_SOURCE]), texts,
                                          list(batch[DataFields.GROUND_TRUTH]), list(batch[DataFields.EXTRA_INFO]))
-        if info.messages and info.num_failed == max(len(texts), batch_size):  # one bad sample scores 0; a whole bad batch is a bug
+        # one bad sample scores 0; a whole bad batch is a bug
+        if info.messages and info.num_failed == max(len(texts), batch_size):
             source = getattr(self.scorer.source, "describe", lambda: "the reward function")()
             raise ValueError(f"custom_reward_function: all {len(texts)} samples of the batch failed in {source}, "
                              f"so it cannot be trusted to score this run; first: {info.messages[0]}")
