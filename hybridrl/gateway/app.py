@@ -9,6 +9,8 @@ an address other than the loopback).
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
 import logging
 import threading
@@ -33,6 +35,7 @@ def build_app(service: GatewayService, api_key: Optional[str] = None,
               max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
     """The FastAPI application serving ``service``; ``api_key``: the bearer token every request must carry."""
     app = FastAPI(title="hybridrl gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(_Guard, api_key=api_key, max_request_bytes=max_request_bytes)
 
     def error_response(error: GatewayError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status)
@@ -50,17 +53,6 @@ def build_app(service: GatewayService, api_key: Optional[str] = None,
         logger.error("gateway: %s: %s", type(error).__name__, error)
         return error_response(GatewayError(500, f"the gateway failed: {type(error).__name__}: {error}",
                                            kind="server_error"))
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
-            return error_response(GatewayError(401, "missing or wrong bearer token (Authorization: Bearer ...)",
-                                               kind="authentication_error", code="invalid_api_key"))
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > max_request_bytes:
-            return error_response(GatewayError(413, f"the request is {int(size)} bytes, over the gateway's "
-                                                    f"limit of {max_request_bytes}"))
-        return await call_next(request)
 
     def session_of(request: Request, session_id: Optional[str]) -> Optional[str]:
         return session_id or request.headers.get("x-session-id")
@@ -88,6 +80,34 @@ def build_app(service: GatewayService, api_key: Optional[str] = None,
     return app
 
 
+class _Guard:
+    """Refuses a request without the bearer token (when one is set) or declaring a body over ``max_request_bytes``
+    before the application reads it. Plain ASGI: Starlette's ``@app.middleware("http")`` would run every request
+    through a task group and memory streams of its own, a cost paid on every call of every episode."""
+
+    def __init__(self, app, api_key: Optional[str], max_request_bytes: int) -> None:
+        self.app, self.max_request_bytes = app, max_request_bytes
+        self.authorization = None if api_key is None else f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        error = self._refusal(dict(scope["headers"])) if scope["type"] == "http" else None
+        if error is None:
+            await self.app(scope, receive, send)
+        else:
+            await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
+
+    def _refusal(self, headers: dict[bytes, bytes]) -> Optional[GatewayError]:
+        if self.authorization is not None and not hmac.compare_digest(headers.get(b"authorization", b""),
+                                                                      self.authorization):
+            return GatewayError(401, "missing or wrong bearer token (Authorization: Bearer ...)",
+                                kind="authentication_error", code="invalid_api_key")
+        size = headers.get(b"content-length", b"")
+        if size.isdigit() and int(size) > self.max_request_bytes:
+            return GatewayError(413, f"the request is {int(size)} bytes, over the gateway's limit of "
+                                     f"{self.max_request_bytes}")
+        return None
+
+
 async def _events(chunks):
     """Server-sent events of ``chunks``, then ``[DONE]``; an error after the first chunk is sent as an error event."""
     try:
@@ -96,6 +116,48 @@ async def _events(chunks):
     except GatewayError as error:
         yield f"data: {json.dumps(error.body())}\n\n"
     yield "data: [DONE]\n\n"
+
+
+def _promptly_stopped_server():
+    """uvicorn's ``Server``, stopped as soon as it is told: its own loop looks at ``should_exit`` every 0.1 s, and
+    then waits in 0.1 s naps for idle keep-alive connections to go — ≈ 0.1-0.2 s a trainer would pay on every
+    generation call (a gateway lives for one). Requests still being answered are waited for as before."""
+    import uvicorn
+
+    class PromptlyStopped(uvicorn.Server):
+        _loop: Optional[asyncio.AbstractEventLoop] = None
+        _stopping: Optional[asyncio.Event] = None
+
+        async def main_loop(self) -> None:
+            self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
+            counter = 0
+            while not await self.on_tick(counter):  # uvicorn's own housekeeping, once per 0.1 s
+                counter = (counter + 1) % 864000
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), 0.1)
+                except asyncio.TimeoutError:
+                    pass
+
+        async def shutdown(self, sockets: Optional[list] = None) -> None:
+            if not self.force_exit:
+                return await super().shutdown(sockets)
+            for server in self.servers:  # uvicorn's steps without its fixed 0.1 s nap
+                server.close()
+            for connection in list(self.server_state.connections):
+                connection.shutdown()
+            for server in self.servers:
+                await server.wait_closed()
+
+        def stop(self) -> None:
+            self.force_exit = not self.server_state.tasks  # nothing being answered: idle connections need no wait
+            self.should_exit = True
+            loop, stopping = self._loop, self._stopping
+            if loop is not None and stopping is not None:
+                try:
+                    loop.call_soon_threadsafe(stopping.set)
+                except RuntimeError:  # its loop has ended already
+                    pass
+    return PromptlyStopped
 
 
 class Gateway:
@@ -116,7 +178,7 @@ class Gateway:
         self.service, self.host = service, host
         config = uvicorn.Config(build_app(service, api_key), host=host, port=port, log_level="warning",
                                 lifespan="off", access_log=False)
-        self._server = uvicorn.Server(config)
+        self._server = _promptly_stopped_server()(config)
         self._thread = threading.Thread(target=self._server.run, name="gateway-http", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + start_timeout_s
@@ -136,7 +198,7 @@ class Gateway:
         return f"http://{self.host}:{self.port}/sessions/{session_id}/v1"
 
     def close(self, timeout_s: float = 10.0) -> None:
-        self._server.should_exit = True
+        self._server.stop()
         self._thread.join(timeout_s)
 
     def __enter__(self) -> "Gateway":
