@@ -9,11 +9,13 @@ step is well under a millisecond; ``medium``: 8 layers of width 512 — fp32, on
 - ``agent loop``: ``hybridrl.agents.loop.AgentLoop`` with an environment that answers every model turn with a tool
   message at once, for ``--turns`` model turns per episode;
 - ``gateway``: ``hybridrl.gateway.episodes.run_episodes`` with an ``async def agent(row, client)`` that makes the
-  same calls with the ``openai`` client over HTTP (localhost), appending the same tool message each turn.
+  same calls with the ``openai`` client over HTTP (localhost), appending the same tool message each turn — played
+  in a process of its own (``AgentProcess``: the trainer's default, ``rollout.multi_turn.agent_process``), and on
+  the engine's own event loop (``InProcess``).
 
 Each episode's turns are seeded alike on both sides. The sides alternate round by round; reported: median wall
-seconds per batch, model tokens generated per second, and ``gateway ÷ agent loop`` (the issue's target: the gateway
-at ≥ 0.9× the loop's throughput). Writes ``benchmarks/results/gateway_agents.json``.
+seconds per batch, model tokens generated per second, and each gateway side ÷ the agent loop (the target: the
+trainer's default at ≥ 0.9× the loop's throughput). Writes ``benchmarks/results/gateway_agents.json``.
 """
 
 from __future__ import annotations
@@ -76,20 +78,23 @@ def loop_side(engine, tokenizer, args) -> int:
     return sum(sum(trajectory.response_mask) for trajectory in trajectories)
 
 
-def gateway_side(gateway, args) -> int:
+async def agent(row, client):
+    """The benchmark's agent (importable by name: the ``agent process`` side plays it in a process of its own)."""
+    messages = [{"role": "user", "content": row["question"]}]
+    for turn in range(row["turns"]):
+        reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=row["tokens"],
+                                                     seed=row["seed"] + turn)
+        messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "content": f"ok {turn + 1}"}]
+    return 0.0
+
+
+def gateway_side(gateway, args, player) -> int:
     from hybridrl.gateway.episodes import run_episodes
 
-    async def agent(row, client):
-        messages = [{"role": "user", "content": row["question"]}]
-        for turn in range(args.turns):
-            reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=args.tokens,
-                                                         seed=row["seed"] + turn)
-            messages += [reply.choices[0].message.model_dump(exclude_none=True),
-                         {"role": "tool", "content": f"ok {turn + 1}"}]
-        return 0.0
-
-    rows = [{"question": f"{index}*7=", "seed": index} for index in range(args.episodes)]
-    episodes = asyncio.run(run_episodes(agent, rows, gateway))
+    rows = [{"question": f"{index}*7=", "seed": index, "turns": args.turns, "tokens": args.tokens}
+            for index in range(args.episodes)]
+    episodes = asyncio.run(run_episodes(player, rows, gateway))
     failures = [episode.failure for episode in episodes if episode.failure]
     assert not failures, failures[:3]
     return sum(len(call.completion_ids) for episode in episodes for call in episode.record.calls)
@@ -103,7 +108,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    from hybridrl.gateway.agent_process import AgentProcess
     from hybridrl.gateway.app import Gateway
+    from hybridrl.gateway.episodes import InProcess
     from hybridrl.gateway.service import GatewayBackend, GatewayService
     from hybridrl.rollout.server import ReplicaServer
 
@@ -111,17 +118,20 @@ def main() -> None:
     max_model_len = 256
     with tempfile.TemporaryDirectory() as tmp:
         engine, tokenizer = build(Path(tmp), max_model_len, args.size)
-        results: dict[str, list[tuple[float, int]]] = {"agent loop": [], "gateway": []}
+        process = AgentProcess(f"{Path(__file__).resolve()}:agent", key="benchmark agent")
 
-        def gateway_round() -> int:
+        def gateway_round(player) -> int:
             server = ReplicaServer(engine.requests, version=lambda: engine.policy_version)
             service = GatewayService(GatewayBackend(server, tokenizer, engine.eos_token_ids, max_model_len))
             try:
                 with Gateway(service) as gateway:
-                    return gateway_side(gateway, args)
+                    return gateway_side(gateway, args, player)
             finally:
                 server.close()
-        sides = {"agent loop": lambda: loop_side(engine, tokenizer, args), "gateway": gateway_round}
+        sides = {"agent loop": lambda: loop_side(engine, tokenizer, args),
+                 "gateway, agents in a process": lambda: gateway_round(process),
+                 "gateway, agents in the engine's": lambda: gateway_round(InProcess(agent))}
+        results: dict[str, list[tuple[float, int]]] = {name: [] for name in sides}
         for name in sides:  # warm-up
             sides[name]()
         for round_index in range(args.rounds):
@@ -131,6 +141,7 @@ def main() -> None:
                 results[name].append((time.perf_counter() - started, tokens))
                 print(f"[gateway_agents] round {round_index + 1}: {name}: {results[name][-1][0]:.2f} s, "
                       f"{tokens} tokens", flush=True)
+        process.close()
         engine.close()
     rows, summary = [], {}
     for name, runs in results.items():
@@ -138,13 +149,15 @@ def main() -> None:
         rate = common.median([run[1] / run[0] for run in runs])
         summary[name] = {"seconds": seconds, "tokens_per_s": rate, "runs": runs}
         rows.append([name, f"{seconds:.2f}", f"{rate:.0f}"])
-    ratio = summary["gateway"]["tokens_per_s"] / summary["agent loop"]["tokens_per_s"]
+    loop_rate = summary["agent loop"]["tokens_per_s"]
+    ratios = {name: summary[name]["tokens_per_s"] / loop_rate for name in summary if name != "agent loop"}
     print(f"gateway_agents ({args.size} model): {args.episodes} episodes × {args.turns} turns × ≤ {args.tokens} tokens, median of "
           f"{args.rounds} alternating rounds (load average at start {machine['load_average_1m_5m_15m_at_start'][0]:.1f})")
     print(common.markdown_table(["side", "s per batch", "model tokens/s"], rows))
-    print(f"gateway ÷ agent loop throughput: {ratio:.2f}×")
+    for name, ratio in ratios.items():
+        print(f"{name} ÷ agent loop throughput: {ratio:.2f}×")
     common.write_json("gateway_agents", {"machine": machine, "args": vars(args), "results": summary,
-                                         "ratio": ratio})
+                                         "ratios": ratios})
 
 
 if __name__ == "__main__":

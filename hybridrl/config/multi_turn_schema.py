@@ -54,6 +54,11 @@ class MultiTurnConfig(FreezableConfig):
     """Longest one agent episode may run (seconds); past it the episode is cancelled and counted as failed."""
     agent_concurrency: int = 256
     """Agent episodes in flight at once on one replica."""
+    agent_process: bool = True
+    """Play the agent's episodes in a process of its own per replica (started once, kept): the agents' Python runs
+    beside the engine rather than taking turns with it, and an agent that blocks its event loop or crashes fails
+    its batch's episodes (each saying why), not the worker. ``false``: on the replica worker's own event loop (a
+    debugger's breakpoints in your agent work there)."""
     strict: bool = False
     """Stop the run when the chat template does not reproduce the ids generated so far (else: counted in
     ``agent/prefix_mismatches``, the ids kept as generated)."""

@@ -10,13 +10,14 @@ that raises or runs past ``timeout_s`` loses only its own episode: counted, its 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Awaitable, Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from hybridrl.gateway.sessions import SessionRecord
 from hybridrl.utils.user_files import import_named
@@ -72,39 +73,95 @@ def check_agent(agent: Any, name: str = "agent") -> Agent:
     return agent
 
 
-async def run_episodes(agent: Agent, rows: Sequence[Mapping[str, Any]], gateway, *, timeout_s: float = 600.0,
-                       concurrency: int = 256, api_key: str = "hybridrl",
+@dataclass(frozen=True)
+class EpisodeOutcome:
+    """How one agent episode ended, on the client's side: its ``reward`` (``None``: failed, or left to the reward
+    function), its ``failure`` in one line, the agent's ``info``, and its wall ``seconds``. Plain data: it crosses
+    processes (``agent_process.py``)."""
+
+    reward: Optional[float] = None
+    failure: Optional[str] = None
+    info: Mapping[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class AgentPlayer(Protocol):
+    """Where a batch of episodes runs: :class:`InProcess` (this event loop) or an ``AgentProcess`` (a process of its
+    own, ``agent_process.py``). ``session_urls[i]`` is row ``i``'s base URL; outcomes come back in row order."""
+
+    async def play(self, rows: Sequence[Mapping[str, Any]], session_urls: Sequence[str], *, timeout_s: float,
+                   concurrency: int, api_key: str) -> list[EpisodeOutcome]: ...
+
+
+@dataclass(frozen=True)
+class InProcess:
+    """An agent function played on the caller's event loop (easiest to debug; shares the interpreter with the
+    engine when the caller is a rollout worker)."""
+
+    agent: Agent
+
+    async def play(self, rows: Sequence[Mapping[str, Any]], session_urls: Sequence[str], *, timeout_s: float,
+                   concurrency: int, api_key: str) -> list[EpisodeOutcome]:
+        return await play_agent(self.agent, rows, session_urls, timeout_s=timeout_s, concurrency=concurrency,
+                                api_key=api_key)
+
+
+async def run_episodes(agent: Union[Agent, AgentPlayer], rows: Sequence[Mapping[str, Any]], gateway, *,
+                       timeout_s: float = 600.0, concurrency: int = 256, api_key: str = "hybridrl",
                        session_prefix: Optional[str] = None) -> list[AgentEpisode]:
     """Run ``agent`` once per row, up to ``concurrency`` at once, each with a client on a session of its own
     (``gateway``: a :class:`hybridrl.gateway.app.Gateway`); the episodes in row order. Session ``i`` is named
-    ``<session_prefix>-i`` (default: a random prefix)."""
+    ``<session_prefix>-i`` (default: a random prefix). ``agent``: an ``async def agent(row, client)`` (played on this
+    event loop) or an :class:`AgentPlayer` (e.g. an ``AgentProcess``)."""
+    player = agent if hasattr(agent, "play") else InProcess(check_agent(agent))
+    prefix = session_prefix or uuid.uuid4().hex[:8]
+    session_ids = [f"{prefix}-{index}" for index in range(len(rows))]
+    outcomes = await player.play(rows, [gateway.session_url(session_id) for session_id in session_ids],
+                                 timeout_s=timeout_s, concurrency=concurrency, api_key=api_key)
+    episodes = []
+    for index, (row, session_id, outcome) in enumerate(zip(rows, session_ids, outcomes)):
+        if outcome.failure is not None:
+            logger.warning("agent episode %d failed: %s", index, outcome.failure)
+        episodes.append(AgentEpisode(row, gateway.service.take_session(session_id), reward=outcome.reward,
+                                     failure=outcome.failure, info=dict(outcome.info), seconds=outcome.seconds))
+    return episodes
+
+
+async def play_agent(agent: Agent, rows: Sequence[Mapping[str, Any]], session_urls: Sequence[str], *,
+                     timeout_s: float, concurrency: int, api_key: str) -> list[EpisodeOutcome]:
+    """The client's side of :func:`run_episodes`: ``agent`` once per row, with an ``openai.AsyncOpenAI`` on
+    ``session_urls[i]``, up to ``concurrency`` at once; the outcomes in row order."""
     import httpx
     import openai
 
-    check_agent(agent)
     limit = asyncio.Semaphore(concurrency)
-    prefix = session_prefix or uuid.uuid4().hex[:8]
-    tls = httpx.create_ssl_context()  # made once: the gateway is plain HTTP, but every client would build one
+    tls = _unused_tls_context()
 
-    async def one(index: int, row: Mapping[str, Any]) -> AgentEpisode:
-        session_id = f"{prefix}-{index}"
+    async def one(row: Mapping[str, Any], session_url: str) -> EpisodeOutcome:
         async with limit:
             # a small pool per episode: an episode's calls come one after another, and one pool shared by
             # hundreds of episodes spends its time scanning its connections (httpcore) on every request
             async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), verify=tls,
                                          limits=httpx.Limits(max_connections=4)) as http:
-                client = openai.AsyncOpenAI(base_url=gateway.session_url(session_id), api_key=api_key,
-                                            http_client=http, max_retries=0)
+                client = openai.AsyncOpenAI(base_url=session_url, api_key=api_key, http_client=http, max_retries=0)
                 started = time.monotonic()
                 outcome = await _outcome(agent, row, client, timeout_s)
-        episode = AgentEpisode(row, gateway.service.take_session(session_id), seconds=time.monotonic() - started)
+        seconds = time.monotonic() - started
         if isinstance(outcome, str):
-            episode.failure = outcome
-            logger.warning("agent episode %d failed: %s", index, outcome)
-        else:
-            episode.reward, episode.info = outcome
-        return episode
-    return list(await asyncio.gather(*(one(index, row) for index, row in enumerate(rows))))
+            return EpisodeOutcome(failure=outcome, seconds=seconds)
+        return EpisodeOutcome(reward=outcome[0], info=outcome[1], seconds=seconds)
+    return list(await asyncio.gather(*(one(row, url) for row, url in zip(rows, session_urls))))
+
+
+@functools.lru_cache(maxsize=1)
+def _unused_tls_context():
+    """One TLS context for every episode's ``httpx`` client, made once per process: the gateway speaks plain HTTP,
+    but each client would otherwise build (and load the CA bundle into) its own — ≈ 0.1 s, once per generation
+    call even when shared by the call's episodes."""
+    import httpx
+
+    return httpx.create_ssl_context()
+
 
 async def _outcome(agent: Agent, row: Mapping[str, Any], client, timeout_s: float):
     """``(reward, info)``, or the failure in one line."""

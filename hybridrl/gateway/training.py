@@ -1,7 +1,7 @@
 """A user's agent as a trainer's episodes (``rollout.multi_turn.agent``): for one generation call, a gateway over
-the replica's request queue, the agent run once per row on a session of its own, and each session's calls turned
-into the trajectory the trainer trains (``agents/batch.py`` layout) — the engine's ids as sampled, never the text
-re-encoded (``sessions.py``).
+the replica's request queue, the agent run once per row on a session of its own — by default in a process of its
+own (``agent_process.py``) — and each session's calls turned into the trajectory the trainer trains
+(``agents/batch.py`` layout): the engine's ids as sampled, never the text re-encoded (``sessions.py``).
 
 The gateway samples with the rollout's settings (``TrainingLimits``), so the log-probs the trainer recomputes are of
 the distribution that sampled; each call is seeded from the generation call's seed, its session, its prompt ids and
@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from hybridrl.agents.trajectory import Trajectory
 from hybridrl.gateway.app import Gateway
-from hybridrl.gateway.episodes import Agent, AgentEpisode, run_episodes
+from hybridrl.gateway.episodes import AgentEpisode, AgentPlayer, run_episodes
 from hybridrl.gateway.service import GatewayBackend, GatewayService, TrainingLimits
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.server import ReplicaServer, serve
@@ -31,10 +31,11 @@ from hybridrl.rollout.server import ReplicaServer, serve
 
 @dataclass(frozen=True)
 class AgentRun:
-    """How a trainer runs a user's ``agent``: ``timeout_s`` per episode, ``concurrency`` episodes at once, and
-    ``max_prompt_tokens``, the longest first prompt an episode may send (``data.max_prompt_length``)."""
+    """How a trainer runs a user's agent: ``player`` plays it (in this process or one of its own), ``timeout_s``
+    per episode, ``concurrency`` episodes at once, and ``max_prompt_tokens``, the longest first prompt an episode
+    may send (``data.max_prompt_length``)."""
 
-    agent: Agent
+    player: AgentPlayer
     timeout_s: float
     concurrency: int
     max_prompt_tokens: int
@@ -54,7 +55,7 @@ def play_agent_episodes(requests: Any, tokenizer: Any, stop_ids: Sequence[int], 
         backend = GatewayBackend(server, tokenizer, list(stop_ids), max_model_len,
                                  max_tokens=params.max_new_tokens, training=limits)
         with Gateway(GatewayService(backend)) as gateway:
-            return await run_episodes(run.agent, rows, gateway, timeout_s=run.timeout_s,
+            return await run_episodes(run.player, rows, gateway, timeout_s=run.timeout_s,
                                       concurrency=run.concurrency, session_prefix="episode")
     rows = [copy.deepcopy(row) for row in rows]  # an agent may edit its row: never its siblings' or the batch's
     episodes = serve(requests, episodes_on, version=version, name="agent-gateway")

@@ -20,7 +20,8 @@ from hybridrl.agents.tool_config import load_tool_config
 from hybridrl.agents.trajectory import ChatRenderer, supports_tools
 from hybridrl.config.multi_turn_schema import MultiTurnConfig
 from hybridrl.data.loader import DataFields
-from hybridrl.gateway.episodes import load_agent
+from hybridrl.gateway.agent_process import AgentProcess
+from hybridrl.gateway.episodes import AgentPlayer, InProcess, load_agent
 from hybridrl.gateway.training import AgentRun, play_agent_episodes
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
@@ -98,6 +99,11 @@ def _unknown_environment(name: object) -> str:
             "yours in a trainer.plugins file)")
 
 
+def _agent_player(multi_turn: MultiTurnConfig) -> AgentPlayer:
+    """Where ``rollout.multi_turn.agent`` plays: a process of its own, or this worker's event loop."""
+    return AgentProcess(multi_turn.agent) if multi_turn.agent_process else InProcess(load_agent(multi_turn.agent))
+
+
 def engine_context_length(config, episodes: "EpisodeRunner | None") -> int:
     """The engine's ``max_model_len``: prompt + response, plus the tools' rendering in multi-turn prompts."""
     extra = episodes.prompt_overhead if episodes is not None else 0
@@ -117,7 +123,7 @@ class EpisodeRunner:
     def __init__(self, multi_turn: MultiTurnConfig, tokenizer, max_prompt_length: int = 0,
                  max_response_length: int = 0) -> None:
         self.config, self.tokenizer = multi_turn, tokenizer
-        self.agent_run = AgentRun(load_agent(multi_turn.agent), multi_turn.agent_timeout_s,
+        self.agent_run = AgentRun(_agent_player(multi_turn), multi_turn.agent_timeout_s,
                                   multi_turn.agent_concurrency, max_prompt_length) if multi_turn.agent else None
         """A user's agent (``rollout.multi_turn.agent``), played through a gateway; ``None``: the environments."""
         self.max_model_len = max_prompt_length + max_response_length
