@@ -151,8 +151,9 @@ def main() -> None:
         rows.append([name, f"{seconds:.2f}", f"{rate:.0f}"])
     loop_rate = summary["agent loop"]["tokens_per_s"]
     ratios = {name: summary[name]["tokens_per_s"] / loop_rate for name in summary if name != "agent loop"}
-    print(f"gateway_agents ({args.size} model): {args.episodes} episodes × {args.turns} turns × ≤ {args.tokens} tokens, median of "
-          f"{args.rounds} alternating rounds (load average at start {machine['load_average_1m_5m_15m_at_start'][0]:.1f})")
+    load = machine["load_average_1m_5m_15m_at_start"][0]
+    print(f"gateway_agents ({args.size} model): {args.episodes} episodes × {args.turns} turns × ≤ {args.tokens} "
+          f"tokens, median of {args.rounds} alternating rounds (load average at start {load:.1f})")
     print(common.markdown_table(["side", "s per batch", "model tokens/s"], rows))
     for name, ratio in ratios.items():
         print(f"{name} ÷ agent loop throughput: {ratio:.2f}×")

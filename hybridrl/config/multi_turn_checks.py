@@ -7,6 +7,8 @@ path (as ``components.py`` names registries) and loaded only when the config is 
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
 from pathlib import Path
 
 from hybridrl.config.components import registered_component
@@ -18,6 +20,7 @@ BUILTIN_TOOL_NAMES = ("calculator", "python")  # agents.builtin_tools.BUILTIN_TO
 REWARD_PLACEMENTS = ("episode_end", "turn_end")
 TOOL_CONFIG_LOADER = "hybridrl.agents.tool_config:load_tool_config"
 AGENT_LOADER = "hybridrl.gateway.episodes:load_agent"
+AGENT_PROBE_TIMEOUT_S = 120
 
 
 def check_multi_turn(config: TrainConfig, error: ConfigError) -> None:
@@ -97,11 +100,43 @@ def check_agent_function(config: TrainConfig, error: ConfigError) -> None:
     multi_turn = config.rollout.multi_turn
     if not multi_turn.enable or not multi_turn.agent:
         return
+    if multi_turn.agent_python:
+        _check_agent_elsewhere(multi_turn, error)
+        return
     module, attribute = AGENT_LOADER.split(":")
     try:
         getattr(importlib.import_module(module), attribute)(multi_turn.agent)
     except (ValueError, TypeError) as failure:
         error.add("rollout.multi_turn.agent", multi_turn.agent, str(failure))
+
+
+def _check_agent_elsewhere(multi_turn, error: ConfigError) -> None:
+    """``agent_python``: an interpreter that runs, imports hybridrl and loads the agent (checked there)."""
+    python, key = multi_turn.agent_python, "rollout.multi_turn.agent_python"
+    if not multi_turn.agent_process:
+        error.add(key, python, "runs the agent process, and rollout.multi_turn.agent_process=false (agents on the "
+                               "worker's own loop use the trainer's interpreter): set agent_process=true or drop it")
+        return
+    if not (Path(python).is_file() and os.access(python, os.X_OK)):
+        error.add(key, python, "is not an executable file (give a virtual environment's bin/python)")
+        return
+    module, attribute = AGENT_LOADER.split(":")
+    probe = (f"import sys\nfrom {module} import {attribute}\ntry:\n    {attribute}(sys.argv[1])\n"
+             "except (ValueError, TypeError) as error:\n    sys.exit(str(error).split(': ', 1)[-1])")
+    try:
+        done = subprocess.run([python, "-c", probe, multi_turn.agent], capture_output=True, text=True,
+                              timeout=AGENT_PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        error.add(key, python, f"took over {AGENT_PROBE_TIMEOUT_S} s to load rollout.multi_turn.agent")
+        return
+    if done.returncode == 0:
+        return
+    last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+    if "No module named 'hybridrl'" in last:
+        error.add(key, python, "cannot import hybridrl: install it there too (`<that python> -m pip install "
+                               "--no-deps hybridrl`, or `-e` a checkout)")
+    else:
+        error.add("rollout.multi_turn.agent", multi_turn.agent, f"does not load in {python}: {last}")
 
 
 def resolved_file_name(name: str) -> str:

@@ -59,12 +59,18 @@ class MultiTurnConfig(FreezableConfig):
     beside the engine rather than taking turns with it, and an agent that blocks its event loop or crashes fails
     its batch's episodes (each saying why), not the worker. ``false``: on the replica worker's own event loop (a
     debugger's breakpoints in your agent work there)."""
+    agent_python: Optional[str] = None
+    """The Python interpreter of the agent process: another virtual environment's ``bin/python``, for an agent whose
+    libraries cannot share the trainer's (``verifiers`` pins ``openai<3``, vLLM needs ``openai>=3``). hybridrl must
+    be installed there too (``pip install --no-deps hybridrl``); the agent is checked there at start. ``null``: the
+    trainer's own interpreter. Needs ``agent_process=true``."""
     strict: bool = False
     """Stop the run when the chat template does not reproduce the ids generated so far (else: counted in
     ``agent/prefix_mismatches``, the ids kept as generated)."""
 
     def builtin_tools(self) -> list[str]:
-        """The built-in tools offered: ``tools``, or its default (``[calculator]`` unless a tool config file or an agent)."""
+        """The built-in tools offered: ``tools``, or its default (``[calculator]`` unless a tool config file or an
+        agent)."""
         if self.tools is not None:
             return list(self.tools)
         return [] if self.tool_config_path or self.agent else ["calculator"]

@@ -6,6 +6,7 @@ this module checks values, choices, cross-field rules and files.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hybridrl.config.auto_dtype import resolve_dtype
@@ -66,6 +67,8 @@ def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
             config.rollout.multi_turn.tool_config_path = str(Path(config.rollout.multi_turn.tool_config_path).resolve())
         if config.rollout.multi_turn.agent:
             config.rollout.multi_turn.agent = resolved_file_name(config.rollout.multi_turn.agent)
+        if config.rollout.multi_turn.agent_python:  # not resolved: a venv's bin/python is a link out of the venv
+            config.rollout.multi_turn.agent_python = os.path.abspath(config.rollout.multi_turn.agent_python)
     try:  # first: the components they register are valid choices below
         load_plugins(config.trainer.plugins)
     except ConfigError as plugin_error:

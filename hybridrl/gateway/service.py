@@ -47,9 +47,10 @@ class GatewayBackend:
 class TrainingLimits:
     """What a trainer's gateway holds every request to. ``sampling``: the rollout's settings — every choice is
     sampled with its temperature, top-p and top-k whatever the request asks (the trainer's log-probs assume them),
-    seeded from its ``seed``, the session, the prompt ids and how often the session asked them before; ``max_prompt_tokens``: the most ids a sequence's first prompt may
-    have (``data.max_prompt_length``); ``max_response_tokens``: the most ids after it, the model's and the tools'
-    together (``data.max_response_length``)."""
+    seeded from its ``seed``, the session, the prompt ids and how often the session asked them before;
+    ``max_prompt_tokens``: the most ids a sequence's first prompt may have (``data.max_prompt_length``);
+    ``max_response_tokens``: the most ids after it, the model's and the tools' together
+    (``data.max_response_length``)."""
 
     sampling: SamplingParams
     max_prompt_tokens: int

@@ -101,7 +101,9 @@ def _unknown_environment(name: object) -> str:
 
 def _agent_player(multi_turn: MultiTurnConfig) -> AgentPlayer:
     """Where ``rollout.multi_turn.agent`` plays: a process of its own, or this worker's event loop."""
-    return AgentProcess(multi_turn.agent) if multi_turn.agent_process else InProcess(load_agent(multi_turn.agent))
+    if multi_turn.agent_process:
+        return AgentProcess(multi_turn.agent, python=multi_turn.agent_python)
+    return InProcess(load_agent(multi_turn.agent))
 
 
 def engine_context_length(config, episodes: "EpisodeRunner | None") -> int:

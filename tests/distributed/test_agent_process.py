@@ -1,7 +1,8 @@
 """Agents in a process of their own (``hybridrl/gateway/agent_process.py``) against a real gateway over a real vLLM
 engine (CPU build, tiny model): the same episodes as on the caller's event loop, token for token; an agent that
 blocks its event loop or kills its process fails its batch's episodes, saying why, and the next batch runs in a
-fresh process; an agent that cannot be loaded is the run's error, naming the key."""
+fresh process; an agent that cannot be loaded is the run's error, naming the key; another virtual environment's
+interpreter plays the same episodes."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.distributed
 MAX_MODEL_LEN = 256
 AGENT_FILE = '''
 import os
+import sys
 import time
 
 from hybridrl.gateway.episodes import AgentResult
@@ -36,6 +38,9 @@ async def agent(row, client):
         time.sleep(row["blocks_s"])  # a synchronous call inside an async agent: its event loop stops
     if row.get("exits"):
         os._exit(3)
+    if row.get("prefix_file"):
+        with open(row["prefix_file"], "w") as file:
+            file.write(sys.prefix)
     messages = [{"role": "user", "content": row["question"]}]
     for _ in range(2):
         reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=6,
@@ -112,3 +117,23 @@ def test_an_agent_the_process_cannot_load_is_the_runs_error_naming_the_key(gatew
             play(process, [{"question": "1*2="}], gateway)
     finally:
         process.close()
+
+
+def test_another_interpreter_plays_the_same_episodes(gateway, agent_name, tmp_path):
+    """``rollout.multi_turn.agent_python``: the child runs the venv's interpreter, and what it plays is the same."""
+    from other_python import make_venv
+
+    venv = tmp_path / "agents-venv"
+    python = make_venv(venv, sees_this_environment=True)
+    rows = [{"question": f"{index}*7=", "prefix_file": str(tmp_path / f"prefix-{index}")} for index in range(3)]
+    process = AgentProcess(agent_name, python=str(python))
+    try:
+        elsewhere = play(process, rows, gateway)
+    finally:
+        process.close()
+    here = play(InProcess(load_agent(agent_name)), [{"question": row["question"]} for row in rows], gateway)
+    assert {(tmp_path / f"prefix-{index}").read_text() for index in range(3)} == {str(venv)}
+    for there, local in zip(elsewhere, here):
+        assert there.failure is None and there.reward == local.reward
+        assert [call.completion_ids for call in there.record.calls] == \
+               [call.completion_ids for call in local.record.calls]

@@ -266,3 +266,34 @@ def test_a_bad_agent_is_refused_at_start_naming_the_key(tmp_path, agent, phrase)
     with pytest.raises(ConfigError) as caught:
         load_config(overrides)
     assert "rollout.multi_turn.agent" in str(caught.value) and phrase in str(caught.value)
+
+
+def test_an_agent_interpreter_is_checked_at_start_naming_the_key(tmp_path, monkeypatch):
+    """``rollout.multi_turn.agent_python``: an executable that imports hybridrl and loads the agent, with the agent
+    process on."""
+    from other_python import make_venv
+
+    from hybridrl.utils.tiny_model import save_tiny_model
+
+    file = tmp_path / "my_agent.py"
+    file.write_text("async def agent(row, client):\n    return 1.0\n")
+    base = ["rollout.name=vllm", "rollout.multi_turn.enable=true", f"rollout.multi_turn.agent={file}:agent"]
+    monkeypatch.chdir(tmp_path)  # not from the checkout: a bare interpreter must not find hybridrl in the cwd
+    bare = make_venv(tmp_path / "bare", sees_this_environment=False)
+    cases = [([f"rollout.multi_turn.agent_python={tmp_path / 'nope'}"], "is not an executable file"),
+             ([f"rollout.multi_turn.agent_python={bare}"], "cannot import hybridrl: install it there too"),
+             ([f"rollout.multi_turn.agent_python={bare}", "rollout.multi_turn.agent_process=false"],
+              "rollout.multi_turn.agent_process=false")]
+    for overrides, phrase in cases:
+        with pytest.raises(ConfigError) as caught:
+            load_config([*base, *overrides])
+        assert "rollout.multi_turn.agent_python" in str(caught.value) and phrase in str(caught.value), overrides
+    seeing = make_venv(tmp_path / "seeing", sees_this_environment=True)
+    model = save_tiny_model(tmp_path / "model", tool_chat=True)
+    config = load_config([*base, f"model.path={model}",
+                          f"rollout.multi_turn.agent_python={seeing.relative_to(tmp_path)}"])
+    assert config.rollout.multi_turn.agent_python == str(seeing)  # absolute, the venv's own link kept
+    file.write_text("def agent(row, client):\n    return 1.0\n")
+    with pytest.raises(ConfigError, match=r"rollout.multi_turn.agent=.*does not load in .*seeing/bin/python: .*not "
+                                          r"an async function"):
+        load_config([*base, f"rollout.multi_turn.agent_python={seeing}"])
