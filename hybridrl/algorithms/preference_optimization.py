@@ -12,8 +12,10 @@ margin ``h = (π_c − ρ_c) − (π_r − ρ_r)``.
   by what it passes.
 - **SimPO** (Meng et al. 2024): reference-free, ``−log σ(β (π_c/|c| − π_r/|r|) − γ)`` with response lengths ``|c|``,
   ``|r|`` in tokens and a target margin ``γ``.
-- **ORPO** (Hong et al. 2024): reference-free, the chosen response's negative log-likelihood plus
-  ``λ · −log σ(log odds_c − log odds_r)``, where ``log odds = ℓ − log(1 − e^ℓ)`` of the mean per-token log-prob ``ℓ``.
+- **ORPO** (Hong et al. 2024): reference-free, the chosen responses' negative log-likelihood — a mean over all
+  their tokens in the mini-batch, as TRL computes it (the paper averages per sequence first, so there a long
+  response weighs no more than a short one) — plus ``λ · −log σ(log odds_c − log odds_r)``, where
+  ``log odds = ℓ − log(1 − e^ℓ)`` of the mean per-token log-prob ``ℓ``.
 - **KTO** (Ethayarajh et al. 2024): unpaired rows, each desirable or undesirable, with ``r = π − ρ`` per row and a
   reference point ``z₀`` (a detached estimate of KL(π‖ρ), at least 0): desirable rows cost ``λ_D (1 − σ(β (r − z₀)))``,
   undesirable ones ``λ_U (1 − σ(β (z₀ − r)))``.
@@ -129,7 +131,7 @@ def kto_loss(policy: Tensor, reference: Tensor, desirable: Tensor, *, beta: floa
         raise ValueError(f"policy {tuple(policy.shape)}, reference {tuple(reference.shape)} and desirable "
                          f"{tuple(desirable.shape)} must all be [batch]")
     z0 = torch.as_tensor(reference_point, dtype=policy.dtype, device=policy.device).detach().clamp_min(0)
-    log_ratio = policy - reference
+    log_ratio = policy - reference.detach()
     desired = desirable.bool()
     per_row = torch.where(desired, desirable_weight * (1.0 - torch.sigmoid(beta * (log_ratio - z0))),
                           undesirable_weight * (1.0 - torch.sigmoid(beta * (z0 - log_ratio))))
@@ -154,9 +156,10 @@ def _implicit_rewards(policy_chosen: Tensor, policy_rejected: Tensor, reference_
 
 
 def _log_odds(mean_log_prob: Tensor) -> Tensor:
-    """``ℓ − log(1 − e^ℓ)`` for ``ℓ ≤ 0``, stable near 0 (``log1p(−e^ℓ)`` is ``−inf`` only at ``ℓ = 0`` exactly)."""
-    clamped = mean_log_prob.clamp_max(-1e-6)
-    return clamped - torch.log1p(-torch.exp(clamped))
+    """``ℓ − log(1 − e^ℓ)`` for ``ℓ < 0``, in float32 at least: ``log(−expm1(ℓ))`` stays finite where ``1 − e^ℓ``
+    would round to 0 (bf16 does for ``|ℓ| ≲ 2e-3``); ``ℓ`` is capped just below 0 (a probability of exactly 1)."""
+    wide = mean_log_prob.to(torch.promote_types(mean_log_prob.dtype, torch.float32)).clamp_max(-1e-7)
+    return wide - torch.log(-torch.expm1(wide))
 
 
 def _share(per_item: Tensor, normalizer: Tensor | float) -> Tensor:
@@ -165,8 +168,8 @@ def _share(per_item: Tensor, normalizer: Tensor | float) -> Tensor:
 
 
 def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
-    count = mask.sum()
-    return (values * mask).sum() / count.clamp_min(1) if count else torch.zeros((), dtype=values.dtype)
+    """The mean of ``values`` where ``mask``; 0 (on their device) when nothing is."""
+    return (values * mask).sum() / mask.sum().clamp_min(1)
 
 
 def _check_beta(beta: float) -> None:

@@ -7,6 +7,7 @@ path (as ``components.py`` names registries) and loaded only when the config is 
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -56,7 +57,7 @@ def _check_agent_settings(multi_turn, error: ConfigError) -> None:
             error.add(key, value, f"is not read with rollout.multi_turn.agent={multi_turn.agent!r}: the agent "
                                   "offers its tools itself, in its requests (`tools=`); drop this key")
     _require(error, "rollout.multi_turn.agent_timeout_s", multi_turn.agent_timeout_s,
-             multi_turn.agent_timeout_s > 0, "must be > 0 (seconds per episode)")
+             0 < multi_turn.agent_timeout_s < math.inf, "must be a finite number > 0 (seconds per episode)")
     _require(error, "rollout.multi_turn.agent_concurrency", multi_turn.agent_concurrency,
              multi_turn.agent_concurrency >= 1, "must be >= 1 (episodes in flight at once)")
 

@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_REQUEST_BYTES = 8 << 20
+SHUTDOWN_GRACE_S = 30.0
 
 
 def build_app(service: GatewayService, api_key: Optional[str] = None,
@@ -120,8 +121,8 @@ async def _events(chunks):
 
 def _promptly_stopped_server():
     """uvicorn's ``Server``, stopped as soon as it is told: its own loop looks at ``should_exit`` every 0.1 s, and
-    then waits in 0.1 s naps for idle keep-alive connections to go — ≈ 0.1-0.2 s a trainer would pay on every
-    generation call (a gateway lives for one). Requests still being answered are waited for as before."""
+    then naps 0.1 s more while connections close — ≈ 0.1-0.2 s a trainer would pay on every generation call (a
+    gateway lives for one). Responses being written are still waited for."""
     import uvicorn
 
     class PromptlyStopped(uvicorn.Server):
@@ -139,17 +140,23 @@ def _promptly_stopped_server():
                     pass
 
         async def shutdown(self, sockets: Optional[list] = None) -> None:
-            if not self.force_exit:
-                return await super().shutdown(sockets)
-            for server in self.servers:  # uvicorn's steps without its fixed 0.1 s nap
+            """uvicorn's steps without its fixed 0.1 s naps: stop listening, close idle connections (those
+            answering close after their response), wait for the responses being written, up to the graceful
+            timeout."""
+            for server in self.servers:
                 server.close()
+            for sock in sockets or []:
+                sock.close()
             for connection in list(self.server_state.connections):
                 connection.shutdown()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + (self.config.timeout_graceful_shutdown or SHUTDOWN_GRACE_S)
+            while self.server_state.tasks and loop.time() < deadline:
+                await asyncio.sleep(0.005)
             for server in self.servers:
                 await server.wait_closed()
 
         def stop(self) -> None:
-            self.force_exit = not self.server_state.tasks  # nothing being answered: idle connections need no wait
             self.should_exit = True
             loop, stopping = self._loop, self._stopping
             if loop is not None and stopping is not None:

@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class AgentResult:
     """What an agent may return instead of a bare reward: the ``reward`` (``None``: the reward function's) and
-    numbers about the episode (``info``: kept on its :class:`AgentEpisode`; the trainer does not log them yet)."""
+    numbers about the episode (``info``: names to numbers, kept on its :class:`AgentEpisode`; the trainer does not
+    log them yet). ``info`` with a value that is not a number fails the episode, saying which."""
 
     reward: Optional[float]
     info: Mapping[str, float] = field(default_factory=dict)
@@ -119,7 +120,7 @@ async def run_episodes(agent: Union[Agent, AgentPlayer], rows: Sequence[Mapping[
     outcomes = await player.play(rows, [gateway.session_url(session_id) for session_id in session_ids],
                                  timeout_s=timeout_s, concurrency=concurrency, api_key=api_key)
     episodes = []
-    for index, (row, session_id, outcome) in enumerate(zip(rows, session_ids, outcomes)):
+    for index, (row, session_id, outcome) in enumerate(zip(rows, session_ids, outcomes, strict=True)):
         if outcome.failure is not None:
             logger.warning("agent episode %d failed: %s", index, outcome.failure)
         episodes.append(AgentEpisode(row, gateway.service.take_session(session_id), reward=outcome.reward,
@@ -153,6 +154,19 @@ async def play_agent(agent: Agent, rows: Sequence[Mapping[str, Any]], session_ur
     return list(await asyncio.gather(*(one(row, url) for row, url in zip(rows, session_urls))))
 
 
+def _numbers(info: Mapping[str, Any]) -> dict[str, float]:
+    """``AgentResult.info`` as ``{name: float}`` (what may cross to another process and into metrics);
+    ``TypeError`` naming the first entry that is not a number."""
+    if not isinstance(info, Mapping):
+        raise TypeError(f"AgentResult.info must be a mapping of names to numbers, got {type(info).__name__}")
+    numbers = {}
+    for name, value in info.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"AgentResult.info[{name!r}] = {value!r} is not a number")
+        numbers[str(name)] = float(value)
+    return numbers
+
+
 @functools.lru_cache(maxsize=1)
 def _unused_tls_context():
     """One TLS context for every episode's ``httpx`` client, made once per process: the gateway speaks plain HTTP,
@@ -173,9 +187,10 @@ async def _outcome(agent: Agent, row: Mapping[str, Any], client, timeout_s: floa
         return f"the agent took longer than {timeout_s:g} s"
     try:
         returned = task.result()
+        reward, info = (returned.reward, _numbers(returned.info)) if isinstance(returned, AgentResult) \
+            else (returned, {})
     except Exception as error:  # noqa: BLE001 - the user's code: its episode ends, the run goes on
         return f"the agent raised {type(error).__name__}: {error}"
-    reward, info = (returned.reward, dict(returned.info)) if isinstance(returned, AgentResult) else (returned, {})
     if reward is None:
         return None, info
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 from transformers import AutoTokenizer
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.distributed
 
 MAX_MODEL_LEN = 256
 AGENT_FILE = '''
+import asyncio
 import os
 import sys
 import time
@@ -38,6 +40,14 @@ async def agent(row, client):
         time.sleep(row["blocks_s"])  # a synchronous call inside an async agent: its event loop stops
     if row.get("exits"):
         os._exit(3)
+    if row.get("stubborn"):
+        while True:  # swallows its cancellation: the episode times out, the task lives on
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                continue
+    if row.get("info"):
+        return AgentResult(reward=1.0, info=row["info"])
     if row.get("prefix_file"):
         with open(row["prefix_file"], "w") as file:
             file.write(sys.prefix)
@@ -98,14 +108,35 @@ def test_a_process_of_its_own_plays_the_same_episodes_as_the_callers_loop(gatewa
 def test_a_blocked_or_dead_process_fails_its_batch_saying_why_and_the_next_batch_gets_a_new_one(gateway, agent_name):
     process = AgentProcess(agent_name, grace_s=2.0)
     try:
+        [first] = play(process, [{"question": "5*2="}], gateway)
         blocked = play(process, [{"question": "1*2=", "blocks_s": 30}, {"question": "2*2="}], gateway, timeout_s=1.0)
         assert [episode.failure for episode in blocked] == [
-            "the agent process answered no batch in 3 s (an agent that blocks its event loop, e.g. with time.sleep "
+            "the agent process answered no batch in 5 s (an agent that blocks its event loop, e.g. with time.sleep "
             "or a synchronous client, stops every episode in it)"] * 2
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(first.info["pid"]), 0)  # the blocked process is gone, not left behind
         dead = play(process, [{"question": "1*2=", "exits": True}], gateway)
         assert [episode.failure for episode in dead] == ["the agent process died (exit code 3)"]
         [fine] = play(process, [{"question": "3*2="}], gateway)
         assert fine.failure is None and fine.reward == 4.0 and len(fine.record.calls) == 2
+    finally:
+        process.close()
+
+
+def test_an_agent_that_ignores_cancellation_loses_only_its_episode(gateway, agent_name):
+    """Its episode times out; the others of the batch keep their outcomes; the process it was left running in
+    ends after replying, and the next batch runs in a fresh one."""
+    process = AgentProcess(agent_name, grace_s=30.0)
+    try:
+        started = time.monotonic()
+        batch = play(process, [{"question": "1*2=", "stubborn": True}, {"question": "2*2="},
+                               {"question": "3*2=", "info": {"turns": "two"}}], gateway, timeout_s=2.0)
+        assert time.monotonic() - started < 20  # not the batch deadline (2 + 2 + 30 s)
+        assert batch[0].failure == "the agent took longer than 2 s"
+        assert batch[1].failure is None and batch[1].reward == 4.0
+        assert batch[2].failure == "the agent raised TypeError: AgentResult.info['turns'] = 'two' is not a number"
+        [after] = play(process, [{"question": "4*2="}], gateway)
+        assert after.failure is None and after.info["pid"] != batch[1].info["pid"]
     finally:
         process.close()
 

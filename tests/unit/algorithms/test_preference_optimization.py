@@ -142,3 +142,74 @@ def test_bad_coefficients_and_shapes_are_refused_naming_them():
         ipo_loss(pc, pr[:3], rc, rr, beta=0.1, normalizer=B)
     with pytest.raises(ValueError, match="desirable_weight and undesirable_weight must be > 0"):
         kto_loss(pc, rc, pc > -5, beta=0.1, reference_point=0.0, normalizer=B, undesirable_weight=0)
+
+
+def test_known_values():
+    """Points where each loss has a value by hand: a zero margin, IPO's target, KTO at its reference point, equal
+    responses in ORPO's odds term."""
+    zero, one = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    assert float(dpo_loss(-one, -one, -one, -one, beta=0.1, normalizer=1)[0]) == pytest.approx(math.log(2))
+    target = 1 / (2 * 0.25)  # IPO's margin target 1/(2β): zero loss there
+    assert float(ipo_loss(zero + target, zero, zero, zero, beta=0.25, normalizer=1)[0]) == pytest.approx(0.0)
+    assert float(kto_loss(-one, -one - 0.5, torch.tensor([True]), beta=1.0, reference_point=0.5,
+                          normalizer=1, desirable_weight=3.0)[0]) == pytest.approx(1.5)
+    lengths = torch.tensor([4])
+    loss, metrics = orpo_loss(-2 * one, -2 * one, lengths, lengths, lam=1.0, pair_normalizer=1, token_normalizer=4)
+    assert float(loss) == pytest.approx(0.5 + math.log(2)) and float(metrics["log_odds_ratio"]) == 0.0
+    assert float(simpo_loss(-one, -one, lengths, lengths, beta=1.0, gamma=0.0, normalizer=1)[0]) == \
+        pytest.approx(math.log(2))
+
+
+@pytest.mark.parametrize("name", ["dpo", "ipo", "simpo", "orpo", "kto"])
+def test_micro_batch_gradients_with_the_global_counts_add_up_to_the_big_batch(name):
+    pc, pr, rc, rr, lc, lr = pairs(6)
+    desirable = torch.arange(B) % 2 == 0
+    tokens = int(lc.sum())
+
+    def gradients(parts):
+        chosen, rejected = pc.clone().requires_grad_(), pr.clone().requires_grad_()
+        for part in parts:
+            if name == "dpo":
+                loss = dpo_loss(chosen[part], rejected[part], rc[part], rr[part], beta=0.1, normalizer=B)[0]
+            elif name == "ipo":
+                loss = ipo_loss(chosen[part], rejected[part], rc[part], rr[part], beta=0.1, normalizer=B)[0]
+            elif name == "simpo":
+                loss = simpo_loss(chosen[part], rejected[part], lc[part], lr[part], beta=2.0, gamma=1.0,
+                                  normalizer=B)[0]
+            elif name == "orpo":
+                loss = orpo_loss(chosen[part], rejected[part], lc[part], lr[part], lam=0.1, pair_normalizer=B,
+                                 token_normalizer=tokens)[0]
+            else:
+                loss = kto_loss(chosen[part], rc[part], desirable[part], beta=0.1, reference_point=0.3,
+                                normalizer=B)[0] + 0 * rejected[part].sum()
+            loss.backward()
+        return chosen.grad, rejected.grad
+    whole, accumulated = gradients([slice(0, B)]), gradients(CUTS)
+    for full, parts in zip(whole, accumulated):
+        assert torch.allclose(full, parts, rtol=1e-12, atol=1e-15)
+        assert full.abs().sum() > 0 or name == "kto"
+
+
+def test_the_reference_gets_no_gradient_in_kto_either():
+    policy, reference = torch.tensor([-3.0, -1.0], requires_grad=True), torch.tensor([-2.0, -2.0], requires_grad=True)
+    loss, _ = kto_loss(policy, reference, torch.tensor([True, False]), beta=0.5, reference_point=0.1, normalizer=2)
+    loss.backward()
+    assert policy.grad.abs().sum() > 0 and reference.grad is None
+
+
+def test_orpo_stays_finite_in_bf16_near_certain_responses():
+    """A mean log-prob of −1e-3 (the model all but certain): 1 − e^ℓ rounds to 0 in bf16; the loss and its gradient
+    stay finite."""
+    chosen = torch.tensor([-4e-3], dtype=torch.bfloat16, requires_grad=True)
+    rejected = torch.tensor([-2.0], dtype=torch.bfloat16, requires_grad=True)
+    lengths = torch.tensor([4])
+    loss, _ = orpo_loss(chosen, rejected, lengths, lengths, lam=1.0, pair_normalizer=1, token_normalizer=4)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(chosen.grad).all() and torch.isfinite(rejected.grad).all()
+
+
+def test_kto_metrics_without_one_label_are_zero_on_the_inputs_device():
+    policy = torch.tensor([-1.0, -2.0])
+    _, metrics = kto_loss(policy, policy - 1, torch.tensor([True, True]), beta=0.1, reference_point=0.0, normalizer=2)
+    assert float(metrics["rejected_reward"]) == 0.0 and metrics["rejected_reward"].device == policy.device
+    assert float(metrics["chosen_reward"]) == pytest.approx(0.1)
