@@ -38,21 +38,18 @@ def build_app(service: GatewayService, api_key: Optional[str] = None,
     app = FastAPI(title="hybridrl gateway", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(_Guard, api_key=api_key, max_request_bytes=max_request_bytes)
 
-    def error_response(error: GatewayError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
-
     @app.exception_handler(RequestValidationError)
     async def invalid(_request, error: RequestValidationError):
-        return error_response(validation_error(list(error.errors())))
+        return _error_response(validation_error(list(error.errors())))
 
     @app.exception_handler(GatewayError)
     async def refused(_request, error: GatewayError):
-        return error_response(error)
+        return _error_response(error)
 
     @app.exception_handler(Exception)
     async def failed(_request, error: Exception):
         logger.error("gateway: %s: %s", type(error).__name__, error)
-        return error_response(GatewayError(500, f"the gateway failed: {type(error).__name__}: {error}",
+        return _error_response(GatewayError(500, f"the gateway failed: {type(error).__name__}: {error}",
                                            kind="server_error"))
 
     def session_of(request: Request, session_id: Optional[str]) -> Optional[str]:
@@ -81,6 +78,11 @@ def build_app(service: GatewayService, api_key: Optional[str] = None,
     return app
 
 
+def _error_response(error: GatewayError) -> JSONResponse:
+    """OpenAI's error body with the error's status."""
+    return JSONResponse(error.body(), status_code=error.status)
+
+
 class _Guard:
     """Refuses a request without the bearer token (when one is set) or declaring a body over ``max_request_bytes``
     before the application reads it. Plain ASGI: Starlette's ``@app.middleware("http")`` would run every request
@@ -95,7 +97,7 @@ class _Guard:
         if error is None:
             await self.app(scope, receive, send)
         else:
-            await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
+            await _error_response(error)(scope, receive, send)
 
     def _refusal(self, headers: dict[bytes, bytes]) -> Optional[GatewayError]:
         if self.authorization is not None and not hmac.compare_digest(headers.get(b"authorization", b""),

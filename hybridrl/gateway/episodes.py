@@ -10,6 +10,7 @@ that raises or runs past ``timeout_s`` loses only its own episode: counted, its 
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import inspect
 import logging
@@ -97,12 +98,14 @@ class AgentPlayer(Protocol):
 @dataclass(frozen=True)
 class InProcess:
     """An agent function played on the caller's event loop (easiest to debug; shares the interpreter with the
-    engine when the caller is a rollout worker)."""
+    engine when the caller is a rollout worker), each on a copy of its row (an ``AgentProcess``'s rows are copies
+    by crossing to it)."""
 
     agent: Agent
 
     async def play(self, rows: Sequence[Mapping[str, Any]], session_urls: Sequence[str], *, timeout_s: float,
                    concurrency: int, api_key: str) -> list[EpisodeOutcome]:
+        rows = [copy.deepcopy(row) for row in rows]  # an agent may edit its row: never its siblings' or the caller's
         return await play_agent(self.agent, rows, session_urls, timeout_s=timeout_s, concurrency=concurrency,
                                 api_key=api_key)
 

@@ -17,7 +17,6 @@ a group of its own (``agents.batch.out_of_groups``), so it moves no other row's 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -57,7 +56,6 @@ def play_agent_episodes(requests: Any, tokenizer: Any, stop_ids: Sequence[int], 
         with Gateway(GatewayService(backend)) as gateway:
             return await run_episodes(run.player, rows, gateway, timeout_s=run.timeout_s,
                                       concurrency=run.concurrency, session_prefix="episode")
-    rows = [copy.deepcopy(row) for row in rows]  # an agent may edit its row: never its siblings' or the batch's
     episodes = serve(requests, episodes_on, version=version, name="agent-gateway")
     return [episode_trajectory(episode) for episode in episodes]
 

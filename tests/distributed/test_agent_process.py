@@ -168,3 +168,15 @@ def test_another_interpreter_plays_the_same_episodes(gateway, agent_name, tmp_pa
         assert there.failure is None and there.reward == local.reward
         assert [call.completion_ids for call in there.record.calls] == \
                [call.completion_ids for call in local.record.calls]
+
+
+def test_agents_that_edit_their_rows_leave_the_callers_rows_alone(gateway, agent_name):
+    """Rows are copied per episode on the caller's loop, and cross to a process as copies."""
+    async def editing(row, client):
+        row["prompt"].append({"role": "user", "content": "edited"})
+        return 1.0
+
+    rows = [{"prompt": [{"role": "user", "content": "1*2="}], "question": "1*2="}] * 2  # one dict, twice
+    [first, second] = play(InProcess(editing), rows, gateway)
+    assert first.failure is None and second.failure is None
+    assert rows[0]["prompt"] == [{"role": "user", "content": "1*2="}]
