@@ -9,7 +9,8 @@ model's own ids — the loss, the token-mean normaliser, the KL and the log-prob
 Per row also: ``final_response`` (non-tensor: the text of the last model turn — what the reward function scores),
 ``episode_failure`` (non-tensor: why the episode's environment failed, ``""`` if it did not),
 ``episode_rewards`` ``[B]`` (the environment's own rewards, summed over steps), for episodes of a user's agent
-``agent_rewards`` ``[B]`` (the reward it returned, NaN where it left the reward to the reward function), with
+``agent_rewards`` ``[B]`` (the reward it returned, NaN where it left the reward to the reward function) and
+``episode_sequences`` (non-tensor: its other training sequences, ``SequenceIds``, for ``agents/episode_rows.py``), with
 ``rollout.multi_turn.reward_placement=turn_end`` also ``turn_rewards`` ``[B, R]`` (each step's reward on the last id of
 the model turn it answered, 0 elsewhere), and ``agent_stats`` ``[B, K]`` (columns :data:`AGENT_STATS`), from which the
 controller logs per-batch means.
@@ -31,8 +32,9 @@ EPISODE_REWARDS = "episode_rewards"
 AGENT_REWARDS = "agent_rewards"
 TURN_REWARDS = "turn_rewards"
 AGENT_STATS_FIELD = "agent_stats"
+EPISODE_SEQUENCES = "episode_sequences"
 AGENT_STATS = ("turns", "tool_calls", "tool_errors", "tool_timeouts", "observation_tokens", "cut_by_budget",
-               "env_failures", "prefix_mismatches", "split_sequences")
+               "env_failures", "prefix_mismatches", "split_sequences", "dropped_sequences")
 
 
 def _stats_row(trajectory: Trajectory) -> list[float]:
@@ -40,7 +42,7 @@ def _stats_row(trajectory: Trajectory) -> list[float]:
     return [float(trajectory.turns), counters.get("tool_calls", 0.0), counters.get("tool_errors", 0.0),
             counters.get("tool_timeouts", 0.0), counters.get("observation_tokens", 0.0),
             float(trajectory.end == "budget"), counters.get("env_failures", 0.0), float(trajectory.prefix_mismatches),
-            counters.get("split_sequences", 0.0)]
+            counters.get("split_sequences", 0.0), counters.get("dropped_sequences", 0.0)]
 
 
 def trajectories_to_batch(trajectories: Sequence[Trajectory], rows: Batch, response_length: int,
@@ -90,6 +92,8 @@ def trajectories_to_batch(trajectories: Sequence[Trajectory], rows: Batch, respo
                                                for t in trajectories], dtype=torch.float32)
     non_tensors = {**dict(rows.non_tensors), FINAL_RESPONSE: [t.final_text for t in trajectories],
                    EPISODE_FAILURE: [t.failure or "" for t in trajectories]}
+    if agent_rewards:
+        non_tensors[EPISODE_SEQUENCES] = [tuple(t.other_sequences) for t in trajectories]
     return Batch(tensors=tensors, non_tensors=non_tensors, meta=rows.meta)
 
 

@@ -143,6 +143,17 @@ def _trailer(rendered: Sequence[int], ids_so_far: Sequence[int]) -> list[int]:
     return list(rendered[positions[-1] + 1:]) if positions else []
 
 
+@dataclass(frozen=True)
+class SequenceIds:
+    """One more training sequence of an episode: its ``prompt_ids`` and ``response_ids`` with ``response_mask`` (1:
+    sampled) and the rollout's ``log_probs`` (0 on observations) — one entry per response id."""
+
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    response_mask: tuple[int, ...]
+    log_probs: tuple[float, ...]
+
+
 @dataclass
 class Trajectory:
     """One episode, token-exact (see the module docstring). Lists of one entry per response id."""
@@ -167,6 +178,9 @@ class Trajectory:
     agent_reward: Optional[float] = None
     """The reward a user's agent returned for the episode: its whole reward, the reward function does not score
     it (``None``: the reward function scores ``final_text``)."""
+    other_sequences: tuple[SequenceIds, ...] = ()
+    """The episode's other training sequences (an agent's calls that did not extend this one's conversation),
+    trained beside it with its advantage (``agents/episode_rows.py``), oldest first."""
 
     def add_model_turn(self, ids: Sequence[int], log_probs: Sequence[float], versions: Sequence[int]) -> None:
         self.response_ids += list(ids)

@@ -27,6 +27,8 @@ AGENT_PROBE_TIMEOUT_S = 120
 def check_multi_turn(config: TrainConfig, error: ConfigError) -> None:
     """``rollout.multi_turn``: what does not depend on this machine's files (while it is off: no tools given)."""
     multi_turn = config.rollout.multi_turn
+    if not multi_turn.agent:
+        _check_agent_keys_without_agent(multi_turn, error)
     if not multi_turn.enable:
         _check_ignored_while_off(multi_turn, error)
         return
@@ -47,6 +49,7 @@ def check_multi_turn(config: TrainConfig, error: ConfigError) -> None:
     _choice(error, "rollout.multi_turn.reward_placement", multi_turn.reward_placement, REWARD_PLACEMENTS)
     if multi_turn.agent:
         _check_agent_settings(multi_turn, error)
+        _check_split_episodes(config, error)
 
 
 def _check_agent_settings(multi_turn, error: ConfigError) -> None:
@@ -60,6 +63,41 @@ def _check_agent_settings(multi_turn, error: ConfigError) -> None:
              0 < multi_turn.agent_timeout_s < math.inf, "must be a finite number > 0 (seconds per episode)")
     _require(error, "rollout.multi_turn.agent_concurrency", multi_turn.agent_concurrency,
              multi_turn.agent_concurrency >= 1, "must be >= 1 (episodes in flight at once)")
+    _require(error, "rollout.multi_turn.agent_max_sequences", multi_turn.agent_max_sequences,
+             multi_turn.agent_max_sequences >= 1, "must be >= 1 (training sequences per episode)")
+
+
+SEQUENCE_ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "remax", "reinforce_plus_plus_baseline",
+                                 "reinforce_plus_plus")
+"""Estimators that give each sequence one advantage (with ``algorithm.use_kl_in_reward=false``; REINFORCE++ with
+``gamma=1``): what an episode's several sequences can share."""
+
+
+def _check_split_episodes(config: TrainConfig, error: ConfigError) -> None:
+    """``agent_max_sequences > 1`` copies an episode's advantage to all its sequences: it must be one number."""
+    multi_turn, algorithm = config.rollout.multi_turn, config.algorithm
+    if multi_turn.agent_max_sequences <= 1:
+        return
+    key, why = "rollout.multi_turn.agent_max_sequences", "gives an episode's sequences its one advantage"
+    if algorithm.adv_estimator not in SEQUENCE_ADVANTAGE_ESTIMATORS or (
+            algorithm.adv_estimator == "reinforce_plus_plus" and algorithm.gamma != 1.0):
+        error.add(key, multi_turn.agent_max_sequences,
+                  f"{why}, and algorithm.adv_estimator={algorithm.adv_estimator} (gamma={algorithm.gamma}) gives "
+                  f"each token its own; use one of {', '.join(SEQUENCE_ADVANTAGE_ESTIMATORS)} (REINFORCE++ with "
+                  "algorithm.gamma=1), or set it to 1")
+    if algorithm.use_kl_in_reward:
+        error.add(key, multi_turn.agent_max_sequences,
+                  f"{why}, and algorithm.use_kl_in_reward=true makes it depend on each sequence's tokens; use the KL "
+                  "loss (actor.use_kl_loss=true) instead, or set it to 1")
+
+
+def _check_agent_keys_without_agent(multi_turn, error: ConfigError) -> None:
+    """Keys read only for a user's agent, set without one, would be ignored without a word: refused."""
+    for key, value, default in (("agent_python", multi_turn.agent_python, None),
+                                ("agent_max_sequences", multi_turn.agent_max_sequences, 1)):
+        if value != default:
+            error.add(f"rollout.multi_turn.{key}", value, "is read only with rollout.multi_turn.agent (your own "
+                      "agent code); set the agent, or drop this key")
 
 
 def _check_ignored_while_off(multi_turn, error: ConfigError) -> None:

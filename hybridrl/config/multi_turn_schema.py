@@ -64,6 +64,14 @@ class MultiTurnConfig(FreezableConfig):
     libraries cannot share the trainer's (``verifiers`` pins ``openai<3``, vLLM needs ``openai>=3``). hybridrl must
     be installed there too (``pip install --no-deps hybridrl``); the agent is checked there at start. ``null``: the
     trainer's own interpreter. Needs ``agent_process=true``."""
+    agent_max_sequences: int = 1
+    """Training sequences kept per agent episode. An episode whose calls do not all extend one conversation (an
+    agent that edits or summarises its context) is several sequences, never re-tokenised into one; each episode
+    then trains up to this many of them — the one holding its last call and the latest others — all with the
+    episode's one advantage (computed once per episode, so group statistics see each episode once). Each episode
+    takes this many rows of the step (``rollout.n`` × this per prompt in the batch sizes; unused rows hold no
+    token in the loss). Sequences past it are counted (``agent/dropped_sequences``), not trained. Needs an
+    estimator that gives a sequence one advantage (not ``gae``) and ``algorithm.use_kl_in_reward=false``."""
     strict: bool = False
     """Stop the run when the chat template does not reproduce the ids generated so far (else: counted in
     ``agent/prefix_mismatches``, the ids kept as generated)."""

@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from hybridrl.config.schema import TrainConfig
-from hybridrl.config.sizes import role_plan
+from hybridrl.config.sizes import role_plan, trained_rows_per_prompt
 
 
 def batch_plan_report(config: TrainConfig, include_critic: bool) -> str:
     """Lines like ``actor: 64 prompts × 4 = 256 seq/step → 4 optimizer steps of 64 seq; per rank 32 = 8 micro × 4``."""
     lines = []
-    sequences_per_step = config.data.train_batch_size * config.rollout.n
+    per_prompt = trained_rows_per_prompt(config)
+    sequences_per_step = config.data.train_batch_size * per_prompt
     for role in ["actor"] + (["critic"] if include_critic else []):
         plan = role_plan(config, role)
         if plan.auto_micro_batch:
@@ -24,7 +25,8 @@ def batch_plan_report(config: TrainConfig, include_critic: bool) -> str:
         else:
             per_rank = f"{plan.micro_batch_size_per_gpu} per micro-batch × {plan.grad_accum_steps} accumulation steps"
         lines.append(
-            f"# {role}: {config.data.train_batch_size} prompts × n={config.rollout.n} = {sequences_per_step} sequences per step"
+            f"# {role}: {config.data.train_batch_size} prompts × {_per_prompt_words(config, per_prompt)} = {sequences_per_step} "
+            "sequences per step"
             f" → {plan.num_mini_batches} optimizer step(s) per epoch of {plan.mini_batch_sequences} sequences;"
             f" per rank ({plan.num_data_parallel_ranks} ranks) {plan.local_mini_batch_sequences} = {per_rank}"
         )
@@ -40,3 +42,10 @@ def job_plan_report(config: Any, unit: str) -> str:
     return (f"# {data.train_batch_size} {unit} per optimizer step; per rank ({devices} ranks) {per_rank} = "
             f"{data.micro_batch_size_per_gpu} per micro-batch × {per_rank // data.micro_batch_size_per_gpu} "
             "accumulation steps")
+
+
+def _per_prompt_words(config: TrainConfig, per_prompt: int) -> str:
+    """``n=4``, or ``n=4 × 2 sequences per episode`` when an agent's episodes take several rows."""
+    if per_prompt == config.rollout.n:
+        return f"n={config.rollout.n}"
+    return f"n={config.rollout.n} × {per_prompt // config.rollout.n} sequences per episode"

@@ -76,7 +76,7 @@ def plan_batches(
         error.add(
             mini_key,
             ppo_mini_batch_size,
-            f"× rollout.n={responses_per_prompt} = {mini_batch_sequences} sequences cannot be split evenly over "
+            f"× {_per_prompt(responses_per_prompt)} = {mini_batch_sequences} sequences cannot be split evenly over "
             f"{num_data_parallel_ranks} data-parallel ranks (trainer.nnodes × trainer.n_gpus_per_node)",
         )
     local_sequences = mini_batch_sequences // num_data_parallel_ranks
@@ -91,7 +91,7 @@ def plan_batches(
                 micro_key,
                 ppo_micro_batch_size_per_gpu,
                 f"must divide the per-rank mini-batch of {local_sequences} sequences "
-                f"({mini_key}={ppo_mini_batch_size} × rollout.n={responses_per_prompt} ÷ {num_data_parallel_ranks} ranks); "
+                f"({mini_key}={ppo_mini_batch_size} × {_per_prompt(responses_per_prompt)} ÷ {num_data_parallel_ranks} ranks); "
                 f"global = micro × accumulation × world must hold exactly",
             )
         else:
@@ -118,13 +118,25 @@ def shard_group_ranks(fsdp_size: int, world: int) -> int:
     return world if fsdp_size == -1 else fsdp_size
 
 
+def _per_prompt(rows: int) -> str:
+    return f"{rows} sequences per prompt (rollout.n, × rollout.multi_turn.agent_max_sequences for an agent)"
+
+
+def trained_rows_per_prompt(config: TrainConfig) -> int:
+    """Rows one prompt brings to the updates: ``rollout.n`` responses, each ``rollout.multi_turn.agent_max_sequences``
+    rows when a user's agent plays them (an episode's training sequences, ``hybridrl/agents/episode_rows.py``)."""
+    multi_turn = config.rollout.multi_turn
+    per_response = multi_turn.agent_max_sequences if multi_turn.enable and multi_turn.agent else 1
+    return config.rollout.n * max(per_response, 1)
+
+
 def role_plan(config: TrainConfig, role: str) -> BatchPlan:
     """The ``BatchPlan`` of ``role`` (``"actor"`` or ``"critic"``); raises ``ConfigError`` if its sizes do not divide."""
     role_config = getattr(config, role)
     return plan_batches(
         role=role,
         train_batch_size=config.data.train_batch_size,
-        responses_per_prompt=config.rollout.n,
+        responses_per_prompt=trained_rows_per_prompt(config),
         ppo_mini_batch_size=role_config.ppo_mini_batch_size,
         ppo_micro_batch_size_per_gpu=role_config.ppo_micro_batch_size_per_gpu,
         use_dynamic_bsz=role_config.use_dynamic_bsz,

@@ -22,7 +22,7 @@ from hybridrl.config.rm_schema import SYNTHETIC_PREFERENCES, RMConfig
 from hybridrl.config.pool_checks import check_rollout_pool
 from hybridrl.config.schema import LR_SCALINGS, TrainConfig
 from hybridrl.config.sft_schema import SFTConfig
-from hybridrl.config.sizes import AUTO_MICRO_BATCH, role_plan, world_size
+from hybridrl.config.sizes import AUTO_MICRO_BATCH, role_plan, trained_rows_per_prompt, world_size
 from hybridrl.config.validation_machine import (DATA_FILE_SUFFIXES, _check_cpu_limits, _check_data_file,
                                                 _check_model_dir, _check_paths, _check_this_machine, resolved_device)
 
@@ -182,7 +182,7 @@ def _check_anti_forgetting(config: TrainConfig, error: ConfigError) -> None:
         _require(error, "actor.ptx.coef", ptx.coef, not config.actor.adaptive_accumulation.enable,
                  "PPO-ptx cuts its SFT rows per optimizer step: it cannot follow actor.adaptive_accumulation's "
                  "changing mini-batches; turn one of them off")
-    rows_per_rank = data.train_batch_size * config.rollout.n // max(world, 1)
+    rows_per_rank = data.train_batch_size * trained_rows_per_prompt(config) // max(world, 1)
     if ewc.coef > 0 and ewc.fisher_batches > 0:
         _require(error, "actor.ewc.fisher_batches", ewc.fisher_batches, rows_per_rank % ewc.fisher_batches == 0,
                  f"must divide the {rows_per_rank} rollout rows per rank of a step (data.train_batch_size × "

@@ -8,11 +8,15 @@ the distribution that sampled; each call is seeded from the generation call's se
 how often the session asked for them before, so a fixed seed gives the same episodes whatever order the requests of
 different episodes (or the different calls of one) arrive in.
 
-An episode trains as one sequence. When its calls split (a conversation that does not extend an earlier call's:
-an agent that edits its context), the sequence holding its last call is the one trained and the others are counted
-in ``agent/split_sequences`` — they are not trained yet. A failed episode (the agent raised or ran out of time)
-keeps its row with no token in the loss, is scored 0 and counted in ``agent/env_failures``; the worker then makes it
-a group of its own (``agents.batch.out_of_groups``), so it moves no other row's advantage.
+An episode trains as one sequence when each call extends the conversation of an earlier one. When its calls split
+(a conversation that does not: an agent that edits or summarises its context), it is several sequences, counted in
+``agent/split_sequences``: the one holding its last call is the episode's row, and the latest
+``rollout.multi_turn.agent_max_sequences - 1`` others ride with it (``Trajectory.other_sequences``) to be trained
+with its advantage (``agents/episode_rows.py``); older ones are counted in ``agent/dropped_sequences``.
+
+A failed episode (the agent raised or ran out of time) keeps its row with no token in the loss, is scored 0 and
+counted in ``agent/env_failures``; the worker then makes it a group of its own (``agents.batch.out_of_groups``), so
+it moves no other row's advantage.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from hybridrl.agents.trajectory import Trajectory
+from hybridrl.agents.trajectory import SequenceIds, Trajectory
 from hybridrl.gateway.app import Gateway
 from hybridrl.gateway.episodes import AgentEpisode, AgentPlayer, run_episodes
 from hybridrl.gateway.service import GatewayBackend, GatewayService, TrainingLimits
+from hybridrl.gateway.sessions import TrainingSequence
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.server import ReplicaServer, serve
 
@@ -31,13 +36,15 @@ from hybridrl.rollout.server import ReplicaServer, serve
 @dataclass(frozen=True)
 class AgentRun:
     """How a trainer runs a user's agent: ``player`` plays it (in this process or one of its own), ``timeout_s``
-    per episode, ``concurrency`` episodes at once, and ``max_prompt_tokens``, the longest first prompt an episode
-    may send (``data.max_prompt_length``)."""
+    per episode, ``concurrency`` episodes at once, ``max_prompt_tokens``, the longest first prompt a sequence
+    may have (``data.max_prompt_length``), and ``max_sequences`` kept per episode."""
 
     player: AgentPlayer
     timeout_s: float
     concurrency: int
     max_prompt_tokens: int
+    max_sequences: int = 1
+    """Training sequences kept per episode (``rollout.multi_turn.agent_max_sequences``)."""
 
 
 def play_agent_episodes(requests: Any, tokenizer: Any, stop_ids: Sequence[int], max_model_len: int, run: AgentRun,
@@ -57,11 +64,12 @@ def play_agent_episodes(requests: Any, tokenizer: Any, stop_ids: Sequence[int], 
             return await run_episodes(run.player, rows, gateway, timeout_s=run.timeout_s,
                                       concurrency=run.concurrency, session_prefix="episode")
     episodes = serve(requests, episodes_on, version=version, name="agent-gateway")
-    return [episode_trajectory(episode) for episode in episodes]
+    return [episode_trajectory(episode, run.max_sequences) for episode in episodes]
 
 
-def episode_trajectory(episode: AgentEpisode) -> Trajectory:
-    """The trajectory of ``episode``: the training sequence holding its last call (see the module docstring)."""
+def episode_trajectory(episode: AgentEpisode, max_sequences: int = 1) -> Trajectory:
+    """The trajectory of ``episode``: the training sequence holding its last call, with up to ``max_sequences - 1``
+    of its other sequences, the latest ones (see the module docstring)."""
     record = episode.record
     sequences = record.sequences()
     if not sequences:
@@ -69,24 +77,34 @@ def episode_trajectory(episode: AgentEpisode) -> Trajectory:
         return _failed(Trajectory(prompt_ids=[]), failure)
     last_call = len(record.calls) - 1
     sequence = next(candidate for candidate in sequences if last_call in candidate.calls)
+    others = sorted((other for other in sequences if other is not sequence), key=lambda other: other.calls[-1])
+    kept = others[max(len(others) - (max_sequences - 1), 0):] if max_sequences > 1 else []
     trajectory = Trajectory(prompt_ids=list(sequence.prompt_ids), response_ids=list(sequence.response_ids),
                             response_mask=list(sequence.response_mask), log_probs=list(sequence.log_probs),
                             policy_versions=list(sequence.policy_versions), turns=len(sequence.calls),
-                            end="done", prefix_mismatches=record.template_mismatches)
+                            end="done", prefix_mismatches=record.template_mismatches,
+                            other_sequences=tuple(_ids(other) for other in kept))
     trajectory.final_text = str(record.calls[last_call].reply.get("content") or "")
     trajectory.counters = {
         "tool_calls": float(sum(len(record.calls[index].reply.get("tool_calls") or ()) for index in sequence.calls)),
         "observation_tokens": float(len(sequence.response_mask) - sum(sequence.response_mask)),
-        "split_sequences": float(len(sequences) - 1)}
+        "split_sequences": float(len(sequences) - 1),
+        "dropped_sequences": float(len(others) - len(kept))}
     if episode.failure is not None:
         return _failed(trajectory, episode.failure)
     trajectory.agent_reward = episode.reward
     return trajectory
 
 
+def _ids(sequence: TrainingSequence) -> SequenceIds:
+    return SequenceIds(tuple(sequence.prompt_ids), tuple(sequence.response_ids), tuple(sequence.response_mask),
+                       tuple(sequence.log_probs))
+
+
 def _failed(trajectory: Trajectory, failure: str) -> Trajectory:
     """``trajectory`` kept for its row's shape: nothing in the loss, reward 0, the failure counted."""
     trajectory.failure, trajectory.end, trajectory.agent_reward = failure, "failed", 0.0
     trajectory.response_mask = [0] * len(trajectory.response_ids)
+    trajectory.other_sequences = ()
     trajectory.counters["env_failures"] = 1.0
     return trajectory

@@ -12,6 +12,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from hybridrl.agents.episode_rows import shared_episode_advantages
 from hybridrl.algorithms import ADVANTAGE_ESTIMATORS, kl_penalty, masked_mean
 from hybridrl.algorithms.off_policy import masked_importance, truncated_importance_weights
 from hybridrl.config.async_schema import OffPolicyCorrectionConfig
@@ -44,17 +45,22 @@ def apply_kl_in_reward(batch: Batch, kl_coef: float, kind: str) -> KLInReward:
 
 def compute_advantages(batch: Batch, algorithm: AlgorithmConfig,
                        reward_baselines: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advantages and returns ``[B, R]`` with the configured estimator, grouped by the ``uid`` field."""
+    """Advantages and returns ``[B, R]`` with the configured estimator, grouped by the ``uid`` field; an agent
+    episode's other rows get its advantage (``agents/episode_rows.py``). ``reward_baselines``: ``[B]`` (ReMax)."""
     estimator = ADVANTAGE_ESTIMATORS[algorithm.adv_estimator]
-    kwargs = dict(token_level_rewards=batch[Fields.TOKEN_LEVEL_REWARDS], response_mask=batch[Fields.RESPONSE_MASK],
-                  gamma=algorithm.gamma, lam=algorithm.lam, norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo)
-    if Fields.UID in batch:
-        kwargs["index"] = np.asarray(batch[Fields.UID])
-    if Fields.VALUES in batch:
-        kwargs["values"] = batch[Fields.VALUES]
-    if reward_baselines is not None:
-        kwargs["reward_baselines"] = reward_baselines
-    return estimator(**kwargs)
+
+    def estimate(rows: Batch, positions: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        kwargs = dict(token_level_rewards=rows[Fields.TOKEN_LEVEL_REWARDS], response_mask=rows[Fields.RESPONSE_MASK],
+                      gamma=algorithm.gamma, lam=algorithm.lam,
+                      norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo)
+        if Fields.UID in rows:
+            kwargs["index"] = np.asarray(rows[Fields.UID])
+        if Fields.VALUES in rows:
+            kwargs["values"] = rows[Fields.VALUES]
+        if reward_baselines is not None:
+            kwargs["reward_baselines"] = reward_baselines if positions is None else reward_baselines[positions]
+        return estimator(**kwargs)
+    return shared_episode_advantages(batch, estimate)
 
 
 def off_policy_corrected(batch: Batch, correction: OffPolicyCorrectionConfig,

@@ -36,6 +36,7 @@ from hybridrl.trainers.evaluation import Scoring, validate
 from hybridrl.trainers.async_rollout import SAMPLE_LOG_STEPS, RolloutQueue
 from hybridrl.trainers.generation import Generation, start_generation
 from hybridrl.agents.batch import agent_metrics
+from hybridrl.agents.episode_rows import episode_rows, episode_rows_metrics, episodes_only
 from hybridrl.trainers.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups, num_groups,
                                           prompts_without_greedy, remax_baselines, remax_params, shape_rewards)
 from hybridrl.data.loader import build_prompt_loaders
@@ -210,6 +211,8 @@ class RLTrainer:
         if config.algorithm.adv_estimator == "remax":
             with timer.phase("generate"):
                 greedy_batches = self._greedy_responses(batch, greedy)
+        # An agent's episodes: each its rollout.multi_turn.agent_max_sequences rows (agents/episode_rows.py).
+        batch = episode_rows(batch, config.rollout.multi_turn.agent_max_sequences, self.tokenizer.pad_token_id)
         # Balance tokens across DP ranks before any forward (only reorders rows; groups are found by uid).
         batch = balance_batch(batch, world_size(config)) if config.trainer.balance_batch else batch
         with timer.phase("log_probs_and_values"):
@@ -228,7 +231,9 @@ class RLTrainer:
         self.faults.before_actor_update(self.global_step + 1, {"actor_rollout_ref": actor, "critic": self.critic,
                                                                **{g.name: g for g in self.rollout_replicas}})
         metrics.update(self._update_actor_and_sync(actor_batch, temperature, timer))
-        for extras in (extra, correction_metrics, batch_metrics(batch), agent_metrics(batch), timer.metrics(),
+        episodes = episodes_only(batch)
+        for extras in (extra, correction_metrics, batch_metrics(episodes), agent_metrics(episodes),
+                       episode_rows_metrics(batch), timer.metrics(),
                        current_weights_log_prob_gap(batch, self.global_step), self._pop_worker_seconds()):
             metrics.update(extras)
         metrics["perf/throughput_tokens_per_s"] = float(batch[Fields.ATTENTION_MASK].sum()) / max(

@@ -126,7 +126,8 @@ class EpisodeRunner:
                  max_response_length: int = 0) -> None:
         self.config, self.tokenizer = multi_turn, tokenizer
         self.agent_run = AgentRun(_agent_player(multi_turn), multi_turn.agent_timeout_s,
-                                  multi_turn.agent_concurrency, max_prompt_length) if multi_turn.agent else None
+                                  multi_turn.agent_concurrency, max_prompt_length,
+                                  multi_turn.agent_max_sequences) if multi_turn.agent else None
         """A user's agent (``rollout.multi_turn.agent``), played through a gateway; ``None``: the environments."""
         self.max_model_len = max_prompt_length + max_response_length
         self.tools = [*resolve_tools(multi_turn.builtin_tools()),

@@ -33,6 +33,12 @@ async def agent(row, client):
     if row["extra_info"].get("fail"):
         raise RuntimeError("the agent's own bug")
     messages = list(row["prompt"])
+    if row["extra_info"].get("edit"):  # summarises its context: the second call does not extend the first
+        first = await client.chat.completions.create(model="policy", messages=messages, max_tokens=8)
+        said = (first.choices[0].message.content or "")[:6]
+        again = await client.chat.completions.create(
+            model="policy", messages=[{"role": "system", "content": f"said {said}"}, *messages], max_tokens=8)
+        return float(len(again.choices[0].message.content or "") % 5)
     replies = []
     for turn in range(3):
         reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=10,
@@ -233,3 +239,45 @@ def test_the_trainers_gateway_cuts_max_tokens_to_the_budget_and_seeds_concurrent
         assert episode.failure is None and 0 < episode.reward <= 40
         return sorted((call.prompt_ids, call.completion_ids) for call in episode.record.calls)
     assert play(0) == play(1)
+
+
+def test_an_agent_that_edits_its_context_trains_both_sequences_with_one_advantage(tokenizer, engine, tmp_path):
+    """The non-prefix case: an agent whose second call does not extend its first (it summarises). The episode is
+    two sequences, neither re-tokenised: each is one of the engine's completions id for id behind the template's
+    rendering of the conversation sent; with ``agent_max_sequences=2`` both are rows of the step, and the first gets
+    the episode's advantage, computed once per episode (GRPO over the episodes' own rows)."""
+    from hybridrl.agents.episode_rows import EPISODE_PART, EPISODE_ROW, episode_rows
+    from hybridrl.config.schema import AlgorithmConfig
+    from hybridrl.trainers.rl_steps import compute_advantages
+
+    path = tmp_path / "my_agent.py"
+    path.write_text(AGENT_FILE)
+    config = MultiTurnConfig(enable=True, agent=f"{path}:agent", agent_timeout_s=60.0, agent_max_sequences=2)
+    runner = EpisodeRunner(config, tokenizer, MAX_PROMPT, MAX_RESPONSE)
+    recording = RecordingRequests(engine.requests)
+    batch = generate(runner, engine, prompt_rows(tokenizer, [{"edit": True}, {"edit": True}]), recording)
+    assert list(batch[EPISODE_FAILURE]) == [""] * 4
+    assert batch[AGENT_STATS_FIELD][:, AGENT_STATS.index("split_sequences")].tolist() == [1.0] * 4
+    sampled = {(tuple(recording.prompts_by_id[completion.request_id]), tuple(completion.token_ids)): completion
+               for completion in recording.finished}
+    assert len(sampled) == 8  # two calls per episode, each its own prompt
+    scores = torch.zeros_like(batch[Fields.ROLLOUT_LOG_PROBS])
+    scores[torch.arange(4), batch[Fields.RESPONSE_MASK].sum(-1) - 1] = batch[AGENT_REWARDS]
+    batch[Fields.TOKEN_LEVEL_SCORES] = batch[Fields.TOKEN_LEVEL_REWARDS] = scores
+    rows = episode_rows(batch, 2, engine.pad_token_id)
+    assert len(rows) == 8
+    for row in range(8):
+        prompt = rows[Fields.PROMPTS][row][rows[Fields.ATTENTION_MASK][row, :MAX_PROMPT].bool()].tolist()
+        length = int(rows[Fields.RESPONSE_MASK][row].sum())
+        assert rows[Fields.RESPONSE_MASK][row, :length].all()  # one model turn, all in the loss
+        completion = sampled[(tuple(prompt), tuple(rows[Fields.RESPONSES][row, :length].tolist()))]
+        assert rows[Fields.ROLLOUT_LOG_PROBS][row, :length].tolist() == pytest.approx(completion.log_probs, abs=1e-6)
+        assert ("said" in tokenizer.decode(prompt)) == (rows[EPISODE_PART][row] == 0)  # the last call is the row
+    advantages, _ = compute_advantages(rows, AlgorithmConfig(adv_estimator="grpo"))
+    own, _ = compute_advantages(batch, AlgorithmConfig(adv_estimator="grpo"))
+    mask = rows[Fields.RESPONSE_MASK].bool()
+    for row in range(8):
+        episode = int(rows[EPISODE_ROW][row])
+        expected = own[episode][batch[Fields.RESPONSE_MASK][episode].bool()][0].item()
+        assert advantages[row][mask[row]].tolist() == pytest.approx([expected] * int(mask[row].sum()))
+    assert advantages[rows[EPISODE_PART] == 1].abs().sum() > 0  # seed 11: a group's rewards differ, and it spreads

@@ -45,17 +45,21 @@ def engine(model_dir, tokenizer):
 
 class RecordingRequests:
     """An engine's request queue, passed through; keeps every finished completion (``finished``, in order, and
-    ``finished_by_id``) and the sampling each request was given (``params``) — what tests compare trained rows with."""
+    ``finished_by_id``), the sampling each request was given (``params``) and its prompt ids (``prompts_by_id``) —
+    what tests compare trained rows with."""
 
     def __init__(self, requests) -> None:
         self.requests, self.finished, self.finished_by_id, self.params = requests, [], {}, []
+        self.prompts_by_id: dict[str, list[int]] = {}
 
     def __getattr__(self, name):  # has_work, abort, pause, resume, in_flight, paused …
         return getattr(self.requests, name)
 
     def submit(self, prompt_ids, params, *args, **kwargs):
         self.params.append(params)
-        return self.requests.submit(prompt_ids, params, *args, **kwargs)
+        request_id = self.requests.submit(prompt_ids, params, *args, **kwargs)
+        self.prompts_by_id[request_id] = list(prompt_ids)
+        return request_id
 
     def step(self):
         completions = self.requests.step()

@@ -7,6 +7,8 @@ the same way."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from hybridrl.config import load_config
@@ -109,3 +111,27 @@ def test_an_openai_agents_sdk_agent_trains_two_steps(tmp_path):
     for row in rows:
         assert row["agent/tool_calls"] == 1.0 and row["agent/turns"] == 2.0 and row["agent/env_failures"] == 0.0
         assert row["critic/score/mean"] == 1.0  # the adapter's reward: the SDK's final output is the tool's sum
+
+
+EDITING_AGENT = '''
+async def agent(row, client):
+    """Answers, then asks again with its first answer summarised into a system message: two sequences."""
+    first = await client.chat.completions.create(model="policy", messages=row["prompt"], max_tokens=4)
+    said = (first.choices[0].message.content or "")[:4]
+    summary = [{"role": "system", "content": f"said {said}"}, *row["prompt"]]
+    again = await client.chat.completions.create(model="policy", messages=summary, max_tokens=4)
+    return float(len(again.choices[0].message.content or "") % 3)
+'''
+
+
+def test_an_agent_that_edits_its_context_trains_every_sequence_of_its_episodes(agent_setup, tmp_path):
+    """``agent_max_sequences=2``: each episode's two sequences are both trained (16 rows a step), the steps run."""
+    model, _, _ = agent_setup
+    (tmp_path / "editing_agent.py").write_text(EDITING_AGENT)
+    run(model, tmp_path / "editing_agent.py", tmp_path / "run", "rollout.multi_turn.agent_max_sequences=2")
+    rows = read_metrics(tmp_path / "run")
+    assert [row["step"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["agent/split_sequences"] == 1.0 and row["agent/dropped_sequences"] == 0.0
+        assert row["agent/trained_sequences"] == 2.0 and row["agent/env_failures"] == 0.0
+        assert math.isfinite(row["actor/pg_loss"]) and row["actor/grad_norm"] > 0

@@ -78,7 +78,7 @@ def test_trajectory_rows_pad_to_a_common_prompt_width():
     assert batch[Fields.RESPONSE_MASK].tolist() == [[1, 1, 0, 0], [1, 0, 0, 0]]
     assert batch[Fields.ATTENTION_MASK][:, 5:].tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]
     assert torch.equal(batch[EPISODE_REWARDS], torch.tensor([0.0, 0.5]))
-    assert agent_metrics(batch)["agent/observation_tokens"] == 1.0 and len(AGENT_STATS) == 9
+    assert agent_metrics(batch)["agent/observation_tokens"] == 1.0 and len(AGENT_STATS) == 10
     with pytest.raises(ValueError, match="episode 0: its prompt .* is 3 ids, more than the 2 allowed"):
         trajectories_to_batch(trajectories, rows, 4, pad_token_id=0, prompt_width=2)
 

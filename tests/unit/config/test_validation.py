@@ -297,3 +297,33 @@ def test_an_agent_interpreter_is_checked_at_start_naming_the_key(tmp_path, monke
     with pytest.raises(ConfigError, match=r"rollout.multi_turn.agent=.*does not load in .*seeing/bin/python: .*not "
                                           r"an async function"):
         load_config([*base, f"rollout.multi_turn.agent_python={seeing}"])
+
+
+def test_several_sequences_per_episode_need_one_advantage_per_sequence_and_size_the_batch(tmp_path):
+    """``rollout.multi_turn.agent_max_sequences``: an agent's key (refused without one), an estimator that gives a
+    sequence one advantage, no KL in the reward; the batch plan counts ``n`` × it rows per prompt."""
+    from hybridrl.config.plan_report import batch_plan_report
+    from hybridrl.config.sizes import role_plan, trained_rows_per_prompt
+
+    file = tmp_path / "my_agent.py"
+    file.write_text("async def agent(row, client):\n    return 1.0\n")
+    agent = [*MULTI_TURN, f"rollout.multi_turn.agent={file}:agent", "algorithm.adv_estimator=grpo", "rollout.n=2",
+             "data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size_per_gpu=2"]
+    cases = [(["rollout.multi_turn.agent_max_sequences=2", "algorithm.adv_estimator=gae"], "gives each token its own"),
+             (["rollout.multi_turn.agent_max_sequences=2", "algorithm.use_kl_in_reward=true"],
+              "use_kl_in_reward=true makes it depend"),
+             (["rollout.multi_turn.agent_max_sequences=2", "algorithm.adv_estimator=reinforce_plus_plus",
+               "algorithm.gamma=0.9"], "gamma=0.9"),
+             (["rollout.multi_turn.agent_max_sequences=0"], "must be >= 1")]
+    for overrides, phrase in cases:
+        with pytest.raises(ConfigError) as caught:
+            load_config([*agent, *overrides], check_paths=False)
+        assert "rollout.multi_turn.agent_max_sequences" in str(caught.value) and phrase in str(caught.value), overrides
+    for key, value in (("agent_max_sequences", 2), ("agent_python", "/usr/bin/python3")):
+        for multi_turn in (MULTI_TURN, []):
+            with pytest.raises(ConfigError, match=f"rollout.multi_turn.{key}.*read only with rollout.multi_turn.agent"):
+                load_config([*multi_turn, f"rollout.multi_turn.{key}={value}"], check_paths=False)
+    config = load_config([*agent, "rollout.multi_turn.agent_max_sequences=3"], check_paths=False)
+    assert trained_rows_per_prompt(config) == 6 and role_plan(config, "actor").mini_batch_sequences == 12
+    assert "4 prompts × n=2 × 3 sequences per episode = 24 sequences per step" in batch_plan_report(config, False)
+    assert trained_rows_per_prompt(load_config(agent, check_paths=False)) == 2

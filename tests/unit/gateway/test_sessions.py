@@ -26,3 +26,29 @@ def test_a_session_stitches_continued_calls_and_keeps_siblings_and_splits_apart(
     assert stitched.response_mask == [1, 1, 0, 0, 1]
     assert stitched.log_probs == [-0.5, -0.5, 0.0, 0.0, -0.5]
     assert stitched.policy_versions == [3, 3, -1, -1, 3]
+
+
+def test_a_split_episode_keeps_its_last_calls_sequence_and_its_latest_others_up_to_the_limit():
+    """``episode_trajectory``: the sequence holding the last call is the episode's row; the latest
+    ``max_sequences - 1`` others ride with it (oldest first), the rest are counted as dropped; a failed episode
+    trains none of them."""
+    from hybridrl.gateway.episodes import AgentEpisode
+    from hybridrl.gateway.training import episode_trajectory
+
+    record = SessionRecord("s")
+    record.add(call([1], [10]))                                        # 0
+    record.add(call([2], [11]))                                        # 1: an edit
+    record.add(call([1, 10, 7], [12], parent=0, observation=[7]))      # 2: continues 0, later than 1
+    record.add(call([3], [13, 14]))                                    # 3: an edit, the last call
+    kept = {}
+    for limit in (1, 2, 3, 4):
+        trajectory = episode_trajectory(AgentEpisode({}, record, reward=1.0), limit)
+        assert (trajectory.prompt_ids, trajectory.response_ids, trajectory.agent_reward) == ([3], [13, 14], 1.0)
+        assert trajectory.counters["split_sequences"] == 2
+        assert trajectory.counters["dropped_sequences"] == max(0, 3 - limit)
+        kept[limit] = [(list(other.prompt_ids), list(other.response_ids), list(other.response_mask))
+                       for other in trajectory.other_sequences]
+    stitched, edit = ([1], [10, 7, 12], [1, 0, 1]), ([2], [11], [1])
+    assert kept == {1: [], 2: [stitched], 3: [edit, stitched], 4: [edit, stitched]}
+    failed = episode_trajectory(AgentEpisode({}, record, failure="timed out"), 3)
+    assert failed.other_sequences == () and sum(failed.response_mask) == 0 and failed.failure == "timed out"
