@@ -45,7 +45,7 @@ def command(name: str, help_text: str, config_name: Optional[str] = "ppo_trainer
     return register
 
 
-COMMAND_OF_SCHEMA = {"TrainConfig": "train", "SFTConfig": "sft", "RMConfig": "rm"}
+COMMAND_OF_SCHEMA = {"TrainConfig": "train", "SFTConfig": "sft", "RMConfig": "rm", "DPOConfig": "dpo"}
 RUN_IN_PROGRESS: dict[str, str] = {}  # the run directory and resume mode of the command running (the Ctrl-C line)
 
 
@@ -89,8 +89,8 @@ def show_config(args: argparse.Namespace) -> int:
     print("# ---- derived (never written back into the config) ----")
     if isinstance(config, TrainConfig):
         print(batch_plan_report(config, include_critic=critic_enabled(config)))
-    else:  # SFT and reward-model configs: no rollout, no critic
-        print(job_plan_report(config, "pairs" if COMMAND_OF_SCHEMA.get(type(config).__name__) == "rm" else
+    else:  # SFT, reward-model and DPO configs: no rollout, no critic
+        print(job_plan_report(config, "pairs" if COMMAND_OF_SCHEMA.get(type(config).__name__) in ("rm", "dpo") else
                               "sequences"))
     return 0
 
@@ -157,13 +157,30 @@ def rm(args: argparse.Namespace) -> int:
     from hybridrl.trainers.rm_trainer import RMTrainer
 
     result = RMTrainer(load_for("rm", args, RMConfig)).fit()
-    accuracy = ""
-    if result.validations:
-        (first_step, first), (last_step, last) = result.validations[0], result.validations[-1]
-        accuracy = (f"; held-out accuracy {first['val/accuracy']:.3f} (step {first_step}) -> "
-                    f"{last['val/accuracy']:.3f} (step {last_step})")
-    print(f"hybridrl rm: {result.global_step} steps{accuracy}; reward model exported to {result.export_dir}")
+    print(f"hybridrl rm: {result.global_step} steps{held_out_accuracy(result)}; reward model exported to "
+          f"{result.export_dir}")
     return 0
+
+
+@command("dpo", "preference optimisation on pairs (DPO, cDPO, IPO, SimPO): hybridrl dpo model.path=...",
+         "dpo_trainer")
+def dpo(args: argparse.Namespace) -> int:
+    from hybridrl.config.dpo_schema import DPOConfig
+    from hybridrl.trainers.dpo_trainer import DPOTrainer
+
+    result = DPOTrainer(load_for("dpo", args, DPOConfig)).fit()
+    print(f"hybridrl dpo: {result.global_step} steps{held_out_accuracy(result)}; policy exported to "
+          f"{result.export_dir}")
+    return 0
+
+
+def held_out_accuracy(result) -> str:
+    """``; held-out accuracy A (step s) -> B (step t)`` of a pair trainer's validations (empty without any)."""
+    if not result.validations:
+        return ""
+    (first_step, first), (last_step, last) = result.validations[0], result.validations[-1]
+    return (f"; held-out accuracy {first['val/accuracy']:.3f} (step {first_step}) -> "
+            f"{last['val/accuracy']:.3f} (step {last_step})")
 
 
 @command("demo", "the main job: tiny model, SFT then GRPO on arithmetic, on CPU (overrides go to GRPO)", "demo_grpo")
@@ -379,7 +396,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
 
 
-TRAINING_COMMANDS = ("train", "sft", "rm", "demo", "demo-agent")
+TRAINING_COMMANDS = ("train", "sft", "rm", "dpo", "demo", "demo-agent")
 
 
 def _warn_if_interrupt_ignored(command: str) -> None:

@@ -15,6 +15,7 @@ import typing
 from typing import Any, Iterator
 
 from hybridrl.config.schema import TrainConfig
+from hybridrl.config.dpo_schema import DPOConfig
 from hybridrl.config.rm_schema import RMConfig
 from hybridrl.config.sft_schema import SFTConfig
 
@@ -59,7 +60,8 @@ def iter_fields(config_class: type, prefix: str = "") -> Iterator[tuple[str, Any
 
 def render_markdown(roots: tuple[tuple[str, type], ...] = (("ppo_trainer", TrainConfig),
                                                             ("sft_trainer", SFTConfig),
-                                                            ("rm_trainer", RMConfig))) -> str:
+                                                            ("rm_trainer", RMConfig),
+                                                            ("dpo_trainer", DPOConfig))) -> str:
     """The whole reference as Markdown: per trainer, one table per top-level section."""
     lines = ["# Config reference", "",
              "Generated from `hybridrl/config/*schema.py` by `python -m hybridrl.config.docs`; do not edit by hand.",

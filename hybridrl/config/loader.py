@@ -19,6 +19,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.schema import TrainConfig
+from hybridrl.config.dpo_schema import DPOConfig
 from hybridrl.config.rm_schema import RMConfig
 from hybridrl.config.sft_schema import SFTConfig
 from hybridrl.config.verl_layout import Override, Translation, translate_overrides
@@ -29,7 +30,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_NAME = "ppo_trainer"
 # Primary config name → the dataclass that types it. Later trainers (SFT, reward model) add theirs here.
-SCHEMAS: dict[str, type] = {DEFAULT_CONFIG_NAME: TrainConfig, "sft_trainer": SFTConfig, "rm_trainer": RMConfig}
+SCHEMAS: dict[str, type] = {DEFAULT_CONFIG_NAME: TrainConfig, "sft_trainer": SFTConfig, "rm_trainer": RMConfig,
+                            "dpo_trainer": DPOConfig}
 
 
 def config_dir() -> Path:
@@ -244,7 +246,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str = DEFAULT_CONFIG
     """Compose, type-check, validate and freeze a trainer config — the one entry point for CLI, recipes and notebooks.
 
     Returns a ``TrainConfig`` for ``ppo_trainer`` (and configs built on it), an ``SFTConfig`` for ``sft_trainer``,
-    an ``RMConfig`` for ``rm_trainer``. ``conf_dir`` replaces the built-in config directory, ``extra_dirs`` are
+    an ``RMConfig`` for ``rm_trainer``, a ``DPOConfig`` for ``dpo_trainer``. ``conf_dir`` replaces the built-in config directory, ``extra_dirs`` are
     searched before it (:func:`config_search_path`). Overrides may use verl's layout (``actor_rollout_ref.actor.optim.lr``);
     ``translation_report``, when given, receives one line per verl key translated, without effect or defaulted
     (keys without effect are also logged).
@@ -253,7 +255,8 @@ def load_config(overrides: Sequence[str] = (), config_name: str = DEFAULT_CONFIG
 
         config = load_config(["algorithm.adv_estimator=grpo", "rollout.n=8", "model.path=/models/qwen"])
     """
-    from hybridrl.config.validation import validate_config, validate_rm_config, validate_sft_config
+    from hybridrl.config.validation import (validate_config, validate_dpo_config, validate_rm_config,
+                                            validate_sft_config)
 
     raw, translation = compose_translated(config_name, overrides, conf_dir, extra_dirs)
     _log_translation(translation)
@@ -262,7 +265,8 @@ def load_config(overrides: Sequence[str] = (), config_name: str = DEFAULT_CONFIG
         translation_report.extend(translation.report())
     schema = schema_of(raw)
     config = to_schema(raw, schema)
-    validator = {SFTConfig: validate_sft_config, RMConfig: validate_rm_config}.get(schema, validate_config)
+    validator = {SFTConfig: validate_sft_config, RMConfig: validate_rm_config,
+                 DPOConfig: validate_dpo_config}.get(schema, validate_config)
     validator(config, check_paths=check_paths)
     config.freeze()
     return config

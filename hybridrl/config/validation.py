@@ -18,6 +18,7 @@ from hybridrl.config.multi_turn_checks import (BUILTIN_TOOL_NAMES, check_agent_f
                                                check_tool_config, resolved_file_name)
 from hybridrl.config.plugins import load_plugins, resolved_plugins
 from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS
+from hybridrl.config.dpo_schema import PREFERENCE_LOSSES, REFERENCE_MODES, DPOConfig
 from hybridrl.config.rm_schema import SYNTHETIC_PREFERENCES, RMConfig
 from hybridrl.config.pool_checks import check_rollout_pool
 from hybridrl.config.schema import LR_SCALINGS, TrainConfig
@@ -26,8 +27,8 @@ from hybridrl.config.sizes import AUTO_MICRO_BATCH, role_plan, trained_rows_per_
 from hybridrl.config.validation_machine import (DATA_FILE_SUFFIXES, _check_cpu_limits, _check_data_file,
                                                 _check_model_dir, _check_paths, _check_this_machine, resolved_device)
 
-__all__ = ["DATA_FILE_SUFFIXES", "critic_enabled", "resolved_device", "validate_config", "validate_rm_config",
-           "validate_sft_config"]
+__all__ = ["DATA_FILE_SUFFIXES", "critic_enabled", "resolved_device", "validate_config", "validate_dpo_config",
+           "validate_rm_config", "validate_sft_config"]
 
 # Choices owned by the config layer. Names owned by a registry (estimators, losses, …) are read from that registry.
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
@@ -415,6 +416,30 @@ def validate_sft_config(config: SFTConfig, *, check_paths: bool = True) -> None:
 def validate_rm_config(config: RMConfig, *, check_paths: bool = True) -> None:
     """Raise ``ConfigError`` naming every invalid key of a reward-model training config."""
     error = ConfigError()
+    _check_pair_job(config, error, check_paths)
+    _require(error, "loss.center_coef", config.loss.center_coef, config.loss.center_coef >= 0, "must be >= 0")
+    error.raise_if_any()
+
+
+def validate_dpo_config(config: DPOConfig, *, check_paths: bool = True) -> None:
+    """Raise ``ConfigError`` naming every invalid key of a preference-optimisation (DPO) config."""
+    error = ConfigError()
+    _check_pair_job(config, error, check_paths)
+    loss = config.loss
+    _choice(error, "loss.type", loss.type, PREFERENCE_LOSSES)
+    _choice(error, "loss.reference_log_probs", loss.reference_log_probs, REFERENCE_MODES)
+    _require(error, "loss.beta", loss.beta, loss.beta > 0, "must be > 0 (β: the implicit reward's scale)")
+    _require(error, "loss.label_smoothing", loss.label_smoothing, 0 <= loss.label_smoothing < 0.5,
+             "must be in [0, 0.5) (cDPO: the share of labels taken to be flipped)")
+    if loss.label_smoothing and loss.type != "dpo":
+        error.add("loss.label_smoothing", loss.label_smoothing, f"is read only by loss.type=dpo, not {loss.type}: "
+                                                                "drop it")
+    _require(error, "loss.simpo_gamma", loss.simpo_gamma, loss.simpo_gamma >= 0, "must be >= 0 (a target margin)")
+    error.raise_if_any()
+
+
+def _check_pair_job(config: RMConfig | DPOConfig, error: ConfigError, check_paths: bool) -> None:
+    """The keys a trainer on preference pairs shares (``data``, ``model``, ``optim``, ``fsdp``, ``trainer``)."""
     resolve_auto_dtype(config)
     data, trainer, loss = config.data, config.trainer, config.loss
     _positive(error, [
@@ -426,7 +451,6 @@ def validate_rm_config(config: RMConfig, *, check_paths: bool = True) -> None:
         ("optim.lr", config.optim.lr), ("loss.grad_clip", loss.grad_clip),
     ])
     _require(error, "data.val_fraction", data.val_fraction, 0 <= data.val_fraction < 1, "must be in [0, 1)")
-    _require(error, "loss.center_coef", loss.center_coef, loss.center_coef >= 0, "must be >= 0")
     for key, value in (("trainer.save_freq", trainer.save_freq), ("trainer.test_freq", trainer.test_freq)):
         _require(error, key, value, value == -1 or value > 0, "must be -1 (off) or a positive number of steps")
     _choice(error, "data.synthetic_preference", data.synthetic_preference, SYNTHETIC_PREFERENCES)
@@ -457,4 +481,3 @@ def validate_rm_config(config: RMConfig, *, check_paths: bool = True) -> None:
         for key in ("train_files", "val_files"):
             for path in getattr(data, key):
                 _check_data_file(error, f"data.{key}", path)
-    error.raise_if_any()

@@ -47,6 +47,11 @@ class PairFields:
     MARGIN = "margin"
     CHOSEN_REWARDS = "chosen_rewards"
     REJECTED_REWARDS = "rejected_rewards"
+    CHOSEN_LOG_PROBS = "chosen_log_probs"
+    REJECTED_LOG_PROBS = "rejected_log_probs"
+    REFERENCE_CHOSEN_LOG_PROBS = "reference_chosen_log_probs"
+    REFERENCE_REJECTED_LOG_PROBS = "reference_rejected_log_probs"
+    """``[B]`` summed response log-probs (nats) of a side, under the policy / the frozen reference policy."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,8 @@ def _response(row: Mapping[str, Any], key: str, where: str) -> str:
     value = row[key]
     if not isinstance(value, str):
         raise ValueError(f"{where}: '{key}' must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise ValueError(f"{where}: '{key}' is empty: a pair needs a response on each side")
     _check_text(value, where, key)
     return value
 
@@ -84,7 +91,8 @@ def pairs_from_row(source: SourceRow) -> list[PreferencePair]:
         responses = row["responses"]
         if isinstance(responses, str) or not isinstance(responses, Sequence) or len(responses) < 2:
             raise ValueError(f"{where}: 'responses' must be a list of at least 2 strings ranked best first")
-        texts = [_response({"r": text}, "r", f"{where}: responses[{index}]") for index, text in enumerate(responses)]
+        texts = [_response({"response": text}, "response", f"{where}: responses[{index}]")
+                 for index, text in enumerate(responses)]
         if len(set(texts)) != len(texts):
             raise ValueError(f"{where}: 'responses' holds the same text twice: a tie carries no preference")
         return [PreferencePair(prompt, texts[i], texts[j], 0.0, f"{where} (responses {i} > {j})")

@@ -9,14 +9,17 @@ from typing import Any
 
 
 def trainer_class(config: Any) -> type:
-    """The trainer that runs ``config``: ``RLTrainer``, ``SFTTrainer`` or ``RMTrainer``, by its schema."""
+    """The trainer that runs ``config``: ``RLTrainer``, ``SFTTrainer``, ``RMTrainer`` or ``DPOTrainer``, by its
+    schema."""
+    from hybridrl.config.dpo_schema import DPOConfig
     from hybridrl.config.rm_schema import RMConfig
     from hybridrl.config.sft_schema import SFTConfig
+    from hybridrl.trainers.dpo_trainer import DPOTrainer
     from hybridrl.trainers.rl_trainer import RLTrainer
     from hybridrl.trainers.rm_trainer import RMTrainer
     from hybridrl.trainers.sft_trainer import SFTTrainer
 
-    return {SFTConfig: SFTTrainer, RMConfig: RMTrainer}.get(type(config), RLTrainer)
+    return {SFTConfig: SFTTrainer, RMConfig: RMTrainer, DPOConfig: DPOTrainer}.get(type(config), RLTrainer)
 
 
 def check_run_inputs(config: Any) -> None:

@@ -96,7 +96,12 @@ def validation_metrics(rewards: Batch) -> dict[str, float]:
 
 
 class RMTrainer:
-    """Trains a reward model on preference pairs and exports it as a Hugging Face directory."""
+    """Trains a reward model on preference pairs and exports it as a Hugging Face directory. A trainer of another
+    model on the same pairs (``hybridrl dpo``) subclasses it with its own ``worker`` (and role and metric prefix),
+    ``batch``, ``validate`` and ``_before_steps``."""
+
+    worker = RewardModelTrainWorker
+    role, prefix = "reward_model", "rm"
 
     def __init__(self, config: RMConfig) -> None:
         self.config = config
@@ -114,37 +119,47 @@ class RMTrainer:
 
     def batch(self, step: int) -> Batch:
         """The pairs of optimizer step ``step`` (0-based), encoded."""
+        return self.step_pairs(step)[1]
+
+    def step_pairs(self, step: int) -> tuple[list[int], Batch]:
+        """The indices (in ``train_pairs``) of optimizer step ``step``'s pairs, and the pairs encoded."""
         data = self.config.data
         picked = step_indices(len(self.train_pairs), data.train_batch_size, step, shuffle=data.shuffle, seed=data.seed)
-        return encode_pairs(self.tokenizer, [self.train_pairs[index] for index in picked], data.max_response_length,
-                            data.apply_chat_template)
+        return picked, self.encode([self.train_pairs[index] for index in picked])
+
+    def encode(self, pairs: list[PreferencePair]) -> Batch:
+        data = self.config.data
+        return encode_pairs(self.tokenizer, pairs, data.max_response_length, data.apply_chat_template)
 
     def validate(self, group: WorkerGroup) -> dict[str, float]:
         """Held-out accuracy, margin and loss (empty when there are no held-out pairs)."""
         if not self.val_pairs:
             return {}
+        return validation_metrics(group.call(self.worker.compute_rewards, self.val_batch()))
+
+    def val_batch(self) -> Batch:
+        """The held-out pairs, encoded (once)."""
         if self._val_batch is None:
-            data = self.config.data
-            self._val_batch = encode_pairs(self.tokenizer, self.val_pairs, data.max_response_length,
-                                           data.apply_chat_template)
-        return validation_metrics(group.call(RewardModelTrainWorker.compute_rewards, self._val_batch))
+            self._val_batch = self.encode(self.val_pairs)
+        return self._val_batch
 
     def fit(self) -> RMResult:
         config, trainer = self.config, self.config.trainer
         result = RMResult(self.run_dir, self.export_dir)
-        pool = PoolSpec("reward_model", nnodes=trainer.nnodes, devices_per_node=trainer.n_gpus_per_node,
+        pool = PoolSpec(self.role, nnodes=trainer.nnodes, devices_per_node=trainer.n_gpus_per_node,
                         device=resolved_device(config))
         with run_directory_lock(self.run_dir), \
-                cluster(trainer.ray, [pool], {"reward_model": "reward_model"}) as pools, \
-                WorkerGroup(RewardModelTrainWorker, pools.pool_for("reward_model"), name="reward_model_train",
+                cluster(trainer.ray, [pool], {self.role: self.role}) as pools, \
+                WorkerGroup(self.worker, pools.pool_for(self.role), name=f"{self.role}_train",
                             args=(config,)) as group:
             dump_config(config, self.run_dir)
             start = self._resume(group)
+            self._before_steps(group)
             tracker = open_tracker(trainer, self.run_dir, total_steps=trainer.total_training_steps,
                                    start_step=start, monitoring=MonitoringConfig())
             try:
                 self._loop(group, tracker, result, start)
-                group.call(RewardModelTrainWorker.export_hf, str(self.export_dir))
+                group.call(self.worker.export_hf, str(self.export_dir))
             finally:
                 tracker.close()
         return result
@@ -155,8 +170,8 @@ class RMTrainer:
         if start == 0 and trainer.val_before_train:
             self._log_validation(group, tracker, result, 0)
         for step in range(start + 1, trainer.total_training_steps + 1):
-            metrics = {f"rm/{name}": value
-                       for name, value in group.call(RewardModelTrainWorker.update, self.batch(step - 1))[0].items()}
+            metrics = {f"{self.prefix}/{name}": value
+                       for name, value in group.call(self.worker.update, self.batch(step - 1))[0].items()}
             result.global_step = step
             last = step == trainer.total_training_steps
             if last or (trainer.test_freq > 0 and step % trainer.test_freq == 0):
@@ -165,6 +180,9 @@ class RMTrainer:
             result.history.append(metrics)
             if trainer.save_freq > 0 and (step % trainer.save_freq == 0 or last):
                 self._save(group, step)
+
+    def _before_steps(self, group: WorkerGroup) -> None:
+        """What the workers need before the first step (or validation): nothing for a reward model."""
 
     def _log_validation(self, group: WorkerGroup, tracker: Optional[Tracker], result: RMResult,
                         step: int) -> dict[str, float]:
@@ -177,7 +195,7 @@ class RMTrainer:
 
     def _save(self, group: WorkerGroup, step: int) -> Path:
         directory = self.checkpoints.partial_dir(step)
-        group.call(RewardModelTrainWorker.save_checkpoint, str(directory / "reward_model"))
+        group.call(self.worker.save_checkpoint, str(directory / self.role))
         return self.checkpoints.commit(step, {"global_step": step, "model_path": self.config.model.path})
 
     def _resume(self, group: WorkerGroup) -> int:
@@ -186,6 +204,6 @@ class RMTrainer:
                                          model_path=self.config.model.path)
         if checkpoint is None:
             return 0
-        group.call(RewardModelTrainWorker.load_checkpoint, str(checkpoint / "reward_model"))
-        logger.info("resumed reward-model training from %s at step %d", checkpoint, state["global_step"])
+        group.call(self.worker.load_checkpoint, str(checkpoint / self.role))
+        logger.info("resumed %s training from %s at step %d", self.prefix, checkpoint, state["global_step"])
         return int(state["global_step"])

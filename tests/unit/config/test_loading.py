@@ -18,6 +18,7 @@ from hybridrl.config import (
     to_schema,
 )
 from hybridrl.config.docs import iter_fields, render_markdown
+from hybridrl.config.dpo_schema import DPOConfig
 from hybridrl.config.rm_schema import RMConfig
 from hybridrl.config.sft_schema import SFTConfig
 
@@ -50,13 +51,14 @@ def test_every_group_option_composes_and_validates(group, option):
 
 
 # Primary configs that need a data source from the user get one here.
-PRIMARY_OVERRIDES = {"sft_trainer": ["data.synthetic_task=arithmetic"], "rm_trainer": ["data.synthetic_task=arithmetic"]}
+PRIMARY_OVERRIDES = {"sft_trainer": ["data.synthetic_task=arithmetic"], "rm_trainer": ["data.synthetic_task=arithmetic"],
+                     "dpo_trainer": ["data.synthetic_task=arithmetic"]}
 
 
 @pytest.mark.parametrize("config_file", sorted(CONF.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_primary_config_composes(config_file):
     config = load_config(PRIMARY_OVERRIDES.get(config_file.stem, []), config_file.stem, check_paths=False)
-    assert isinstance(config, (TrainConfig, SFTConfig, RMConfig)) and config.is_frozen
+    assert isinstance(config, (TrainConfig, SFTConfig, RMConfig, DPOConfig)) and config.is_frozen
 
 
 def test_presets_select_what_they_say():

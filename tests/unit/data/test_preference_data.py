@@ -46,6 +46,8 @@ def test_pairs_and_ranked_rows_from_parquet_and_jsonl(tmp_path):
     ({"prompt": "p", "responses": ["only one"]}, "at least 2 strings"),
     ({"prompt": "p", "responses": ["a", "b", "a"]}, "same text twice"),
     ({"prompt": "", "chosen": "a", "rejected": "b"}, "'prompt' is empty"),
+    ({"prompt": "p", "chosen": "a", "rejected": "  "}, "'rejected' is empty: a pair needs a response on each side"),
+    ({"prompt": "p", "responses": ["a", ""]}, r"responses\[1\]: 'response' is empty"),
 ])
 def test_bad_rows_name_file_and_row(tmp_path, row, phrase):
     good = {"prompt": "p", "chosen": "a", "rejected": "b"}

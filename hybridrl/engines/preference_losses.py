@@ -1,0 +1,82 @@
+"""Offline preference optimisation as an engine loss (``hybridrl dpo``): the policy's summed log-probs of both sides of
+each pair from **one** forward, then DPO / cDPO / IPO / SimPO (``hybridrl.algorithms.preference_optimization``).
+
+A pair Batch (``hybridrl.data.preference``) is one row per pair, each side ``[B, P + R]`` with the response in the
+last ``R`` columns. A pair's reference log-probs ride in the batch (``reference_*_log_probs``, computed by the
+trainer before the step), so the loss reads no second model. The normaliser is the global pair count
+(:data:`~hybridrl.engines.losses.PAIR_MEAN`): the shares of every micro-batch on every rank add up to one big batch's
+loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from hybridrl.algorithms.preference_optimization import dpo_loss, ipo_loss, simpo_loss
+from hybridrl.config.dpo_schema import DPOLossConfig
+from hybridrl.data.preference import PairFields
+from hybridrl.engines.losses import PAIR_MEAN, NoUpdateChecks
+from hybridrl.modeling.sequences import response_log_probs
+from hybridrl.protocol import Batch
+
+
+@dataclass(frozen=True)
+class PairLogProbs:
+    """``[B]`` summed response log-probs of each side, and the sides' response lengths in tokens."""
+
+    chosen: torch.Tensor
+    rejected: torch.Tensor
+    chosen_lengths: torch.Tensor
+    rejected_lengths: torch.Tensor
+
+
+def pair_log_probs(model: nn.Module, pairs: Batch, response_length: int, *, packed: bool) -> PairLogProbs:
+    """Both sides' summed response log-probs under ``model``, from one forward of the ``2B`` sequences (packed: the
+    real tokens of all of them in one row, attention kept within each)."""
+    input_ids = torch.cat([pairs[PairFields.CHOSEN_INPUT_IDS], pairs[PairFields.REJECTED_INPUT_IDS]])
+    attention_mask = torch.cat([pairs[PairFields.CHOSEN_ATTENTION_MASK], pairs[PairFields.REJECTED_ATTENTION_MASK]])
+    log_probs, _ = response_log_probs(model, input_ids, attention_mask, response_length, packed=packed)
+    sums = log_probs.sum(-1)
+    return PairLogProbs(sums[:len(pairs)], sums[len(pairs):], *response_lengths(pairs, response_length))
+
+
+def response_lengths(pairs: Batch, response_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B]`` response tokens of the chosen and of the rejected side (the last ``response_length`` columns)."""
+    return (pairs[PairFields.CHOSEN_ATTENTION_MASK][:, -response_length:].sum(-1),
+            pairs[PairFields.REJECTED_ATTENTION_MASK][:, -response_length:].sum(-1))
+
+
+@dataclass(frozen=True)
+class PreferenceOptimizationLoss(NoUpdateChecks):
+    """``loss.type`` of ``hybridrl dpo`` on a pair micro-batch: its share of the mini-batch loss and its metrics
+    (``loss``, ``chosen_reward``, ``rejected_reward``, ``margin``, ``accuracy`` — the implicit rewards)."""
+
+    response_length: int
+    loss: DPOLossConfig = field(default_factory=DPOLossConfig)
+    packed: bool = False
+    agg_mode: str = PAIR_MEAN
+
+    def __call__(self, model: nn.Module, micro_batch: Batch,
+                 normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        policy = pair_log_probs(model, micro_batch, self.response_length, packed=self.packed)
+        value, metrics = preference_loss(self.loss, policy, micro_batch, normalizer)
+        return value, {"loss": float(value.detach()), **{name: float(item) for name, item in metrics.items()}}
+
+
+def preference_loss(config: DPOLossConfig, policy: PairLogProbs, pairs: Batch,
+                    normalizer: torch.Tensor | float) -> tuple[torch.Tensor, dict]:
+    """``config.type`` on the policy's log-probs and, for the losses that read one, the reference's in ``pairs``."""
+    if config.type == "simpo":
+        return simpo_loss(policy.chosen, policy.rejected, policy.chosen_lengths, policy.rejected_lengths,
+                          beta=config.beta, gamma=config.simpo_gamma, normalizer=normalizer)
+    reference = (pairs[PairFields.REFERENCE_CHOSEN_LOG_PROBS].to(policy.chosen.dtype),
+                 pairs[PairFields.REFERENCE_REJECTED_LOG_PROBS].to(policy.chosen.dtype))
+    if config.type == "ipo":
+        return ipo_loss(policy.chosen, policy.rejected, *reference, beta=config.beta, normalizer=normalizer)
+    if config.type == "dpo":
+        return dpo_loss(policy.chosen, policy.rejected, *reference, beta=config.beta, normalizer=normalizer,
+                        label_smoothing=config.label_smoothing)
+    raise ValueError(f"loss.type={config.type!r}: not a preference loss")
