@@ -91,3 +91,14 @@ def test_the_cli_runs_and_refuses_bad_keys(model_dir, tmp_path):
                               (["loss.type=kto"], "loss.type")):
         refused = cli(f"model.path={model_dir}", *overrides)
         assert refused.returncode == 2 and phrase in refused.stderr and "Traceback" not in refused.stderr, overrides
+
+
+def test_with_lora_the_reference_is_the_base_model_with_adapters_off(model_dir, tmp_path):
+    """No second model: the reference log-probs come from the policy with its adapters disabled — at the start the
+    adapters are zero, so every pair's implicit reward is 0 (loss log 2); training moves them."""
+    trainer = DPOTrainer(demo_config(model_dir, tmp_path / "run", 4, "model.lora.rank=8", "model.lora.alpha=16",
+                                     "optim.lr=1e-2", "trainer.test_freq=4"))
+    result = trainer.fit()
+    (_, first), (_, last) = result.validations[0], result.validations[-1]
+    assert first["val/loss"] == pytest.approx(0.6931, abs=1e-4) and first["val/margin"] == pytest.approx(0, abs=1e-5)
+    assert last["val/loss"] < first["val/loss"] and trainer._reference["train"] is not None
