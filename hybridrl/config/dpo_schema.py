@@ -22,7 +22,7 @@ REFERENCE_MODES = ("precompute", "on_the_fly")
 class DPOLossConfig(FreezableConfig):
     type: str = "dpo"
     """``dpo`` (−log σ(β h), ``h`` the implicit reward margin; cDPO with ``label_smoothing``) | ``ipo``
-    ((h − 1/(2β))²) | ``simpo`` (reference-free: −log σ(β (mean log-prob chosen − rejected) − γ))."""
+    ((h̄ − 1/(2β))², ``h̄`` of per-token mean log-ratios, as TRL) | ``simpo`` (reference-free: −log σ(β (mean log-prob chosen − rejected) − γ))."""
     beta: float = 0.1
     """β > 0: the strength of the implicit KL constraint (SimPO: the reward scale)."""
     label_smoothing: float = 0.0

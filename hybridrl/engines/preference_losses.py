@@ -74,8 +74,12 @@ def preference_loss(config: DPOLossConfig, policy: PairLogProbs, pairs: Batch,
                           beta=config.beta, gamma=config.simpo_gamma, normalizer=normalizer)
     reference = (pairs[PairFields.REFERENCE_CHOSEN_LOG_PROBS].to(policy.chosen.dtype),
                  pairs[PairFields.REFERENCE_REJECTED_LOG_PROBS].to(policy.chosen.dtype))
-    if config.type == "ipo":
-        return ipo_loss(policy.chosen, policy.rejected, *reference, beta=config.beta, normalizer=normalizer)
+    if config.type == "ipo":  # on per-token means of the log-ratios: TRL's form, in which the IPO paper's results are
+        chosen_length = policy.chosen_lengths.clamp_min(1).to(policy.chosen.dtype)
+        rejected_length = policy.rejected_lengths.clamp_min(1).to(policy.chosen.dtype)
+        return ipo_loss(policy.chosen / chosen_length, policy.rejected / rejected_length,
+                        reference[0] / chosen_length, reference[1] / rejected_length, beta=config.beta,
+                        normalizer=normalizer)
     if config.type == "dpo":
         return dpo_loss(policy.chosen, policy.rejected, *reference, beta=config.beta, normalizer=normalizer,
                         label_smoothing=config.label_smoothing)

@@ -70,8 +70,10 @@ def reference_loss(model, data, config: DPOLossConfig):
             continue
         margin = ((chosen - data[PairFields.REFERENCE_CHOSEN_LOG_PROBS][row])
                   - (rejected - data[PairFields.REFERENCE_REJECTED_LOG_PROBS][row]))
-        if config.type == "ipo":
-            total = total + (margin - 1 / (2 * config.beta)) ** 2
+        if config.type == "ipo":  # the log-ratios' per-token means
+            mean_margin = ((chosen - data[PairFields.REFERENCE_CHOSEN_LOG_PROBS][row]) / chosen_length
+                           - (rejected - data[PairFields.REFERENCE_REJECTED_LOG_PROBS][row]) / rejected_length)
+            total = total + (mean_margin - 1 / (2 * config.beta)) ** 2
         else:
             smoothing = config.label_smoothing
             total = total - (1 - smoothing) * F.logsigmoid(config.beta * margin) \

@@ -1,0 +1,91 @@
+"""``hybridrl dpo``'s losses against a peer: TRL's own ``DPOTrainer`` (TRL 1.16, its ``compute_loss`` on one batch)
+and hybridrl's ``PreferenceOptimizationLoss`` on the same pairs, the same policy and the same reference model give
+the same loss and the same gradient, for DPO (TRL's ``sigmoid``) and IPO (TRL's ``ipo``, per-token means).
+
+The pairs are plain text on a character-level tokenizer, so both sides' tokens are the same (checked first); the
+policy is the tiny model with its weights perturbed, the reference the tiny model itself, so the implicit rewards
+are not zero."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridrl.config.dpo_schema import DPOLossConfig
+from hybridrl.data.preference import PairFields, PreferencePair, encode_pairs
+from hybridrl.engines.preference_losses import PreferenceOptimizationLoss, pair_log_probs
+from hybridrl.utils.tiny_model import save_tiny_model
+
+trl = pytest.importorskip("trl", reason="needs TRL (pip install 'hybridrl[test]')")
+
+ROWS = [("3+4=", "7", "8"), ("12+9=", "21", "2"), ("5+5=", "10", "100"), ("1+1=", "2", "11"), ("30+3=", "33", "3")]
+RESPONSE = 6
+BETA = 0.3
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("vs_trl")
+    reference_dir = save_tiny_model(root / "reference")
+    policy = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    policy.save_pretrained(root / "policy")
+    return root / "policy", reference_dir
+
+
+def trl_loss_and_gradients(policy_dir, reference_dir, loss_type, output_dir):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(reference_dir)
+    args = trl.DPOConfig(output_dir=str(output_dir), beta=BETA, loss_type=[loss_type], per_device_train_batch_size=len(ROWS),
+                         report_to=[], use_cpu=True, bf16=False, max_length=None)
+    trainer = trl.DPOTrainer(model=AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32),
+                             ref_model=AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32),
+                             args=args, processing_class=tokenizer,
+                             train_dataset=Dataset.from_list([dict(zip(("prompt", "chosen", "rejected"), row))
+                                                              for row in ROWS]))
+    batch = next(iter(trainer.get_train_dataloader()))  # the whole data set: its order does not matter
+    trainer.model.train()
+    loss = trainer.compute_loss(trainer.model, batch)
+    loss.backward()
+    sequences = {tuple(ids[mask.bool()].tolist()) for ids, mask in zip(batch["input_ids"], batch["attention_mask"])}
+    return float(loss.detach()), {name: p.grad.clone() for name, p in trainer.model.named_parameters()}, sequences
+
+
+def hybridrl_loss_and_gradients(policy_dir, reference_dir, loss_type):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(reference_dir)
+    pairs = encode_pairs(tokenizer, [PreferencePair(*row) for row in ROWS], RESPONSE, apply_chat_template=False)
+    reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32)
+    with torch.no_grad():
+        scored = pair_log_probs(reference, pairs, RESPONSE, packed=False)
+    pairs[PairFields.REFERENCE_CHOSEN_LOG_PROBS], pairs[PairFields.REFERENCE_REJECTED_LOG_PROBS] = (
+        scored.chosen, scored.rejected)
+    policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).train()
+    loss_config = DPOLossConfig(type={"sigmoid": "dpo", "ipo": "ipo"}[loss_type], beta=BETA)
+    loss, _ = PreferenceOptimizationLoss(RESPONSE, loss_config)(policy, pairs, torch.tensor(float(len(ROWS))))
+    loss.backward()
+    sequences = {tuple(ids[mask.bool()].tolist()) for side in ("chosen", "rejected")
+                 for ids, mask in zip(pairs[f"{side}_input_ids"], pairs[f"{side}_attention_mask"])}
+    return float(loss.detach()), {name: p.grad.clone() for name, p in policy.named_parameters()}, sequences
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_the_loss_and_its_gradient_equal_trls(models, tmp_path, loss_type):
+    policy_dir, reference_dir = models
+    theirs, their_gradients, their_sequences = trl_loss_and_gradients(policy_dir, reference_dir, loss_type, tmp_path)
+    ours, our_gradients, our_sequences = hybridrl_loss_and_gradients(policy_dir, reference_dir, loss_type)
+    assert our_sequences == their_sequences  # the same tokens on both sides
+    assert abs(ours - (0.6931 if loss_type == "sigmoid" else 1 / (2 * BETA) ** 2)) > 1e-3  # not the starting value
+    assert ours == pytest.approx(theirs, rel=1e-6)
+    assert sum(float(gradient.norm()) for gradient in their_gradients.values()) > 0
+    for name, gradient in our_gradients.items():  # relative error of each parameter's whole gradient
+        error = float((gradient - their_gradients[name]).norm() / their_gradients[name].norm().clamp_min(1e-30))
+        assert error <= 1e-5, (name, error)
