@@ -106,6 +106,15 @@ def _turn_rewards(trajectories: Sequence[Trajectory], response_length: int) -> t
     return rewards
 
 
+DROPPED_UID_MARK = "#dropped-"
+"""In the ``uid`` of a failed agent episode's row (:func:`out_of_groups`): a group of its own, with nothing to train."""
+
+
+def is_dropped(uid: str) -> bool:
+    """Whether ``uid`` is a failed agent episode's own group (:func:`out_of_groups`)."""
+    return DROPPED_UID_MARK in str(uid)
+
+
 def out_of_groups(batch: Batch) -> Batch:
     """``batch`` with each failed episode whose row takes no loss (a user's agent that raised or timed out) given
     a ``uid`` of its own: a group of one, so its reward of 0 enters no other row's group statistics (GRPO's mean
@@ -116,7 +125,7 @@ def out_of_groups(batch: Batch) -> Batch:
     uids = list(batch[Fields.UID])
     for row, (failure, empty) in enumerate(zip(batch[EPISODE_FAILURE], no_loss)):
         if failure and empty:
-            uids[row] = f"{uids[row]}#dropped-{row}"  # a prompt's rows are all on one rank: unique
+            uids[row] = f"{uids[row]}{DROPPED_UID_MARK}{row}"  # a prompt's rows are all on one rank: unique
     non_tensors = {**dict(batch.non_tensors), Fields.UID: uids}
     return Batch(tensors=dict(batch.tensors), non_tensors=non_tensors, meta=batch.meta)
 

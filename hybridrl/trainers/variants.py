@@ -18,6 +18,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from hybridrl.agents.batch import is_dropped
 from hybridrl.config.schema import TrainConfig
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
@@ -143,7 +144,8 @@ def prompts_without_greedy(batch: Batch, greedy: Optional[Batch]) -> Optional[Ba
     ``None`` when none is missing."""
     prompts, _ = prompt_rows(batch)
     have = set(greedy[Fields.UID].tolist()) if greedy is not None else set()
-    missing = [index for index, uid in enumerate(prompts[Fields.UID].tolist()) if uid not in have]
+    missing = [index for index, uid in enumerate(prompts[Fields.UID].tolist())
+               if uid not in have and not is_dropped(uid)]  # a failed agent episode trains nothing: no baseline
     return prompts.index(torch.tensor(missing, dtype=torch.long)) if missing else None
 
 
@@ -151,10 +153,11 @@ def remax_baselines(batch: Batch, greedy_batches: list[Batch], config: TrainConf
                     token_level_scores: Callable[[Batch], tuple[torch.Tensor, dict]]) -> torch.Tensor:
     """ReMax: the score of each prompt's greedy response (``greedy_batches``, one row per prompt, scored here and
     shaped as the rewards are, so the baseline is on their scale), for every row of that prompt ``[B]`` (matched by
-    uid, so the rows may have been reordered since)."""
+    uid, so the rows may have been reordered since); 0 for a failed agent episode's row (it trains nothing)."""
     score_of = {}
     for greedy in greedy_batches:
         greedy[Fields.TOKEN_LEVEL_SCORES], _ = token_level_scores(greedy)
         shape_rewards(greedy, config)
         score_of.update(zip(greedy[Fields.UID].tolist(), greedy[Fields.TOKEN_LEVEL_SCORES].sum(-1)))
-    return torch.stack([score_of[uid] for uid in batch[Fields.UID].tolist()])
+    zero = torch.zeros(())
+    return torch.stack([zero if is_dropped(uid) else score_of[uid] for uid in batch[Fields.UID].tolist()])

@@ -138,3 +138,27 @@ def test_dropping_sequences_is_said_once(caplog):
                                            agent_rewards=True), 7, PAD)
     said = [record.getMessage() for record in caplog.records if "agent_max_sequences" in record.getMessage()]
     assert len(said) == 1 and "1 of 1 agent episodes split into more than 7" in said[0]
+
+
+def test_remax_asks_no_greedy_baseline_for_a_failed_agent_episode():
+    """A failed episode's row is a group of its own (``out_of_groups``) with nothing to train: ReMax generates no
+    greedy response for it, and its baseline is 0; the other rows get their prompt's greedy score."""
+    from hybridrl.agents.batch import EPISODE_FAILURE, out_of_groups
+    from hybridrl.config import load_config
+    from hybridrl.trainers.variants import prompts_without_greedy, remax_baselines
+
+    batch = episodes()
+    failures = ["", "the agent's own bug", "", ""]
+    batch = Batch(tensors=dict(batch.tensors), non_tensors={**dict(batch.non_tensors), EPISODE_FAILURE: failures})
+    batch[Fields.RESPONSE_MASK][1] = 0
+    batch = out_of_groups(batch)
+    missing = prompts_without_greedy(batch, None)
+    assert list(missing[Fields.UID]) == ["a", "b"]
+    greedy = missing.select(Fields.UID)
+    greedy[Fields.INPUT_IDS] = missing[Fields.INPUT_IDS]
+    scores = {"a": 0.25, "b": 0.75}
+
+    def token_level_scores(rows):
+        return torch.tensor([[scores[uid]] for uid in rows[Fields.UID]]), {}
+    config = load_config(["algorithm.adv_estimator=remax"], check_paths=False)
+    assert remax_baselines(batch, [greedy], config, token_level_scores).tolist() == [0.25, 0.0, 0.75, 0.75]
