@@ -57,6 +57,7 @@ def test_demo_accuracy_rises_and_the_export_ranks_alike(model_dir, tmp_path):
     assert exported_accuracy(result.export_dir, trainer) == pytest.approx(last["val/accuracy"])
 
 
+@pytest.mark.long  # a whole run or two each; the demo test above stays in `make test`
 def test_reference_scored_up_front_or_step_by_step_gives_the_same_run(model_dir, tmp_path):
     runs = {}
     for mode in ("precompute", "on_the_fly"):
@@ -69,6 +70,7 @@ def test_reference_scored_up_front_or_step_by_step_gives_the_same_run(model_dir,
                 assert first[key] == pytest.approx(second[key], rel=1e-6), key
 
 
+@pytest.mark.long  # a whole run or two each; the demo test above stays in `make test`
 def test_simpo_trains_without_a_reference(model_dir, tmp_path):
     trainer = DPOTrainer(demo_config(model_dir, tmp_path / "run", 2, "loss.type=simpo", "loss.beta=2.0"))
     result = trainer.fit()
@@ -81,6 +83,7 @@ def cli(*arguments):
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.long  # a whole run or two each; the demo test above stays in `make test`
 def test_the_cli_runs_and_refuses_bad_keys(model_dir, tmp_path):
     done = cli(f"model.path={model_dir}", f"trainer.default_local_dir={tmp_path / 'run'}",
                "trainer.total_training_steps=1", "trainer.ray.num_cpus=4")
@@ -93,6 +96,7 @@ def test_the_cli_runs_and_refuses_bad_keys(model_dir, tmp_path):
         assert refused.returncode == 2 and phrase in refused.stderr and "Traceback" not in refused.stderr, overrides
 
 
+@pytest.mark.long  # a whole run or two each; the demo test above stays in `make test`
 def test_with_lora_the_reference_is_the_base_model_with_adapters_off(model_dir, tmp_path):
     """No second model: the reference log-probs come from the policy with its adapters disabled — at the start the
     adapters are zero, so every pair's implicit reward is 0 (loss log 2); training moves them."""
