@@ -4,6 +4,7 @@ shaping (the ``algorithm`` section). Part of :mod:`hybridrl.config.schema`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from hybridrl.config.async_schema import OffPolicyCorrectionConfig
 from hybridrl.config.frozen import FreezableConfig
@@ -49,6 +50,18 @@ class OverlongBufferConfig(FreezableConfig):
 
 
 @dataclass
+class DistillationConfig(FreezableConfig):
+    teacher_path: Optional[str] = None
+    """On-policy distillation: a frozen teacher (a Hugging Face model directory with the policy's vocabulary,
+    checked at start) scores the student's samples token by token, and each token's reverse KL
+    ``log π_s − log π_t`` joins its advantage (``hybridrl/algorithms/distillation.py``). ``null``: off."""
+    kl_coef: float = 1.0
+    """λ ≥ 0: the weight of the per-token reverse KL in the advantage."""
+    task_weight: float = 1.0
+    """w ≥ 0: the weight of the task's advantage (the reward's, by ``adv_estimator``); 0: distillation alone."""
+
+
+@dataclass
 class AlgorithmConfig(FreezableConfig):
     adv_estimator: str = "grpo"
     """Advantage estimator: ``gae`` | ``grpo`` | ``drgrpo`` | ``rloo`` | ``reinforce_plus_plus`` | ``reinforce_plus_plus_baseline`` | ``remax``."""
@@ -68,6 +81,8 @@ class AlgorithmConfig(FreezableConfig):
     """DAPO dynamic sampling (needs a group estimator and ``rollout.n >= 2``)."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """DAPO overlong reward shaping."""
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    """On-policy distillation from a teacher model (off unless ``teacher_path`` is set)."""
     off_policy_correction: OffPolicyCorrectionConfig = field(default_factory=OffPolicyCorrectionConfig)
     """Importance correction for the rollout engine's policy differing from the trainer's (numerics, or older
     weights in ``async_training``)."""

@@ -147,13 +147,14 @@ def role_plan(config: TrainConfig, role: str) -> BatchPlan:
 def reuses_update_log_probs(config: TrainConfig) -> bool:
     """Whether the actor update may stand in for the old-log-prob forward (``actor.old_log_prob=auto``): exactly one
     optimizer step on fresh rollouts — one PPO epoch over one mini-batch, no adaptive accumulation (which re-cuts
-    the mini-batch) — no consumer of old log-probs before the update (KL in the reward, an off-policy correction)
-    and samples from the weights being trained (``async_training`` staleness bound 0)."""
+    the mini-batch) — no consumer of old log-probs before the update (KL in the reward, an off-policy correction,
+    a distillation teacher's per-token KL) and samples from the weights being trained (``async_training`` staleness
+    bound 0)."""
     actor = config.actor
     return (actor.old_log_prob == "auto" and actor.ppo_epochs == 1
             and actor.ppo_mini_batch_size == config.data.train_batch_size
             and not actor.adaptive_accumulation.enable and not config.algorithm.use_kl_in_reward
-            and config.async_training.staleness_bound == 0
+            and config.async_training.staleness_bound == 0 and not config.algorithm.distillation.teacher_path
             and config.algorithm.off_policy_correction.resolved_kind(0) == "none")
 
 

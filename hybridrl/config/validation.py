@@ -13,6 +13,7 @@ from hybridrl.config.auto_dtype import resolve_dtype
 from hybridrl.config.async_checks import check_async_training, check_off_policy_correction
 from hybridrl.config.components import COMPONENT_REGISTRIES, registered_names, value_at
 from hybridrl.config.checks import _choice, _fsdp_size, _positive, _require, critic_enabled
+from hybridrl.config.distillation_checks import check_distillation, check_teacher_files
 from hybridrl.config.errors import PREFORMATTED, ConfigError
 from hybridrl.config.multi_turn_checks import (BUILTIN_TOOL_NAMES, check_agent_function, check_multi_turn,
                                                check_tool_config, resolved_file_name)
@@ -81,6 +82,7 @@ def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
         _check_paths(config, error)
         check_tool_config(config, error)
         check_agent_function(config, error)
+        check_teacher_files(config, error)
         _check_this_machine(config, error)
     if not error:  # the batch identity is only meaningful once the individual sizes are sane
         _check_batch_plans(config, error)
@@ -309,6 +311,7 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
     _check_weight_sync_method(config, error)
     check_rollout_pool(config, error)
     check_multi_turn(config, error)
+    check_distillation(config, error)
     check_async_training(config, error)
     check_off_policy_correction(config, error)
     if config.trainer.device == "cpu":

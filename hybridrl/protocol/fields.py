@@ -34,6 +34,7 @@ class Fields:
     # Per-response-token quantities, [B, R].
     OLD_LOG_PROBS = "old_log_probs"
     REF_LOG_PROBS = "ref_log_probs"
+    TEACHER_LOG_PROBS = "teacher_log_probs"  # on-policy distillation: the teacher's log-probs of the sampled tokens
     ROLLOUT_LOG_PROBS = "rollout_log_probs"
     VALUES = "values"
     TOKEN_LEVEL_SCORES = "token_level_scores"

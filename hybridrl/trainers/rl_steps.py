@@ -14,8 +14,10 @@ import torch
 
 from hybridrl.agents.episode_rows import shared_episode_advantages
 from hybridrl.algorithms import ADVANTAGE_ESTIMATORS, kl_penalty, masked_mean
+from hybridrl.algorithms.distillation import distillation_advantages
 from hybridrl.algorithms.off_policy import masked_importance, truncated_importance_weights
 from hybridrl.config.async_schema import OffPolicyCorrectionConfig
+from hybridrl.config.algorithm_schema import DistillationConfig
 from hybridrl.config.schema import AlgorithmConfig
 from hybridrl.data.partition import balance_across_ranks
 from hybridrl.protocol import Batch, Fields
@@ -61,6 +63,22 @@ def compute_advantages(batch: Batch, algorithm: AlgorithmConfig,
             kwargs["reward_baselines"] = reward_baselines if positions is None else reward_baselines[positions]
         return estimator(**kwargs)
     return shared_episode_advantages(batch, estimate)
+
+
+def with_distillation(batch: Batch, advantages: torch.Tensor, distillation: DistillationConfig,
+                      metrics: dict[str, float]) -> torch.Tensor:
+    """``advantages`` with on-policy distillation's per-token term when a teacher scored ``batch``
+    (``teacher_log_probs``; ``hybridrl/algorithms/distillation.py``), its ``distill/*`` metrics added to ``metrics``;
+    as they are without one. The student's log-probs are the trainer's ``old_log_probs`` (a teacher keeps the
+    old-log-prob forward on: ``config.sizes.reuses_update_log_probs``)."""
+    if not distillation.teacher_path:
+        return advantages
+    student = batch[Fields.OLD_LOG_PROBS]
+    shaped, distill_metrics = distillation_advantages(
+        advantages, student, batch[Fields.TEACHER_LOG_PROBS], batch[Fields.RESPONSE_MASK],
+        kl_coef=distillation.kl_coef, task_weight=distillation.task_weight)
+    metrics.update(distill_metrics)
+    return shaped
 
 
 def off_policy_corrected(batch: Batch, correction: OffPolicyCorrectionConfig,

@@ -31,7 +31,7 @@ from hybridrl.trainers.run_lock import run_directory_lock
 from hybridrl.trainers.scaffold import open_tracker, resume_point
 from hybridrl.trainers.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
 from hybridrl.trainers.rl_steps import (apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages,
-                                        current_weights_log_prob_gap, off_policy_corrected)
+                                        current_weights_log_prob_gap, off_policy_corrected, with_distillation)
 from hybridrl.trainers.evaluation import Scoring, validate
 from hybridrl.trainers.async_rollout import SAMPLE_LOG_STEPS, RolloutQueue
 from hybridrl.trainers.generation import Generation, start_generation
@@ -324,6 +324,8 @@ class RLTrainer:
             actor.call_async(ActorRolloutRefWorker.compute_log_prob, batch, temperature)]
         if self.with_reference:
             futures.append(actor.call_async(ActorRolloutRefWorker.compute_ref_log_prob, batch, temperature))
+        if self.config.algorithm.distillation.teacher_path:
+            futures.append(actor.call_async(ActorRolloutRefWorker.compute_teacher_log_prob, batch, temperature))
         if self.critic is not None:
             futures.append(self.critic.call_async(CriticWorker.compute_values, batch))
         for output in gather(*futures):
@@ -340,6 +342,7 @@ class RLTrainer:
             rewards = batch[Fields.TOKEN_LEVEL_SCORES]
         batch[Fields.TOKEN_LEVEL_REWARDS] = rewards
         advantages, returns = compute_advantages(batch, algorithm, reward_baselines)
+        advantages = with_distillation(batch, advantages, algorithm.distillation, metrics)
         batch[Fields.ADVANTAGES], batch[Fields.RETURNS] = advantages, returns
         return metrics
 

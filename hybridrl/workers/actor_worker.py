@@ -94,6 +94,7 @@ class ActorRolloutRefWorker(Worker):
                 config.model.dtype, config.actor.fsdp, param_offload=config.ref.param_offload,
                 keep_gathered=keep_gathered))
             self.reference = TrainingEngine(reference_model, dp=dp)
+        self.teacher = self._frozen_engine(config.algorithm.distillation.teacher_path, dp, keep_gathered)
         self.episodes = episode_runner(config, self.tokenizer)
         self.rollout = self._build_rollout(actor_model, dp)
         # Sized last, so that on a GPU the budget sees what the reference and the rollout engine already hold.
@@ -248,16 +249,41 @@ class ActorRolloutRefWorker(Worker):
                                                  self.world_size)
         return log_probs(self.actor, batch, micro_batching, self.forward, temperature=temperature)
 
+    def _frozen_engine(self, path: Optional[str], dp, keep_gathered: bool) -> Optional[TrainingEngine]:
+        """A frozen model of ``path`` sharded like the reference (the distillation teacher); ``None`` without one."""
+        if not path:
+            return None
+        config = self.config
+        model = build_model(config.model, "reference", path=path, device_type=self.device.type).to(self.device)
+        model.requires_grad_(False)
+        shard_model(model, self.dp_mesh, sharding_options(config.model.dtype, config.actor.fsdp,
+                                                          param_offload=config.ref.param_offload,
+                                                          keep_gathered=keep_gathered))
+        return TrainingEngine(model, dp=dp)
+
+    @dp_split
+    def compute_teacher_log_prob(self, batch: Batch, temperature: float) -> Batch:
+        """``teacher_log_probs`` of the responses under the distillation teacher, at the rollout's ``temperature``."""
+        if self.teacher is None:
+            raise RuntimeError("this worker has no teacher (algorithm.distillation.teacher_path is null)")
+        result = log_probs(self.teacher, batch, self._frozen_micro_batching(), self.forward, temperature=temperature,
+                           with_entropy=False)
+        return Batch(tensors={Fields.TEACHER_LOG_PROBS: result[Fields.OLD_LOG_PROBS]})
+
+    def _frozen_micro_batching(self):
+        """Micro-batches of the reference's (and the teacher's) no-grad passes."""
+        micro_batch_size = (self.config.ref.log_prob_micro_batch_size_per_gpu
+                            or self.config.actor.log_prob_micro_batch_size_per_gpu)
+        return log_prob_micro_batching(self.config, micro_batch_size, self.plan.micro_batch_size_per_gpu,
+                                       self.device.type, self.world_size)
+
     @dp_split
     def compute_ref_log_prob(self, batch: Batch, temperature: float) -> Batch:
         """``ref_log_probs`` of the responses under the frozen reference policy (with LoRA: the actor's base model,
         adapters disabled), at the rollout's ``temperature``."""
         if not self.with_reference:
             raise RuntimeError("this worker was started without a reference policy (with_reference=False)")
-        micro_batch_size = (self.config.ref.log_prob_micro_batch_size_per_gpu
-                            or self.config.actor.log_prob_micro_batch_size_per_gpu)
-        micro_batching = log_prob_micro_batching(self.config, micro_batch_size, self.plan.micro_batch_size_per_gpu,
-                                                 self.device.type, self.world_size)
+        micro_batching = self._frozen_micro_batching()
         if self.lora:
             with adapters_disabled(self.actor.model):
                 result = log_probs(self.actor, batch, micro_batching, self.forward, temperature=temperature,

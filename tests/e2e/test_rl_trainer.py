@@ -158,3 +158,19 @@ def test_prometheus_endpoint_during_a_run_matches_the_dashboard(model_dir, tmp_p
     plotted = {target["expr"].split("{")[0] for panel in json.loads(DASHBOARD.read_text())["panels"]
                for target in panel["targets"]}
     assert plotted - gpu_only <= exported, sorted(plotted - gpu_only - exported)
+
+
+def test_a_teacher_with_the_students_weights_has_no_kl_until_the_student_moves(model_dir, tmp_path):
+    """On-policy distillation end to end (``algorithm.distillation``): the teacher's log-probs of the student's own
+    samples reach the advantages. A teacher holding the student's starting weights scores step 1's samples exactly
+    as the student does (reverse KL 0, to the last bit); after an update the student has moved and the KL is not 0.
+    Exactly on-policy (one mini-batch), the old-log-prob forward stays on: the KL needs it."""
+    result = RLTrainer(run_config(model_dir, tmp_path / "run", 2, "trainer.save_at_end=false",
+                                  "actor.ppo_mini_batch_size=4", "actor.use_kl_loss=false",
+                                  f"algorithm.distillation.teacher_path={model_dir}",
+                                  "algorithm.distillation.task_weight=0")).fit()
+    assert result.global_step == 2
+    first, second = read_metrics(tmp_path / "run")
+    assert first["distill/reverse_kl_per_token"] == 0.0 and second["distill/reverse_kl_per_token"] != 0.0
+    assert all("timing_worker/compute_log_prob" in row for row in (first, second))
+    assert first["distill/teacher_log_prob"] < 0

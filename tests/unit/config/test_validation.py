@@ -327,3 +327,31 @@ def test_several_sequences_per_episode_need_one_advantage_per_sequence_and_size_
     assert trained_rows_per_prompt(config) == 6 and role_plan(config, "actor").mini_batch_sequences == 12
     assert "4 prompts × n=2 × 3 sequences per episode = 24 sequences per step" in batch_plan_report(config, False)
     assert trained_rows_per_prompt(load_config(agent, check_paths=False)) == 2
+
+
+def test_a_distillation_teacher_needs_the_policys_vocabulary_and_a_weight(tmp_path):
+    """``algorithm.distillation``: a missing teacher directory, a teacher whose tokenizer maps tokens otherwise (two
+    digits swapped), and both weights at 0 are refused before any worker starts, naming the key."""
+    import json
+    import shutil
+
+    from hybridrl.utils.tiny_model import save_tiny_model
+
+    policy = save_tiny_model(tmp_path / "policy")
+    teacher = tmp_path / "teacher"
+    shutil.copytree(policy, teacher)
+    base = [f"model.path={policy}", "rollout=hf", "trainer.device=cpu"]
+    config = load_config([*base, f"algorithm.distillation.teacher_path={teacher}"])
+    assert config.algorithm.distillation.teacher_path == str(teacher)
+    tokenizer = json.loads((teacher / "tokenizer.json").read_text())
+    vocabulary = tokenizer["model"]["vocab"]
+    vocabulary["0"], vocabulary["1"] = vocabulary["1"], vocabulary["0"]
+    (teacher / "tokenizer.json").write_text(json.dumps(tokenizer))
+    cases = [([f"algorithm.distillation.teacher_path={teacher}"], "the teacher's vocabulary is not the policy's"),
+             ([f"algorithm.distillation.teacher_path={tmp_path / 'none'}"], "does not exist"),
+             ([f"algorithm.distillation.teacher_path={policy}", "algorithm.distillation.kl_coef=0",
+               "algorithm.distillation.task_weight=0"], "both 0: nothing would be learned")]
+    for overrides, phrase in cases:
+        with pytest.raises(ConfigError) as caught:
+            load_config([*base, *overrides])
+        assert "algorithm.distillation" in str(caught.value) and phrase in str(caught.value), overrides
