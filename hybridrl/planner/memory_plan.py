@@ -241,11 +241,12 @@ def rollout_role(config: TrainConfig, shape: DecoderShape, device_bytes: int, ut
 # ----------------------------------------------------------------------------------------------------- the job
 @dataclass(frozen=True)
 class Shapes:
-    """Model shapes of the job's roles (critic and reward model default to the policy's backbone)."""
+    """Model shapes of the job's roles (critic, reward model and distillation teacher default to the policy's)."""
 
     policy: DecoderShape
     critic: Optional[DecoderShape] = None
     reward_model: Optional[DecoderShape] = None
+    teacher: Optional[DecoderShape] = None
 
 
 def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: Optional[Setup] = None) -> MemoryPlan:
@@ -269,6 +270,10 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
         roles["ref"] = frozen_role("ref", shapes.policy, forward_layout, compute_bytes=c,
                                    world=shard_group_ranks(config.actor.fsdp.fsdp_size, world),
                                    offload=config.ref.param_offload)
+    if config.algorithm.distillation.teacher_path:  # sharded and offloaded like the reference
+        roles["teacher"] = frozen_role("teacher", shapes.teacher or shapes.policy, forward_layout, compute_bytes=c,
+                                       world=shard_group_ranks(config.actor.fsdp.fsdp_size, world),
+                                       offload=config.ref.param_offload)
     if critic_enabled(config):
         modes["critic"] = precision_mode(config.model.dtype, config.critic.fsdp.reduce_dtype,
                                          setup.critic_state_precision, config.model.fp8_compute)
@@ -289,6 +294,8 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
     roles["buffers"] = RoleMemory("buffers", buffers=fixed, note="CUDA context" + (" + NCCL" if world > 1 else ""))
     pool = config.rollout.n_gpus > 0  # the engines on devices of their own: not on the trainer's
     forward_peak = forward_only_bytes(shapes.policy, forward_layout, c)
+    if "teacher" in roles:  # the teacher's forward runs on the actor's workers, after the actor's: the larger
+        forward_peak = max(forward_peak, forward_only_bytes(shapes.teacher or shapes.policy, forward_layout, c))
     if "critic" in roles:  # the value forward runs at the same time, on the critic's own workers
         forward_peak += forward_only_bytes(head_output_shape("critic", shapes.critic or shapes.policy),
                                            forward_layout, c)
@@ -321,7 +328,7 @@ def phase_totals(roles: dict[str, RoleMemory], setup: Setup, free_cache_engine: 
     has its own weights (in ``roles["rollout"]``), and the actor's kept-gathered copy is released before it runs.
     ``rollout_here=False``: the engines run on a standalone pool's devices, not on these."""
     trained = [name for name in ("actor", "critic") if name in roles]
-    frozen = [name for name in ("ref", "reward_model") if name in roles]
+    frozen = [name for name in ("ref", "teacher", "reward_model") if name in roles]
     resident = sum(roles[name].resident for name in trained + frozen) + roles["buffers"].total
     rollout = roles["rollout"].total if rollout_here else 0
     asleep = 0 if free_cache_engine else rollout

@@ -51,7 +51,9 @@ def shapes_of(config: TrainConfig) -> Shapes:
     return Shapes(policy=model_shape(config.model.path, "model.path", remote),
                   critic=model_shape(config.critic.model_path, "critic.model_path", remote),
                   reward_model=model_shape(config.reward_model.model_path if config.reward_model.enable else None,
-                                           "reward_model.model_path", remote))
+                                           "reward_model.model_path", remote),
+                  teacher=model_shape(config.algorithm.distillation.teacher_path,
+                                      "algorithm.distillation.teacher_path", remote))
 
 
 def plan_job(config: TrainConfig, gpu: GpuSpec, *, shapes: Optional[Shapes] = None, headroom: float = 0.15,

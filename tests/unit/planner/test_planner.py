@@ -275,3 +275,19 @@ def test_one_gpu_short_of_memory_is_advised_to_gather_per_layer():
     assert per_layer == 2 * (shape.root_parameters() + 2 * shape.layer_parameters())  # root and 2 layers in flight
     # what turning it off saves: 0.61 GiB, against the 0.67 GiB the H200 measured for the same switch
     assert 0.55 < (2 * shape.num_parameters() - per_layer) / 2**30 < 0.7
+
+
+def test_a_distillation_teacher_is_held_like_the_reference_and_its_forward_can_be_the_peak():
+    """``algorithm.distillation.teacher_path``: a frozen role of the teacher's own shape, sharded over the actor's
+    ranks, resident in every phase; a teacher larger than the student sets the log-prob phase's forward peak."""
+    import dataclasses
+
+    student = dataclasses.replace(QWEN_7B, num_layers=24, hidden_size=896, intermediate_size=4864, num_heads=14,
+                                  num_kv_heads=2, head_dim=64)  # Qwen2.5-0.5B's shape
+    plain = plan_memory(big_job(), Shapes(student), gpu_spec("a100-80").memory_bytes)
+    taught = plan_memory(big_job("algorithm.distillation.teacher_path=/nonexistent/teacher"),
+                         Shapes(student, teacher=QWEN_7B), plain.device_bytes)
+    teacher = taught.roles["teacher"]
+    assert teacher.parameters == 4 * -(-QWEN_7B.num_parameters() // 8) and teacher.gradients == teacher.optimizer == 0
+    assert taught.phases["update_actor"] - plain.phases["update_actor"] == teacher.resident
+    assert taught.phases["log_probs"] - plain.phases["log_probs"] > teacher.resident  # the 7B's forward is the peak
