@@ -1,11 +1,19 @@
-"""Preference pairs for reward-model training: rows → typed pairs (with errors naming file and row) → a pair Batch.
+"""Preference pairs for reward-model and preference training (``hybridrl rm``, ``hybridrl dpo``): rows → typed pairs
+(with errors naming file and row) → a pair Batch.
 
 A row (parquet or JSONL) is either one pair, or several responses ranked best first (every ordered pair is used)::
 
     {"prompt": [{"role": "user", "content": "..."}], "chosen": "...", "rejected": "...", "margin": 1.0}
     {"prompt": "plain text prompt", "responses": ["best", "middle", "worst"]}          # 3 pairs
 
-``prompt`` is chat messages or text (as in the RL rows); ``margin`` is optional (reward units, default 0).
+``prompt`` is chat messages or text (as in the RL rows); ``margin`` is optional (reward units, default 0). TRL's
+conversational layouts are read too: ``chosen`` / ``rejected`` as messages ending in the assistant's reply, with a
+``prompt`` column or without one (the messages both sides share before their replies are the prompt)::
+
+    {"prompt": [{"role": "user", "content": "2+2?"}], "chosen": [{"role": "assistant", "content": "4"}],
+     "rejected": [{"role": "assistant", "content": "5"}]}
+    {"chosen": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}],
+     "rejected": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "5"}]}
 
 Encoding mirrors what the reward model will score inside RL: the prompt formatted like a rollout prompt (chat template
 with the generation prompt), then the response's tokens and EOS. A pair Batch has one **row per pair** — chosen and
@@ -82,8 +90,11 @@ def _response(row: Mapping[str, Any], key: str, where: str) -> str:
 
 
 def pairs_from_row(source: SourceRow) -> list[PreferencePair]:
-    """The pairs of one row: ``chosen``/``rejected`` (+ optional ``margin``), or ranked ``responses``."""
+    """The pairs of one row: ``chosen``/``rejected`` (+ optional ``margin``), or ranked ``responses``; conversational
+    sides (TRL's layouts) are read by :func:`_conversational_pair`."""
     row, where = source.row, source.where
+    if not all(isinstance(row.get(key, ""), str) for key in ("chosen", "rejected")):
+        return [_conversational_pair(row, where)]
     if "prompt" not in row:
         raise ValueError(f"{where}: missing column 'prompt' (columns: {sorted(row)})")
     prompt = check_prompt(row["prompt"], where, "prompt")
@@ -102,6 +113,40 @@ def pairs_from_row(source: SourceRow) -> list[PreferencePair]:
         raise ValueError(f"{where}: missing column(s) {missing}: a row needs 'chosen' and 'rejected', or a ranked "
                          f"'responses' list (columns: {sorted(row)})")
     chosen, rejected = _response(row, "chosen", where), _response(row, "rejected", where)
+    return [_checked_pair(prompt, chosen, rejected, row, where)]
+
+
+def _conversational_pair(row: Mapping[str, Any], where: str) -> PreferencePair:
+    """TRL's conversational layouts: ``chosen`` and ``rejected`` are messages ending in the assistant's reply, with
+    the prompt in ``prompt`` (messages) or, without that column, the messages the two sides share before their
+    replies (TRL's implicit prompt). Messages before a reply are the same on both sides, or the row is refused."""
+    missing = [key for key in ("chosen", "rejected") if key not in row]
+    if missing:
+        raise ValueError(f"{where}: missing column(s) {missing}: a row needs 'chosen' and 'rejected' "
+                         f"(columns: {sorted(row)})")
+    sides = {}
+    for key in ("chosen", "rejected"):
+        messages = check_prompt(row[key], where, key)
+        if isinstance(messages, str) or messages[-1]["role"] != "assistant":
+            raise ValueError(f"{where}: '{key}' must end with the assistant's reply (messages, as TRL's "
+                             "conversational preference data), or both sides must be text")
+        sides[key] = (messages[:-1], _response(messages[-1], "content", f"{where}: {key}[-1]"))
+    (chosen_context, chosen), (rejected_context, rejected) = sides["chosen"], sides["rejected"]
+    if chosen_context != rejected_context:
+        raise ValueError(f"{where}: 'chosen' and 'rejected' differ before their last reply; only the reply may "
+                         "differ (the messages before it are the prompt)")
+    if "prompt" in row:
+        given = check_prompt(row["prompt"], where, "prompt")
+        prompt = [*([{"role": "user", "content": given}] if isinstance(given, str) else given), *chosen_context]
+    elif chosen_context:
+        prompt = chosen_context
+    else:
+        raise ValueError(f"{where}: no 'prompt' column, and 'chosen' holds only the reply: give the prompt")
+    return _checked_pair(prompt, chosen, rejected, row, where)
+
+
+def _checked_pair(prompt: Any, chosen: str, rejected: str, row: Mapping[str, Any], where: str) -> PreferencePair:
+    """The pair, with the row's ``margin`` (0 when absent or null); refused when the two replies are the same."""
     if chosen == rejected:
         raise ValueError(f"{where}: 'chosen' and 'rejected' are identical: the pair carries no preference")
     margin = row.get("margin", 0.0)
@@ -111,7 +156,7 @@ def pairs_from_row(source: SourceRow) -> list[PreferencePair]:
         raise ValueError(f"{where}: 'margin' must be a number, got {type(margin).__name__}")
     if not math.isfinite(margin):  # it enters the loss: every step would be non-finite and skipped
         raise ValueError(f"{where}: 'margin' must be a finite number, got {margin}")
-    return [PreferencePair(prompt, chosen, rejected, float(margin), where)]
+    return PreferencePair(prompt, chosen, rejected, float(margin), where)
 
 
 def pairs_from_rows(rows: Iterable[SourceRow]) -> list[PreferencePair]:

@@ -41,7 +41,7 @@ def test_pairs_and_ranked_rows_from_parquet_and_jsonl(tmp_path):
     ({"chosen": "a", "rejected": "b"}, "missing column 'prompt'"),
     ({"prompt": "p", "chosen": "a"}, r"missing column\(s\) \['rejected'\]"),
     ({"prompt": "p", "chosen": "a", "rejected": "a"}, "identical"),
-    ({"prompt": "p", "chosen": 4, "rejected": "a"}, "'chosen' must be a string"),
+    ({"prompt": "p", "chosen": 4, "rejected": "a"}, "'chosen' must be chat messages or text"),
     ({"prompt": "p", "chosen": "a", "rejected": "b", "margin": "big"}, "'margin' must be a number"),
     ({"prompt": "p", "responses": ["only one"]}, "at least 2 strings"),
     ({"prompt": "p", "responses": ["a", "b", "a"]}, "same text twice"),
@@ -104,3 +104,33 @@ def test_synthetic_pairs_prefer_the_right_answer_or_the_shorter_one():
 def test_pair_margins_are_float_tensors(char_tokenizer):
     batch = encode_pairs(char_tokenizer, [PreferencePair("1+1=", "2", "3", 2)], max_response_length=3)
     assert batch[PairFields.MARGIN].dtype == torch.float32
+
+
+USER, YES, NO = {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}, \
+    {"role": "assistant", "content": "5"}
+
+
+def test_trls_conversational_layouts_read_with_an_explicit_or_an_implicit_prompt(tmp_path):
+    """TRL's preference data: sides as messages ending in the reply, the prompt in its own column or shared before
+    the replies; both give the same pair."""
+    path = write_jsonl(tmp_path / "prefs.jsonl", [{"prompt": [USER], "chosen": [YES], "rejected": [NO]},
+                                                  {"chosen": [USER, YES], "rejected": [USER, NO], "margin": 0.5},
+                                                  {"prompt": "2+2?", "chosen": [YES], "rejected": [NO]}])
+    pairs = read_preference_pairs([path])
+    assert [(p.prompt, p.chosen, p.rejected, p.margin) for p in pairs] == [([USER], "4", "5", 0.0),
+                                                                          ([USER], "4", "5", 0.5),
+                                                                          ([USER], "4", "5", 0.0)]
+
+
+@pytest.mark.parametrize(("row", "phrase"), [
+    ({"chosen": [USER, YES], "rejected": [{"role": "user", "content": "3+3?"}, NO]}, "differ before their last reply"),
+    ({"chosen": [YES], "rejected": [NO]}, "no 'prompt' column, and 'chosen' holds only the reply"),
+    ({"prompt": [USER], "chosen": [YES, USER], "rejected": [NO]}, "'chosen' must end with the assistant's reply"),
+    ({"prompt": [USER], "chosen": [{"role": "assistant", "content": " "}], "rejected": [NO]}, "is empty"),
+    ({"prompt": [USER], "chosen": [YES], "rejected": [YES]}, "identical"),
+])
+def test_bad_conversational_rows_name_file_and_row(tmp_path, row, phrase):
+    path = write_jsonl(tmp_path / "prefs.jsonl", [{"prompt": [USER], "chosen": [YES], "rejected": [NO]}, row])
+    with pytest.raises(ValueError, match=phrase) as error:
+        read_preference_pairs([path])
+    assert "prefs.jsonl: row 1 (line 2)" in str(error.value)
