@@ -104,6 +104,11 @@ class TypedFieldsMixin:
         return self._typed_tensor(Fields.REF_LOG_PROBS)
 
     @property
+    def teacher_log_probs(self) -> Tensor:
+        """Log-probs (nats) of the response tokens under an on-policy distillation teacher, ``[B, R]`` float."""
+        return self._typed_tensor(Fields.TEACHER_LOG_PROBS)
+
+    @property
     def rollout_log_probs(self) -> Tensor:
         """Log-probs (nats) reported by the rollout engine while sampling, ``[B, R]`` float."""
         return self._typed_tensor(Fields.ROLLOUT_LOG_PROBS)
