@@ -1,4 +1,4 @@
-"""The preference-optimisation trainer's configuration (``hybridrl/conf/dpo_trainer.yaml``): DPO, cDPO, IPO and SimPO
+"""The preference-optimisation trainer's configuration (``hybridrl/conf/dpo_trainer.yaml``): DPO, cDPO, IPO, SimPO and ORPO
 on preference pairs, on the same FSDP2 worker stack and gradient-accumulation loop as the actor. Its pairs
 (``data.*``) are the reward-model trainer's."""
 
@@ -10,9 +10,9 @@ from hybridrl.config.frozen import FreezableConfig
 from hybridrl.config.rm_schema import RMDataConfig, RMTrainerConfig
 from hybridrl.config.schema import FSDPConfig, ModelConfig, OptimConfig
 
-PREFERENCE_LOSSES = ("dpo", "ipo", "simpo")
+PREFERENCE_LOSSES = ("dpo", "ipo", "simpo", "orpo")
 """``loss.type`` choices (``hybridrl.algorithms.preference_optimization``)."""
-REFERENCE_FREE_LOSSES = ("simpo",)
+REFERENCE_FREE_LOSSES = ("simpo", "orpo")
 """Losses that read no reference policy (none is built)."""
 REFERENCE_MODES = ("precompute", "on_the_fly")
 """``loss.reference_log_probs`` choices."""
@@ -22,9 +22,12 @@ REFERENCE_MODES = ("precompute", "on_the_fly")
 class DPOLossConfig(FreezableConfig):
     type: str = "dpo"
     """``dpo`` (−log σ(β h), ``h`` the implicit reward margin; cDPO with ``label_smoothing``) | ``ipo``
-    ((h̄ − 1/(2β))², ``h̄`` of per-token mean log-ratios, as TRL) | ``simpo`` (reference-free: −log σ(β (mean log-prob chosen − rejected) − γ))."""
+    ((h̄ − 1/(2β))², ``h̄`` of per-token mean log-ratios, as TRL) | ``simpo`` (reference-free:
+    −log σ(β (mean log-prob chosen − rejected) − γ)) | ``orpo`` (reference-free: the chosen responses' negative
+    log-likelihood, a mean over all their tokens in the step, + β · −log σ(log odds ratio))."""
     beta: float = 0.1
-    """β > 0: the strength of the implicit KL constraint (SimPO: the reward scale)."""
+    """β > 0: the strength of the implicit KL constraint (SimPO: the reward scale; ORPO: λ, the odds-ratio term's
+    weight)."""
     label_smoothing: float = 0.0
     """cDPO: the assumed share of flipped labels, in [0, 0.5) (``dpo`` only; 0: plain DPO)."""
     simpo_gamma: float = 0.5

@@ -60,6 +60,9 @@ class PairFields:
     REFERENCE_CHOSEN_LOG_PROBS = "reference_chosen_log_probs"
     REFERENCE_REJECTED_LOG_PROBS = "reference_rejected_log_probs"
     """``[B]`` summed response log-probs (nats) of a side, under the policy / the frozen reference policy."""
+    STEP_CHOSEN_TOKENS = "step_chosen_tokens"
+    """``[B]``, the same in every row: the chosen responses' tokens in the whole optimizer step (ORPO's likelihood
+    term is a mean over them: its normaliser, as the pair count is the other terms')."""
 
 
 @dataclass(frozen=True)

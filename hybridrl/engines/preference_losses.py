@@ -1,5 +1,5 @@
 """Offline preference optimisation as an engine loss (``hybridrl dpo``): the policy's summed log-probs of both sides of
-each pair from **one** forward, then DPO / cDPO / IPO / SimPO (``hybridrl.algorithms.preference_optimization``).
+each pair from **one** forward, then DPO / cDPO / IPO / SimPO / ORPO (``hybridrl.algorithms.preference_optimization``).
 
 A pair Batch (``hybridrl.data.preference``) is one row per pair, each side ``[B, P + R]`` with the response in the
 last ``R`` columns. A pair's reference log-probs ride in the batch (``reference_*_log_probs``, computed by the
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from hybridrl.algorithms.preference_optimization import dpo_loss, ipo_loss, simpo_loss
+from hybridrl.algorithms.preference_optimization import dpo_loss, ipo_loss, orpo_loss, simpo_loss
 from hybridrl.config.dpo_schema import DPOLossConfig
 from hybridrl.data.preference import PairFields
 from hybridrl.engines.losses import PAIR_MEAN, NoUpdateChecks
@@ -68,7 +68,14 @@ class PreferenceOptimizationLoss(NoUpdateChecks):
 
 def preference_loss(config: DPOLossConfig, policy: PairLogProbs, pairs: Batch,
                     normalizer: torch.Tensor | float) -> tuple[torch.Tensor, dict]:
-    """``config.type`` on the policy's log-probs and, for the losses that read one, the reference's in ``pairs``."""
+    """``config.type`` on the policy's log-probs and, for the losses that read one, the reference's in ``pairs``.
+    ORPO's likelihood term is normalised by the step's chosen tokens (``step_chosen_tokens``; without it, those of
+    ``pairs``: a whole batch, as in validation)."""
+    if config.type == "orpo":
+        chosen_tokens = (pairs[PairFields.STEP_CHOSEN_TOKENS][0] if PairFields.STEP_CHOSEN_TOKENS in pairs
+                         else policy.chosen_lengths.sum())
+        return orpo_loss(policy.chosen, policy.rejected, policy.chosen_lengths, policy.rejected_lengths,
+                         lam=config.beta, pair_normalizer=normalizer, token_normalizer=chosen_tokens)
     if config.type == "simpo":
         return simpo_loss(policy.chosen, policy.rejected, policy.chosen_lengths, policy.rejected_lengths,
                           beta=config.beta, gamma=config.simpo_gamma, normalizer=normalizer)

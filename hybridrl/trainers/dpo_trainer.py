@@ -1,4 +1,4 @@
-"""Offline preference optimisation (``hybridrl dpo``): DPO, cDPO, IPO or SimPO on preference pairs, on the FSDP2
+"""Offline preference optimisation (``hybridrl dpo``): DPO, cDPO, IPO, SimPO or ORPO on preference pairs, on the FSDP2
 worker stack — the reward-model trainer's loop (``rm_trainer.py``) with a policy instead of a scorer.
 
 The loop, on the controller::
@@ -52,6 +52,9 @@ class DPOTrainer(RMTrainer):
     def batch(self, step: int) -> Batch:
         """The pairs of optimizer step ``step`` (0-based), encoded, with their reference log-probs."""
         picked, pairs = self.step_pairs(step)
+        if self.config.loss.type == "orpo":  # the step is one optimizer step: its chosen tokens normalise the NLL
+            chosen_tokens = response_lengths(pairs, self.config.data.max_response_length)[0].sum()
+            pairs[PairFields.STEP_CHOSEN_TOKENS] = chosen_tokens.expand(len(pairs)).clone()
         precomputed = self._reference["train"]
         return self._with_reference(pairs, None if precomputed is None else precomputed[picked])
 

@@ -2,7 +2,7 @@
 same for every way of cutting the pair batch.
 
 DP ∈ {1, 2} (real FSDP2 over gloo) × micro-batch ∈ {1, 2, whole} pairs × {padded, packed} × DPO with label smoothing
-(cDPO), IPO and SimPO — each compared with a plain single-process PyTorch reference written out below that scores
+(cDPO), IPO, SimPO and ORPO (its likelihood term a mean over the batch's chosen tokens) — each compared with a plain single-process PyTorch reference written out below that scores
 every sequence on its own, unpadded, and sums its response tokens' log-probs by hand (relative error ≤ 1e-5).
 """
 
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.distributed
 RESPONSE = 6
 MICRO = ("1", "2", "whole")
 LOSSES = {"dpo": DPOLossConfig(type="dpo", beta=0.5, label_smoothing=0.2), "ipo": DPOLossConfig(type="ipo", beta=0.5),
-          "simpo": DPOLossConfig(type="simpo", beta=2.0, simpo_gamma=0.3)}
+          "simpo": DPOLossConfig(type="simpo", beta=2.0, simpo_gamma=0.3), "orpo": DPOLossConfig(type="orpo", beta=0.7)}
 OPTIM = OptimConfig(lr=1e-3, weight_decay=0.0, eps=1e-4)
 
 
@@ -46,6 +46,8 @@ def setup(tmp_path_factory):
     generator = torch.Generator().manual_seed(2)
     data[PairFields.REFERENCE_CHOSEN_LOG_PROBS] = -10 * torch.rand(PAIRS, generator=generator)
     data[PairFields.REFERENCE_REJECTED_LOG_PROBS] = -10 * torch.rand(PAIRS, generator=generator)
+    chosen_tokens = data[PairFields.CHOSEN_ATTENTION_MASK][:, PROMPT:].sum()
+    data[PairFields.STEP_CHOSEN_TOKENS] = chosen_tokens.expand(PAIRS).clone()
     return save_tiny_model(tmp_path_factory.mktemp("dpo_accum") / "policy"), data
 
 
@@ -59,11 +61,20 @@ def side_log_prob(model, data, side, row):
     return sum(log_probs[position - 1, ids[position]] for position in range(prompt, len(ids))), len(ids) - prompt
 
 
+def log_odds(mean_log_prob):
+    return mean_log_prob - torch.log(1 - torch.exp(mean_log_prob))
+
+
 def reference_loss(model, data, config: DPOLossConfig):
     total = 0.0
+    chosen_tokens = int(data[PairFields.CHOSEN_ATTENTION_MASK][:, PROMPT:].sum())
     for row in range(PAIRS):
         (chosen, chosen_length), (rejected, rejected_length) = (side_log_prob(model, data, side, row)
                                                                 for side in ("chosen", "rejected"))
+        if config.type == "orpo":  # the NLL is a mean over every chosen token of the batch, the odds term over pairs
+            ratio = log_odds(chosen / chosen_length) - log_odds(rejected / rejected_length)
+            total = total - chosen * PAIRS / chosen_tokens - config.beta * F.logsigmoid(ratio)
+            continue
         if config.type == "simpo":
             logit = config.beta * (chosen / chosen_length - rejected / rejected_length) - config.simpo_gamma
             total = total - F.logsigmoid(logit)

@@ -71,11 +71,15 @@ def test_reference_scored_up_front_or_step_by_step_gives_the_same_run(model_dir,
 
 
 @pytest.mark.long  # a whole run or two each; the demo test above stays in `make test`
-def test_simpo_trains_without_a_reference(model_dir, tmp_path):
-    trainer = DPOTrainer(demo_config(model_dir, tmp_path / "run", 2, "loss.type=simpo", "loss.beta=2.0"))
+@pytest.mark.parametrize("loss", ["simpo", "orpo"])
+def test_reference_free_losses_train_without_a_reference(model_dir, tmp_path, loss):
+    trainer = DPOTrainer(demo_config(model_dir, tmp_path / "run", 2, f"loss.type={loss}", "loss.beta=2.0"))
     result = trainer.fit()
     assert trainer._reference == {"train": None, "val": None}
     assert result.global_step == 2 and "val/accuracy" in result.validations[-1][1]
+    if loss == "orpo":  # its likelihood term, a share of the step's chosen tokens, summed back to the step's mean
+        rows = [row for row in read_metrics(tmp_path / "run") if "dpo/nll" in row]
+        assert len(rows) == 2 and all(0 < row["dpo/nll"] < row["dpo/loss"] for row in rows)
 
 
 def cli(*arguments):

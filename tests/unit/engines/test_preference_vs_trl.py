@@ -1,6 +1,7 @@
 """``hybridrl dpo``'s losses against a peer: TRL's own ``DPOTrainer`` (TRL 1.16, its ``compute_loss`` on one batch)
 and hybridrl's ``PreferenceOptimizationLoss`` on the same pairs, the same policy and the same reference model give
-the same loss and the same gradient, for DPO (TRL's ``sigmoid``) and IPO (TRL's ``ipo``, per-token means).
+the same loss and the same gradient, for DPO (TRL's ``sigmoid``) and IPO (TRL's ``ipo``, per-token means); SimPO
+against TRL's ``CPOTrainer`` with ``loss_type="simpo"`` and no NLL term (``cpo_alpha=0``).
 
 The pairs are plain text on a character-level tokenizer, so both sides' tokens are the same (checked first); the
 policy is the tiny model with its weights perturbed, the reference the tiny model itself, so the implicit rewards
@@ -20,7 +21,7 @@ trl = pytest.importorskip("trl", reason="needs TRL (pip install 'hybridrl[test]'
 
 ROWS = [("3+4=", "7", "8"), ("12+9=", "21", "2"), ("5+5=", "10", "100"), ("1+1=", "2", "11"), ("30+3=", "33", "3")]
 RESPONSE = 6
-BETA = 0.3
+BETA, GAMMA = 0.3, 0.2
 
 
 @pytest.fixture(scope="module")
@@ -39,22 +40,34 @@ def models(tmp_path_factory):
 
 
 def trl_loss_and_gradients(policy_dir, reference_dir, loss_type, output_dir):
+    """TRL's ``DPOTrainer`` (``sigmoid``, ``ipo``) or, for ``simpo``, its ``CPOTrainer`` (``loss_type="simpo"``, no
+    NLL term): one ``compute_loss`` over all the pairs, and its backward."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(reference_dir)
-    args = trl.DPOConfig(output_dir=str(output_dir), beta=BETA, loss_type=[loss_type], per_device_train_batch_size=len(ROWS),
-                         report_to=[], use_cpu=True, bf16=False, max_length=None)
-    trainer = trl.DPOTrainer(model=AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32),
-                             ref_model=AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32),
-                             args=args, processing_class=tokenizer,
-                             train_dataset=Dataset.from_list([dict(zip(("prompt", "chosen", "rejected"), row))
-                                                              for row in ROWS]))
+    common = dict(output_dir=str(output_dir), beta=BETA, per_device_train_batch_size=len(ROWS), report_to=[],
+                  use_cpu=True, bf16=False)
+    data = Dataset.from_list([dict(zip(("prompt", "chosen", "rejected"), row)) for row in ROWS])
+    policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    if loss_type == "simpo":
+        from trl.experimental.cpo import CPOConfig, CPOTrainer
+
+        args = CPOConfig(**common, loss_type="simpo", cpo_alpha=0.0, simpo_gamma=GAMMA, max_length=64,
+                         remove_unused_columns=False)
+        trainer = CPOTrainer(model=policy, args=args, processing_class=tokenizer, train_dataset=data)
+    else:
+        args = trl.DPOConfig(**common, loss_type=[loss_type], max_length=None)
+        trainer = trl.DPOTrainer(model=policy, args=args, processing_class=tokenizer, train_dataset=data,
+                                 ref_model=AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32))
     batch = next(iter(trainer.get_train_dataloader()))  # the whole data set: its order does not matter
     trainer.model.train()
     loss = trainer.compute_loss(trainer.model, batch)
     loss.backward()
-    sequences = {tuple(ids[mask.bool()].tolist()) for ids, mask in zip(batch["input_ids"], batch["attention_mask"])}
+    sides = [("chosen_input_ids", "chosen_attention_mask"), ("rejected_input_ids", "rejected_attention_mask")] \
+        if loss_type == "simpo" else [("input_ids", "attention_mask")]
+    sequences = {tuple(ids[mask.bool()].tolist()) for ids_key, mask_key in sides
+                 for ids, mask in zip(batch[ids_key], batch[mask_key])}
     return float(loss.detach()), {name: p.grad.clone() for name, p in trainer.model.named_parameters()}, sequences
 
 
@@ -69,7 +82,8 @@ def hybridrl_loss_and_gradients(policy_dir, reference_dir, loss_type):
     pairs[PairFields.REFERENCE_CHOSEN_LOG_PROBS], pairs[PairFields.REFERENCE_REJECTED_LOG_PROBS] = (
         scored.chosen, scored.rejected)
     policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).train()
-    loss_config = DPOLossConfig(type={"sigmoid": "dpo", "ipo": "ipo"}[loss_type], beta=BETA)
+    loss_config = DPOLossConfig(type={"sigmoid": "dpo", "ipo": "ipo", "simpo": "simpo"}[loss_type], beta=BETA,
+                                simpo_gamma=GAMMA)
     loss, _ = PreferenceOptimizationLoss(RESPONSE, loss_config)(policy, pairs, torch.tensor(float(len(ROWS))))
     loss.backward()
     sequences = {tuple(ids[mask.bool()].tolist()) for side in ("chosen", "rejected")
@@ -77,13 +91,13 @@ def hybridrl_loss_and_gradients(policy_dir, reference_dir, loss_type):
     return float(loss.detach()), {name: p.grad.clone() for name, p in policy.named_parameters()}, sequences
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "simpo"])
 def test_the_loss_and_its_gradient_equal_trls(models, tmp_path, loss_type):
     policy_dir, reference_dir = models
     theirs, their_gradients, their_sequences = trl_loss_and_gradients(policy_dir, reference_dir, loss_type, tmp_path)
     ours, our_gradients, our_sequences = hybridrl_loss_and_gradients(policy_dir, reference_dir, loss_type)
     assert our_sequences == their_sequences  # the same tokens on both sides
-    assert abs(ours - (0.6931 if loss_type == "sigmoid" else 1 / (2 * BETA) ** 2)) > 1e-3  # not the starting value
+    assert abs(ours - {"sigmoid": 0.6931, "ipo": 1 / (2 * BETA) ** 2}.get(loss_type, 0)) > 1e-3  # not the start
     assert ours == pytest.approx(theirs, rel=1e-6)
     assert sum(float(gradient.norm()) for gradient in their_gradients.values()) > 0
     for name, gradient in our_gradients.items():  # relative error of each parameter's whole gradient
