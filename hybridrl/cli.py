@@ -162,7 +162,7 @@ def rm(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("dpo", "preference optimisation on pairs (DPO, cDPO, IPO, SimPO): hybridrl dpo model.path=...",
+@command("dpo", "preference optimisation on pairs (DPO, cDPO, IPO, SimPO, ORPO): hybridrl dpo model.path=...",
          "dpo_trainer")
 def dpo(args: argparse.Namespace) -> int:
     from hybridrl.config.dpo_schema import DPOConfig

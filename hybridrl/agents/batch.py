@@ -10,7 +10,8 @@ Per row also: ``final_response`` (non-tensor: the text of the last model turn â€
 ``episode_failure`` (non-tensor: why the episode's environment failed, ``""`` if it did not),
 ``episode_rewards`` ``[B]`` (the environment's own rewards, summed over steps), for episodes of a user's agent
 ``agent_rewards`` ``[B]`` (the reward it returned, NaN where it left the reward to the reward function) and
-``episode_sequences`` (non-tensor: its other training sequences, ``SequenceIds``, for ``agents/episode_rows.py``), with
+``episode_sequences`` (non-tensor: its other training sequences, ``SequenceIds`` as plain dicts, for
+``agents/episode_rows.py``), with
 ``rollout.multi_turn.reward_placement=turn_end`` also ``turn_rewards`` ``[B, R]`` (each step's reward on the last id of
 the model turn it answered, 0 elsewhere), and ``agent_stats`` ``[B, K]`` (columns :data:`AGENT_STATS`), from which the
 controller logs per-batch means.
@@ -18,6 +19,7 @@ controller logs per-batch means.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -52,7 +54,8 @@ def trajectories_to_batch(trajectories: Sequence[Trajectory], rows: Batch, respo
     non-tensor fields (``uid``, ``data_source``, ground truth â€¦) are carried over. ``prompt_width``: pad prompts to
     this many ids (so batches of different ranks concatenate); ``ValueError`` naming the row if one is longer.
     ``turn_rewards``: add the ``[B, R]`` per-turn rewards (``reward_placement=turn_end``); ``agent_rewards``: add
-    the ``[B]`` rewards of a user's agent (every rank's batch has the field, so that they concatenate)."""
+    the ``[B]`` rewards of a user's agent (every rank's batch has the field, so that they concatenate) and their
+    other training sequences (``episode_sequences``: per row a list of ``SequenceIds`` as dicts)."""
     if len(rows) != len(trajectories):
         raise ValueError(f"{len(trajectories)} trajectories for {len(rows)} prompt rows")
     longest = max(max((len(t.prompt_ids) for t in trajectories), default=1), 1)
@@ -92,8 +95,9 @@ def trajectories_to_batch(trajectories: Sequence[Trajectory], rows: Batch, respo
                                                for t in trajectories], dtype=torch.float32)
     non_tensors = {**dict(rows.non_tensors), FINAL_RESPONSE: [t.final_text for t in trajectories],
                    EPISODE_FAILURE: [t.failure or "" for t in trajectories]}
-    if agent_rewards:
-        non_tensors[EPISODE_SEQUENCES] = [tuple(t.other_sequences) for t in trajectories]
+    if agent_rewards:  # plain values: a batch in flight is saved with asynchronous training's checkpoints
+        non_tensors[EPISODE_SEQUENCES] = [[dataclasses.asdict(other) for other in t.other_sequences]
+                                          for t in trajectories]
     return Batch(tensors=tensors, non_tensors=non_tensors, meta=rows.meta)
 
 

@@ -24,7 +24,8 @@ from typing import Callable, Optional
 
 import torch
 
-from hybridrl.agents.batch import AGENT_STATS, AGENT_STATS_FIELD, EPISODE_SEQUENCES, trajectories_to_batch
+from hybridrl.agents.batch import (AGENT_STATS, AGENT_STATS_FIELD, EPISODE_SEQUENCES, TURN_REWARDS,
+                                   trajectories_to_batch)
 from hybridrl.agents.trajectory import SequenceIds, Trajectory
 from hybridrl.protocol import Batch, Fields
 
@@ -35,6 +36,11 @@ EPISODE_ROW = "episode_row"
 LAYOUT_FIELDS = (Fields.PROMPTS, Fields.RESPONSES, Fields.RESPONSE_MASK, Fields.INPUT_IDS, Fields.ATTENTION_MASK,
                  Fields.ROLLOUT_LOG_PROBS)
 """The fields an episode's other row takes from its own sequence."""
+PER_TOKEN_FIELDS = (Fields.TOKEN_LEVEL_SCORES, Fields.TOKEN_LEVEL_REWARDS, Fields.OLD_LOG_PROBS, Fields.REF_LOG_PROBS,
+                    Fields.TEACHER_LOG_PROBS, Fields.VALUES, Fields.ADVANTAGES, Fields.RETURNS, Fields.ENTROPY,
+                    Fields.IS_WEIGHTS, TURN_REWARDS)
+"""``[B, R]`` values of the episode row's own tokens: 0 on its other rows (``token_policy_versions``: -1, unknown).
+Every other field (the row's score, reward, uid, policy version …) is the episode's, copied."""
 
 
 def episode_rows(batch: Batch, slots: int, pad_token_id: int) -> Batch:
@@ -42,8 +48,8 @@ def episode_rows(batch: Batch, slots: int, pad_token_id: int) -> Batch:
     ``k < slots`` a block of ``B`` rows holding each episode's ``k``-th other sequence (or no response).
 
     Other rows copy their episode's row but for the rollout layout (their own ids, masks and rollout log-probs),
-    per-token fields of shape ``[B, R]`` (zero: they are the episode row's tokens') and ``episode_sequences``
-    (empty); ``episode_sequences`` itself is dropped (in place for ``slots == 1``: the batch is returned). A
+    the per-token fields (:data:`PER_TOKEN_FIELDS`, zero: they are the episode row's tokens') and
+    ``episode_sequences`` (empty); ``episode_sequences`` itself is dropped (in place for ``slots == 1``: the batch is returned). A
     batch without it (no agent) is returned as it is."""
     if EPISODE_SEQUENCES not in batch:
         return batch
@@ -83,7 +89,8 @@ def _say_when_sequences_are_dropped(batch: Batch, slots: int) -> None:
 
 
 def _nth(others, part: int) -> Optional[SequenceIds]:
-    return others[part - 1] if part - 1 < len(others) else None
+    """The ``part``-th other sequence of an episode (``episode_sequences`` holds them as dicts), if it has one."""
+    return SequenceIds(**others[part - 1]) if part - 1 < len(others) else None
 
 
 def _as_trajectory(sequence: Optional[SequenceIds], pad_token_id: int) -> Trajectory:
@@ -103,13 +110,14 @@ def _with_episode_fields(batch: Batch, part: int) -> Batch:
 def _other_rows(batch: Batch, layout: Batch, part: int) -> Batch:
     """``batch``'s rows as the ``part``-th other rows of their episodes, their sequences' ids from ``layout``."""
     rows = _with_episode_fields(batch, part)
-    response_width = batch[Fields.RESPONSES].shape[1]
     for key, value in batch.tensors.items():
         if key in LAYOUT_FIELDS:
             rows[key] = layout[key]
-        elif value.dim() == 2 and value.shape[1] == response_width:
+        elif key in PER_TOKEN_FIELDS:
             rows[key] = torch.zeros_like(value)
-    rows[EPISODE_SEQUENCES] = [()] * len(batch)
+        elif key == Fields.TOKEN_POLICY_VERSIONS:
+            rows[key] = torch.full_like(value, -1)
+    rows[EPISODE_SEQUENCES] = [[] for _ in range(len(batch))]
     return rows
 
 

@@ -143,15 +143,15 @@ def _trailer(rendered: Sequence[int], ids_so_far: Sequence[int]) -> list[int]:
     return list(rendered[positions[-1] + 1:]) if positions else []
 
 
-@dataclass(frozen=True)
+@dataclass
 class SequenceIds:
     """One more training sequence of an episode: its ``prompt_ids`` and ``response_ids`` with ``response_mask`` (1:
     sampled) and the rollout's ``log_probs`` (0 on observations) — one entry per response id."""
 
-    prompt_ids: tuple[int, ...]
-    response_ids: tuple[int, ...]
-    response_mask: tuple[int, ...]
-    log_probs: tuple[float, ...]
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    log_probs: list[float]
 
 
 @dataclass

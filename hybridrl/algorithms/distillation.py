@@ -6,7 +6,9 @@ The term enters the policy gradient as a per-token advantage: ``A_t = w · A_tas
 on the response's model tokens (``response_mask``), with ``w`` the task advantage's weight (0: distillation alone)
 and ``λ`` the KL's. Each token's own KL is its advantage — no return over later tokens (a discount of 0: the
 teacher already scored every continuation the student did not take). The student's log-probs are the trainer's
-of the weights that sampled (``old_log_probs``), held fixed: the advantage carries no gradient.
+``old_log_probs``, held fixed (the advantage carries no gradient): those of the weights that sampled in synchronous
+training; in asynchronous training, of the weights being trained, the samples up to ``max_staleness`` versions
+older (as the update's own ratio sees them).
 """
 
 from __future__ import annotations

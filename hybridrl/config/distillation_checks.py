@@ -18,6 +18,10 @@ def check_distillation(config: TrainConfig, error: ConfigError) -> None:
     """What does not depend on files: the weights, when a teacher is set."""
     distillation = config.algorithm.distillation
     if not distillation.teacher_path:
+        for key, value in (("kl_coef", distillation.kl_coef), ("task_weight", distillation.task_weight)):
+            if value != 1.0:
+                error.add(f"{KEY}.{key}", value, f"is read only with {KEY}.teacher_path (on-policy distillation); "
+                                                 "set the teacher, or drop this key")
         return
     _require(error, f"{KEY}.kl_coef", distillation.kl_coef, distillation.kl_coef >= 0, "must be >= 0")
     _require(error, f"{KEY}.task_weight", distillation.task_weight, distillation.task_weight >= 0, "must be >= 0")

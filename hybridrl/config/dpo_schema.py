@@ -33,7 +33,8 @@ class DPOLossConfig(FreezableConfig):
     simpo_gamma: float = 0.5
     """SimPO's target reward margin γ ≥ 0."""
     reference_log_probs: str = "precompute"
-    """``precompute``: the reference policy scores every training and held-out pair once at start, then is freed
+    """``precompute``: the reference policy scores the training pairs the run will draw and every held-out pair
+    once at start, then is freed
     (its memory goes back before the first step) | ``on_the_fly``: it scores each step's pairs (kept in memory;
     for data too large to score up front). With LoRA (``model.lora.rank > 0``) the reference is the base model with
     the adapters off, no second copy."""

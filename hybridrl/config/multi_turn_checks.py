@@ -67,10 +67,9 @@ def _check_agent_settings(multi_turn, error: ConfigError) -> None:
              multi_turn.agent_max_sequences >= 1, "must be >= 1 (training sequences per episode)")
 
 
-SEQUENCE_ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "remax", "reinforce_plus_plus_baseline",
-                                 "reinforce_plus_plus")
-"""Estimators that give each sequence one advantage (with ``algorithm.use_kl_in_reward=false``; REINFORCE++ with
-``gamma=1``): what an episode's several sequences can share."""
+SEQUENCE_ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "remax", "reinforce_plus_plus_baseline")
+"""Estimators that give each sequence one advantage (with ``algorithm.use_kl_in_reward=false``): what an episode's
+several sequences can share. Not REINFORCE++: its return restarts after every observation token."""
 
 
 def _check_split_episodes(config: TrainConfig, error: ConfigError) -> None:
@@ -79,12 +78,10 @@ def _check_split_episodes(config: TrainConfig, error: ConfigError) -> None:
     if multi_turn.agent_max_sequences <= 1:
         return
     key, why = "rollout.multi_turn.agent_max_sequences", "gives an episode's sequences its one advantage"
-    if algorithm.adv_estimator not in SEQUENCE_ADVANTAGE_ESTIMATORS or (
-            algorithm.adv_estimator == "reinforce_plus_plus" and algorithm.gamma != 1.0):
+    if algorithm.adv_estimator not in SEQUENCE_ADVANTAGE_ESTIMATORS:
         error.add(key, multi_turn.agent_max_sequences,
-                  f"{why}, and algorithm.adv_estimator={algorithm.adv_estimator} (gamma={algorithm.gamma}) gives "
-                  f"each token its own; use one of {', '.join(SEQUENCE_ADVANTAGE_ESTIMATORS)} (REINFORCE++ with "
-                  "algorithm.gamma=1), or set it to 1")
+                  f"{why}, and algorithm.adv_estimator={algorithm.adv_estimator} gives each token its own; use one "
+                  f"of {', '.join(SEQUENCE_ADVANTAGE_ESTIMATORS)}, or set it to 1")
     if algorithm.use_kl_in_reward:
         error.add(key, multi_turn.agent_max_sequences,
                   f"{why}, and algorithm.use_kl_in_reward=true makes it depend on each sequence's tokens; use the KL "

@@ -71,7 +71,9 @@ class MultiTurnConfig(FreezableConfig):
     episode's one advantage (computed once per episode, so group statistics see each episode once). Each episode
     takes this many rows of the step (``rollout.n`` × this per prompt in the batch sizes; unused rows hold no
     token in the loss). Sequences past it are counted (``agent/dropped_sequences``), not trained. Needs an
-    estimator that gives a sequence one advantage (not ``gae``) and ``algorithm.use_kl_in_reward=false``."""
+    estimator that gives a sequence one advantage (``grpo``, ``drgrpo``, ``rloo``, ``remax``,
+    ``reinforce_plus_plus_baseline``) and ``algorithm.use_kl_in_reward=false``. With a ``seq-mean-*``
+    ``actor.loss_agg_mode`` each sequence counts once, so a split episode weighs as many sequences as it trains."""
     strict: bool = False
     """Stop the run when the chat template does not reproduce the ids generated so far (else: counted in
     ``agent/prefix_mismatches``, the ids kept as generated)."""

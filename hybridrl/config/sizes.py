@@ -1,7 +1,8 @@
 """Derived batch sizes — computed from the config, never written back into it (docs/architecture.md §3).
 
-Algorithm sizes are global and counted in prompts; the worker multiplies by ``rollout.n`` and divides by the number of
-data-parallel ranks. The identity ``global sequences = micro × accumulation × world`` must hold exactly, or the
+Algorithm sizes are global and counted in prompts; the worker multiplies by the rows a prompt brings
+(:func:`trained_rows_per_prompt`: ``rollout.n``, times ``rollout.multi_turn.agent_max_sequences`` for a user's agent)
+and divides by the number of data-parallel ranks. The identity ``global sequences = micro × accumulation × world`` must hold exactly, or the
 config is refused: a silently rounded mini-batch changes the optimisation, not just the speed.
 """
 

@@ -189,7 +189,7 @@ def _check_anti_forgetting(config: TrainConfig, error: ConfigError) -> None:
     if ewc.coef > 0 and ewc.fisher_batches > 0:
         _require(error, "actor.ewc.fisher_batches", ewc.fisher_batches, rows_per_rank % ewc.fisher_batches == 0,
                  f"must divide the {rows_per_rank} rollout rows per rank of a step (data.train_batch_size × "
-                 "rollout.n ÷ devices)")
+                 "rollout.n × an agent's rollout.multi_turn.agent_max_sequences ÷ devices)")
     if replay.enable:
         _require(error, "data.replay.fraction", replay.fraction,
                  0 < replay.fraction < 1 and round(replay.fraction * data.train_batch_size) >= 1,

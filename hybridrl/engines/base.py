@@ -25,6 +25,7 @@ in gloo process groups.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Sequence
 from typing import Optional
 
@@ -35,6 +36,7 @@ from hybridrl.engines.hooks import StepHook
 from hybridrl.engines.losses import ADDITIVE_METRICS, Loss, global_normalizer, metric_weight
 from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching, iterate_mini_batches, split_micro_batches
 from hybridrl.engines.optim import clipped_step
+from hybridrl.engines.precision import learning_rate
 from hybridrl.modeling.fsdp import parameters_kept_gathered, set_gradient_sync, syncs_gradients
 from hybridrl.protocol import Batch
 
@@ -65,6 +67,8 @@ class TrainingEngine:
         self.lr_schedule = scheduler
         self.grad_clip = grad_clip
         self.hooks: list[StepHook] = list(hooks)
+        self.last_normalizer = math.nan
+        """The global normaliser of the last mini-batch accumulated (its loss tokens, sequences or pairs)."""
 
     # ------------------------------------------------------------------------------------------ the optimizer step
     def optimizer_step(self, mini_batch: Batch, loss: Loss, *, mini_batch_index: int = 0,
@@ -73,16 +77,22 @@ class TrainingEngine:
 
         ``hooks``: the step's plug-ins (default: the engine's own). Returns the mini-batch's metrics: the loss and
         its shares summed over micro-batches and ranks, every other metric a token- (or pair-) weighted mean, plus
-        ``grad_norm`` (before clipping), ``lr`` and ``skipped_step`` (1 when the norm was not finite).
+        ``grad_norm`` (before clipping), ``lr``, ``skipped_step`` (1 when the norm was not finite) and
+        ``empty_step`` (1 when no rank had anything in the loss: no optimizer or schedule step is taken).
         """
         if self.optimizer is None:
             raise RuntimeError("this engine has no optimizer: it serves forward passes only")
         hooks = self.hooks if hooks is None else hooks
         metrics = self.accumulate_gradients(mini_batch, loss, hooks)
+        if self.last_normalizer == 0:  # nothing in the loss on any rank: no step (AdamW would still move the weights)
+            self.optimizer.zero_grad(set_to_none=True)
+            metrics.update(grad_norm=0.0, lr=learning_rate(self.optimizer), skipped_step=0.0, empty_step=1.0)
+            return metrics
         for hook in hooks:
             metrics.update(hook.before_clip(self, mini_batch_index))
         result = clipped_step(self.model, self.optimizer, self.lr_schedule, self.grad_clip)
-        metrics.update(grad_norm=result.grad_norm, lr=result.lr, skipped_step=float(not result.applied))
+        metrics.update(grad_norm=result.grad_norm, lr=result.lr, skipped_step=float(not result.applied),
+                       empty_step=0.0)
         for hook in hooks:
             metrics.update(hook.after_step(metrics))
         return metrics
@@ -93,6 +103,7 @@ class TrainingEngine:
         ``.grad`` (reduced across ranks as ``grad_sync`` says). Returns the mini-batch's metrics (see above)."""
         micro_batching = self.micro_batching
         normalizer = global_normalizer(mini_batch, loss.agg_mode, self.dp)
+        self.last_normalizer = float(normalizer)
         micro_batches, _ = split_micro_batches(mini_batch, micro_batching, self.dp)
         totals = MetricTotals()
         with _gathered_if(self.model, micro_batching.gather_once, through_backward=True):

@@ -97,8 +97,8 @@ def episode_trajectory(episode: AgentEpisode, max_sequences: int = 1) -> Traject
 
 
 def _ids(sequence: TrainingSequence) -> SequenceIds:
-    return SequenceIds(tuple(sequence.prompt_ids), tuple(sequence.response_ids), tuple(sequence.response_mask),
-                       tuple(sequence.log_probs))
+    return SequenceIds(list(sequence.prompt_ids), list(sequence.response_ids), list(sequence.response_mask),
+                       list(sequence.log_probs))
 
 
 def _failed(trajectory: Trajectory, failure: str) -> Trajectory:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from hybridrl.config.precision import DTYPE_BYTES
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.rollout_placement import generation_devices
-from hybridrl.config.sizes import world_size
+from hybridrl.config.sizes import trained_rows_per_prompt, world_size
 from hybridrl.config.validation import critic_enabled
 from hybridrl.planner.hardware import GpuSpec
 from hybridrl.autotune.memory_sizing import DecoderShape
@@ -73,7 +73,7 @@ def roofline_step_time(config: TrainConfig, shape: DecoderShape, gpu: GpuSpec, *
     if not 0 < efficiency <= 1:
         raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
     devices = world_size(config)
-    sequences = config.data.train_batch_size * config.rollout.n
+    sequences = config.data.train_batch_size * trained_rows_per_prompt(config)  # rows the forwards and update see
     seq_len = config.data.max_prompt_length + config.data.max_response_length
     forward = sequences * forward_flops(shape, seq_len)
     value_forward = sequences * forward_flops(shape, seq_len, with_lm_head=False)

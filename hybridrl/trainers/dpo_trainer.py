@@ -25,7 +25,7 @@ from hybridrl.data.preference import PairFields
 from hybridrl.engines.preference_losses import PairLogProbs, preference_loss, response_lengths
 from hybridrl.protocol import Batch
 from hybridrl.runtime import WorkerGroup
-from hybridrl.trainers.rm_trainer import RMTrainer
+from hybridrl.trainers.rm_trainer import RMTrainer, step_indices
 from hybridrl.workers.dpo_worker import DPOTrainWorker
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class DPOTrainer(RMTrainer):
     """Trains a policy on preference pairs and exports it as a Hugging Face directory."""
 
     worker = DPOTrainWorker
-    role, prefix = "policy", "dpo"
+    role, prefix = "actor", "dpo"  # checkpoints under actor/: `hybridrl export` and `eval` read a policy there
 
     def __init__(self, config: DPOConfig) -> None:
         super().__init__(config)
@@ -70,21 +70,31 @@ class DPOTrainer(RMTrainer):
         loss, metrics = preference_loss(self.config.loss, policy, pairs, len(pairs))
         return {"val/loss": float(loss), **{f"val/{name}": float(value) for name, value in metrics.items()}}
 
-    def _before_steps(self, group: WorkerGroup) -> None:
-        """``precompute``: the reference scores every training and held-out pair now, in chunks, and is freed."""
+    def _before_steps(self, group: WorkerGroup, start: int) -> None:
+        """``precompute``: the reference scores, in chunks, the training pairs the steps after ``start`` will draw
+        (not the whole set when the run ends within its first epoch) and every held-out pair; then it is freed."""
         self._group = group
         if not self.reads_reference or self.config.loss.reference_log_probs != "precompute":
             return
         data = self.config.data
-        chunk = max(data.val_batch_size, data.train_batch_size)
-        for split, pairs in (("train", self.train_pairs), ("val", self.val_pairs)):
-            parts = []
-            for start in range(0, len(pairs), chunk):
-                scored = group.call(DPOTrainWorker.reference_log_probs, self.encode(pairs[start:start + chunk]))
-                parts.append(torch.stack([scored[name] for name in REFERENCE_FIELDS], dim=-1))
-                logger.info("reference log-probs: %s pairs %d/%d", split, min(start + chunk, len(pairs)), len(pairs))
-            self._reference[split] = torch.cat(parts) if parts else torch.zeros(0, 2)
+        drawn = sorted({index for step in range(start, self.config.trainer.total_training_steps)
+                        for index in step_indices(len(self.train_pairs), data.train_batch_size, step,
+                                                  shuffle=data.shuffle, seed=data.seed)})
+        self._reference["train"] = self._scored(group, "train", self.train_pairs, drawn)
+        self._reference["val"] = self._scored(group, "val", self.val_pairs, list(range(len(self.val_pairs))))
         group.call(DPOTrainWorker.release_reference)
+
+    def _scored(self, group: WorkerGroup, split: str, pairs: list, indices: list[int]) -> torch.Tensor:
+        """``[len(pairs), 2]`` reference log-probs (chosen, rejected) of ``pairs[indices]``; NaN for the others."""
+        data = self.config.data
+        chunk = max(data.val_batch_size, data.train_batch_size)
+        table = torch.full((len(pairs), 2), float("nan"))
+        for start in range(0, len(indices), chunk):
+            part = indices[start:start + chunk]
+            scored = group.call(DPOTrainWorker.reference_log_probs, self.encode([pairs[index] for index in part]))
+            table[part] = torch.stack([scored[name] for name in REFERENCE_FIELDS], dim=-1)
+            logger.info("reference log-probs: %s pairs %d/%d", split, min(start + chunk, len(indices)), len(indices))
+        return table
 
     def _with_reference(self, pairs: Batch, precomputed: Optional[torch.Tensor]) -> Batch:
         """``pairs`` with their reference log-probs: ``precomputed`` ``[B, 2]``, or scored now (``on_the_fly``)."""
@@ -93,6 +103,9 @@ class DPOTrainer(RMTrainer):
         if precomputed is None:
             assert self._group is not None, "the workers start before any batch is scored"
             return pairs.union(self._group.call(DPOTrainWorker.reference_log_probs, pairs))
+        if bool(precomputed.isnan().any()):
+            raise RuntimeError("a pair the reference did not score before training was drawn (precompute scores the "
+                               "pairs of the configured steps)")
         for column, name in enumerate(REFERENCE_FIELDS):
             pairs[name] = precomputed[:, column].contiguous()
         return pairs

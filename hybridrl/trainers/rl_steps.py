@@ -12,7 +12,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from hybridrl.agents.episode_rows import shared_episode_advantages
+from hybridrl.agents.batch import agent_metrics
+from hybridrl.agents.episode_rows import episode_rows_metrics, episodes_only, shared_episode_advantages
 from hybridrl.algorithms import ADVANTAGE_ESTIMATORS, kl_penalty, masked_mean
 from hybridrl.algorithms.distillation import distillation_advantages
 from hybridrl.algorithms.off_policy import masked_importance, truncated_importance_weights
@@ -123,6 +124,15 @@ def balance_batch(batch: Batch, num_ranks: int) -> Batch:
     lengths = batch[Fields.ATTENTION_MASK].sum(dim=-1).tolist()
     parts = balance_across_ranks(lengths, num_ranks, equal_size=True)
     return batch.reorder(torch.tensor([index for part in parts for index in part]))
+
+
+def trained_batch_metrics(batch: Batch, step: int) -> dict[str, float]:
+    """A trained batch's metrics: scores, lengths and agent statistics of its episodes (an agent episode's other rows,
+    ``agents/episode_rows.py``, left out: each episode counts once), its rows per episode, and the current weights'
+    log-prob gap (``step``: the steps done)."""
+    episodes = episodes_only(batch)
+    return {**batch_metrics(episodes), **agent_metrics(episodes), **episode_rows_metrics(batch),
+            **current_weights_log_prob_gap(batch, step)}
 
 
 def batch_metrics(batch: Batch) -> dict[str, float]:

@@ -30,13 +30,12 @@ from hybridrl.trainers.restarts import RESTARTABLE, RestartRecord, Supervisor
 from hybridrl.trainers.run_lock import run_directory_lock
 from hybridrl.trainers.scaffold import open_tracker, resume_point
 from hybridrl.trainers.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
-from hybridrl.trainers.rl_steps import (apply_kl_in_reward, balance_batch, batch_metrics, compute_advantages,
-                                        current_weights_log_prob_gap, off_policy_corrected, with_distillation)
+from hybridrl.trainers.rl_steps import (apply_kl_in_reward, balance_batch, compute_advantages, off_policy_corrected,
+                                        trained_batch_metrics, with_distillation)
 from hybridrl.trainers.evaluation import Scoring, validate
 from hybridrl.trainers.async_rollout import SAMPLE_LOG_STEPS, RolloutQueue
 from hybridrl.trainers.generation import Generation, start_generation
-from hybridrl.agents.batch import agent_metrics
-from hybridrl.agents.episode_rows import episode_rows, episode_rows_metrics, episodes_only
+from hybridrl.agents.episode_rows import episode_rows
 from hybridrl.trainers.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups, num_groups,
                                           prompts_without_greedy, remax_baselines, remax_params, shape_rewards)
 from hybridrl.data.loader import build_prompt_loaders
@@ -231,10 +230,8 @@ class RLTrainer:
         self.faults.before_actor_update(self.global_step + 1, {"actor_rollout_ref": actor, "critic": self.critic,
                                                                **{g.name: g for g in self.rollout_replicas}})
         metrics.update(self._update_actor_and_sync(actor_batch, temperature, timer))
-        episodes = episodes_only(batch)
-        for extras in (extra, correction_metrics, batch_metrics(episodes), agent_metrics(episodes),
-                       episode_rows_metrics(batch), timer.metrics(),
-                       current_weights_log_prob_gap(batch, self.global_step), self._pop_worker_seconds()):
+        for extras in (extra, correction_metrics, trained_batch_metrics(batch, self.global_step), timer.metrics(),
+                       self._pop_worker_seconds()):
             metrics.update(extras)
         metrics["perf/throughput_tokens_per_s"] = float(batch[Fields.ATTENTION_MASK].sum()) / max(
             timer.total(), 1e-9)

@@ -154,7 +154,7 @@ class RMTrainer:
                             args=(config,)) as group:
             dump_config(config, self.run_dir)
             start = self._resume(group)
-            self._before_steps(group)
+            self._before_steps(group, start)
             tracker = open_tracker(trainer, self.run_dir, total_steps=trainer.total_training_steps,
                                    start_step=start, monitoring=MonitoringConfig())
             try:
@@ -181,8 +181,8 @@ class RMTrainer:
             if trainer.save_freq > 0 and (step % trainer.save_freq == 0 or last):
                 self._save(group, step)
 
-    def _before_steps(self, group: WorkerGroup) -> None:
-        """What the workers need before the first step (or validation): nothing for a reward model."""
+    def _before_steps(self, group: WorkerGroup, start: int) -> None:
+        """What the workers need before the steps after ``start`` (and validation): nothing for a reward model."""
 
     def _log_validation(self, group: WorkerGroup, tracker: Optional[Tracker], result: RMResult,
                         step: int) -> dict[str, float]:

@@ -85,15 +85,10 @@ class ActorRolloutRefWorker(Worker):
         scheduler = build_scheduler(optimizer, config.actor.optim, optimizer_steps)
         self.actor = TrainingEngine(actor_model, dp=dp, optimizer=optimizer, scheduler=scheduler,
                                     grad_clip=config.actor.grad_clip)
-        self.reference: Optional[TrainingEngine] = None
         self.lora = lora_enabled(config.model.lora)
         self.with_reference = with_reference
-        if with_reference and not self.lora:
-            reference_model = build_model(config.model, "reference", device_type=device_type).to(self.device)
-            shard_model(reference_model, self.dp_mesh, sharding_options(
-                config.model.dtype, config.actor.fsdp, param_offload=config.ref.param_offload,
-                keep_gathered=keep_gathered))
-            self.reference = TrainingEngine(reference_model, dp=dp)
+        self.reference = self._frozen_engine(config.model.path if with_reference and not self.lora else None, dp,
+                                             keep_gathered)
         self.teacher = self._frozen_engine(config.algorithm.distillation.teacher_path, dp, keep_gathered)
         self.episodes = episode_runner(config, self.tokenizer)
         self.rollout = self._build_rollout(actor_model, dp)
@@ -250,7 +245,8 @@ class ActorRolloutRefWorker(Worker):
         return log_probs(self.actor, batch, micro_batching, self.forward, temperature=temperature)
 
     def _frozen_engine(self, path: Optional[str], dp, keep_gathered: bool) -> Optional[TrainingEngine]:
-        """A frozen model of ``path`` sharded like the reference (the distillation teacher); ``None`` without one."""
+        """A frozen model of ``path``, sharded over the actor's ranks (the reference policy, a distillation teacher);
+        ``None`` without a path."""
         if not path:
             return None
         config = self.config

@@ -73,10 +73,19 @@ def test_reference_scored_up_front_or_step_by_step_gives_the_same_run(model_dir,
 @pytest.mark.long  # a whole run or two each; the demo test above stays in `make test`
 @pytest.mark.parametrize("loss", ["simpo", "orpo"])
 def test_reference_free_losses_train_without_a_reference(model_dir, tmp_path, loss):
-    trainer = DPOTrainer(demo_config(model_dir, tmp_path / "run", 2, f"loss.type={loss}", "loss.beta=2.0"))
+    """SimPO and ORPO build no reference; a checkpoint of the run exports (``hybridrl export``) as the run did."""
+    from safetensors.torch import load_file
+
+    from hybridrl.trainers.export import export_checkpoint
+
+    trainer = DPOTrainer(demo_config(model_dir, tmp_path / "run", 2, f"loss.type={loss}", "loss.beta=2.0",
+                                     "trainer.save_freq=2"))
     result = trainer.fit()
     assert trainer._reference == {"train": None, "val": None}
     assert result.global_step == 2 and "val/accuracy" in result.validations[-1][1]
+    exported = export_checkpoint(tmp_path / "run", tmp_path / "exported")
+    ours, theirs = load_file(exported / "model.safetensors"), load_file(result.export_dir / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[name], theirs[name]) for name in ours)
     if loss == "orpo":  # its likelihood term, a share of the step's chosen tokens, summed back to the step's mean
         rows = [row for row in read_metrics(tmp_path / "run") if "dpo/nll" in row]
         assert len(rows) == 2 and all(0 < row["dpo/nll"] < row["dpo/loss"] for row in rows)

@@ -22,7 +22,7 @@ PAD, RESPONSE = 0, 6
 
 
 def other(prompt, response, mask):
-    return SequenceIds(tuple(prompt), tuple(response), tuple(mask), tuple(-0.25 * m for m in mask))
+    return SequenceIds(list(prompt), list(response), list(mask), [-0.25 * m for m in mask])
 
 
 def episodes() -> Batch:
@@ -162,3 +162,45 @@ def test_remax_asks_no_greedy_baseline_for_a_failed_agent_episode():
         return torch.tensor([[scores[uid]] for uid in rows[Fields.UID]]), {}
     config = load_config(["algorithm.adv_estimator=remax"], check_paths=False)
     assert remax_baselines(batch, [greedy], config, token_level_scores).tolist() == [0.25, 0.0, 0.75, 0.75]
+
+
+def test_the_other_sequences_ride_as_plain_values_through_a_checkpoint(tmp_path):
+    """Asynchronous training saves the batches in flight with its checkpoints (``batch_state``, loaded back with
+    ``weights_only``): an agent batch's other sequences survive, and unfold the same after loading."""
+    from hybridrl.modeling.safe_load import load_tensors
+    from hybridrl.protocol.state import batch_from_state, batch_state
+
+    batch = episodes()
+    torch.save(batch_state(batch), tmp_path / "state.pt")
+    loaded = batch_from_state(load_tensors(tmp_path / "state.pt"))
+    before, after = episode_rows(episodes(), 3, PAD), episode_rows(loaded, 3, PAD)
+    for key in (Fields.INPUT_IDS, Fields.RESPONSE_MASK, Fields.ROLLOUT_LOG_PROBS, EPISODE_PART, EPISODE_ROW):
+        assert torch.equal(before[key], after[key]), key
+
+
+def test_a_width_that_equals_the_response_length_is_not_taken_for_tokens():
+    """``agent_stats`` has as many columns as the responses here (10): it is the episode's, copied, not zeroed."""
+    trajectory = Trajectory(prompt_ids=[1], other_sequences=(other([2], [3], [1]),), counters={"turns": 1.0})
+    trajectory.add_model_turn([5, 6], [-0.5, -0.5], [0, 0])
+    batch = trajectories_to_batch([trajectory], Batch(non_tensors={Fields.UID: ["a"]}), len(AGENT_STATS), PAD,
+                                  agent_rewards=True)
+    rows = episode_rows(batch, 2, PAD)
+    assert torch.equal(rows[AGENT_STATS_FIELD][1], rows[AGENT_STATS_FIELD][0])
+
+
+def test_remax_baselines_follow_the_episodes_own_rows_through_any_order():
+    """ReMax's per-row baselines (``reward_baselines``, one per row of the unfolded batch) are read at the episodes'
+    own rows, whatever order balancing left them in: every row gets its episode's return minus its baseline."""
+    algorithm = AlgorithmConfig(adv_estimator="remax")
+    baselines = {"a": 0.25, "b": 1.0}
+    own, _ = compute_advantages(episodes(), algorithm, torch.tensor([baselines[uid] for uid in "aabb"]))
+    rows = episode_rows(episodes(), 3, PAD)
+    shuffled = rows.reorder(torch.randperm(len(rows), generator=torch.Generator().manual_seed(5)))
+    per_row = torch.tensor([baselines[uid] for uid in shuffled[Fields.UID]])
+    advantages, _ = compute_advantages(shuffled, algorithm, per_row)
+    mask = shuffled[Fields.RESPONSE_MASK].bool()
+    for row in range(len(shuffled)):
+        episode = int(shuffled[EPISODE_ROW][row])
+        expected = float(own[episode][episodes()[Fields.RESPONSE_MASK][episode].bool()][0])
+        assert advantages[row][mask[row]].tolist() == pytest.approx([expected] * int(mask[row].sum()))
+    assert {round(float(own[e][0]), 4) for e in range(4)} == {0.75, -0.25, -0.5, 1.0}

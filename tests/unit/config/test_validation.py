@@ -312,8 +312,8 @@ def test_several_sequences_per_episode_need_one_advantage_per_sequence_and_size_
     cases = [(["rollout.multi_turn.agent_max_sequences=2", "algorithm.adv_estimator=gae"], "gives each token its own"),
              (["rollout.multi_turn.agent_max_sequences=2", "algorithm.use_kl_in_reward=true"],
               "use_kl_in_reward=true makes it depend"),
-             (["rollout.multi_turn.agent_max_sequences=2", "algorithm.adv_estimator=reinforce_plus_plus",
-               "algorithm.gamma=0.9"], "gamma=0.9"),
+             (["rollout.multi_turn.agent_max_sequences=2", "algorithm.adv_estimator=reinforce_plus_plus"],
+              "reinforce_plus_plus gives each token its own"),
              (["rollout.multi_turn.agent_max_sequences=0"], "must be >= 1")]
     for overrides, phrase in cases:
         with pytest.raises(ConfigError) as caught:
@@ -350,7 +350,8 @@ def test_a_distillation_teacher_needs_the_policys_vocabulary_and_a_weight(tmp_pa
     cases = [([f"algorithm.distillation.teacher_path={teacher}"], "the teacher's vocabulary is not the policy's"),
              ([f"algorithm.distillation.teacher_path={tmp_path / 'none'}"], "does not exist"),
              ([f"algorithm.distillation.teacher_path={policy}", "algorithm.distillation.kl_coef=0",
-               "algorithm.distillation.task_weight=0"], "both 0: nothing would be learned")]
+               "algorithm.distillation.task_weight=0"], "both 0: nothing would be learned"),
+             (["algorithm.distillation.kl_coef=0.5"], "is read only with algorithm.distillation.teacher_path")]
     for overrides, phrase in cases:
         with pytest.raises(ConfigError) as caught:
             load_config([*base, *overrides])

@@ -65,3 +65,35 @@ def test_the_adamw_step_is_the_textbook_update():
         denominator = (second / (1 - 0.99 ** step)).sqrt() + 1e-8
         reference -= 1e-2 * (first / (1 - 0.9 ** step)) / denominator
     assert torch.allclose(param.detach().double(), reference, rtol=0, atol=1e-6)
+
+
+def test_a_mini_batch_with_nothing_in_the_loss_takes_no_step(tmp_path):
+    """Every row fully masked (an agent's unused rows, failed episodes): AdamW would still move the weights (momentum,
+    weight decay) on zero gradients, so no optimizer or schedule step is taken, and the step says so."""
+    from transformers import AutoModelForCausalLM
+
+    from hybridrl.config.schema import OptimConfig
+    from hybridrl.engines.base import TrainingEngine
+    from hybridrl.engines.losses import SequenceForward, SFTLoss
+    from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
+    from hybridrl.engines.optim import build_optimizer, build_scheduler
+    from hybridrl.protocol import Batch, Fields
+    from hybridrl.utils.tiny_model import save_tiny_model
+
+    model = AutoModelForCausalLM.from_pretrained(save_tiny_model(tmp_path / "model"), dtype=torch.float32)
+    config = OptimConfig(lr=1e-2, weight_decay=0.1)
+    optimizer = build_optimizer(model, config)
+    scheduler = build_scheduler(optimizer, config, 10)
+    engine = TrainingEngine(model, dp=DataParallelGroup(), micro_batching=MicroBatching(micro_batch_size=2),
+                            optimizer=optimizer, scheduler=scheduler)
+    ids = torch.randint(4, 40, (2, 6))
+    rows = Batch(tensors={Fields.INPUT_IDS: ids, Fields.ATTENTION_MASK: torch.ones_like(ids),
+                          Fields.RESPONSES: ids[:, 3:], Fields.RESPONSE_MASK: torch.ones_like(ids[:, 3:])})
+    loss = SFTLoss(SequenceForward())
+    assert engine.optimizer_step(rows, loss)["empty_step"] == 0.0  # a real step first: AdamW has momentum now
+    before = {name: param.detach().clone() for name, param in model.named_parameters()}
+    steps_before = scheduler.last_epoch
+    rows[Fields.RESPONSE_MASK] = torch.zeros_like(ids[:, 3:])
+    metrics = engine.optimizer_step(rows, loss)
+    assert metrics["empty_step"] == 1.0 and metrics["skipped_step"] == 0.0 and scheduler.last_epoch == steps_before
+    assert all(torch.equal(param, before[name]) for name, param in model.named_parameters())
