@@ -49,8 +49,8 @@ def episode_rows(batch: Batch, slots: int, pad_token_id: int) -> Batch:
 
     Other rows copy their episode's row but for the rollout layout (their own ids, masks and rollout log-probs),
     the per-token fields (:data:`PER_TOKEN_FIELDS`, zero: they are the episode row's tokens') and
-    ``episode_sequences`` (empty); ``episode_sequences`` itself is dropped (in place for ``slots == 1``: the batch is returned). A
-    batch without it (no agent) is returned as it is."""
+    ``episode_sequences`` (empty); ``episode_sequences`` itself is dropped (in place for ``slots == 1``: the batch
+    is returned). A batch without it (no agent) is returned as it is."""
     if EPISODE_SEQUENCES not in batch:
         return batch
     _say_when_sequences_are_dropped(batch, slots)
@@ -101,7 +101,7 @@ def _as_trajectory(sequence: Optional[SequenceIds], pad_token_id: int) -> Trajec
 
 
 def _with_episode_fields(batch: Batch, part: int) -> Batch:
-    rows = batch.clone()
+    rows = batch.select(*batch.keys())  # new fields on a shallow copy: Batch.concat copies the tensors once
     rows[EPISODE_PART] = torch.full((len(batch),), part, dtype=torch.long)
     rows[EPISODE_ROW] = torch.arange(len(batch), dtype=torch.long)
     return rows

@@ -1,4 +1,4 @@
-"""No-grad passes of a training engine over a whole batch: log-probs, values, pair rewards.
+"""No-grad passes of a training engine over a whole batch: log-probs, values, pair rewards, pair log-probs.
 
 Each runs :meth:`~hybridrl.engines.base.TrainingEngine.forward` over the batch's micro-batches (eval mode, parameters
 gathered once per pass with ``gather_once``) and returns a :class:`~hybridrl.protocol.Batch` in the input's row order.
@@ -12,6 +12,7 @@ from hybridrl.data.preference import PairFields
 from hybridrl.engines.base import TrainingEngine
 from hybridrl.engines.losses import SequenceForward, pair_rewards
 from hybridrl.engines.micro_batches import MicroBatching
+from hybridrl.engines.preference_losses import pair_log_probs
 from hybridrl.protocol import Batch, Fields
 
 
@@ -32,6 +33,18 @@ def values(engine: TrainingEngine, data: Batch, micro_batching: MicroBatching, f
     """``values [B, R]``: the value model's estimate of the state before each response token."""
     return engine.forward(data, micro_batching,
                           lambda micro_batch: {Fields.VALUES: forward.values(engine.model, micro_batch)})
+
+
+def pair_log_probs_of(engine: TrainingEngine, pairs: Batch, micro_batching: MicroBatching, response_length: int,
+                      names: tuple[str, str], *, packed: bool) -> Batch:
+    """Both sides' summed response log-probs ``[B]`` (float32) under ``engine``'s causal LM, named ``names``
+    (chosen, rejected): the policy's or the reference's of ``hybridrl dpo``."""
+
+    def outputs_of(micro_batch: Batch) -> dict[str, torch.Tensor]:
+        sides = pair_log_probs(engine.model, micro_batch, response_length, packed=packed)
+        return {names[0]: sides.chosen.float(), names[1]: sides.rejected.float()}
+
+    return engine.forward(pairs, micro_batching, outputs_of)
 
 
 def pair_rewards_of(engine: TrainingEngine, pairs: Batch, micro_batching: MicroBatching, *, packed: bool) -> Batch:

@@ -44,7 +44,7 @@ from hybridrl.utils.collectives import CollectiveTimer
 from hybridrl.utils.distributed import full_tensor
 from hybridrl.utils.seeding import derive_seed
 from hybridrl.workers.agent_rollout import engine_context_length, episode_runner
-from hybridrl.workers.building import (data_parallel_group, log_prob_micro_batching, sharding_options,
+from hybridrl.workers.building import (data_parallel_group, frozen_engine, log_prob_micro_batching, sharding_options,
                                        training_micro_batching)
 from hybridrl.workers.engine_weights import EngineWeights
 from hybridrl.workers.step_metrics import update_resource_metrics
@@ -87,9 +87,11 @@ class ActorRolloutRefWorker(Worker):
                                     grad_clip=config.actor.grad_clip)
         self.lora = lora_enabled(config.model.lora)
         self.with_reference = with_reference
-        self.reference = self._frozen_engine(config.model.path if with_reference and not self.lora else None, dp,
-                                             keep_gathered)
-        self.teacher = self._frozen_engine(config.algorithm.distillation.teacher_path, dp, keep_gathered)
+        frozen = sharding_options(config.model.dtype, config.actor.fsdp, param_offload=config.ref.param_offload,
+                                  keep_gathered=keep_gathered)
+        self.reference = frozen_engine(self, config.model, config.model.path if with_reference and not self.lora
+                                       else None, frozen, dp)
+        self.teacher = frozen_engine(self, config.model, config.algorithm.distillation.teacher_path, frozen, dp)
         self.episodes = episode_runner(config, self.tokenizer)
         self.rollout = self._build_rollout(actor_model, dp)
         # Sized last, so that on a GPU the budget sees what the reference and the rollout engine already hold.
@@ -243,19 +245,6 @@ class ActorRolloutRefWorker(Worker):
                                                  self.plan.micro_batch_size_per_gpu, self.device.type,
                                                  self.world_size)
         return log_probs(self.actor, batch, micro_batching, self.forward, temperature=temperature)
-
-    def _frozen_engine(self, path: Optional[str], dp, keep_gathered: bool) -> Optional[TrainingEngine]:
-        """A frozen model of ``path``, sharded over the actor's ranks (the reference policy, a distillation teacher);
-        ``None`` without a path."""
-        if not path:
-            return None
-        config = self.config
-        model = build_model(config.model, "reference", path=path, device_type=self.device.type).to(self.device)
-        model.requires_grad_(False)
-        shard_model(model, self.dp_mesh, sharding_options(config.model.dtype, config.actor.fsdp,
-                                                          param_offload=config.ref.param_offload,
-                                                          keep_gathered=keep_gathered))
-        return TrainingEngine(model, dp=dp)
 
     @dp_split
     def compute_teacher_log_prob(self, batch: Batch, temperature: float) -> Batch:

@@ -7,9 +7,10 @@ from typing import Optional
 
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import gathers_once
+from hybridrl.engines.base import TrainingEngine
 from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
-from hybridrl.modeling.fsdp import ShardingOptions
-from hybridrl.modeling.model_builder import torch_dtype
+from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+from hybridrl.modeling.model_builder import build_model, torch_dtype
 from hybridrl.runtime import Worker
 
 
@@ -18,6 +19,18 @@ def data_parallel_group(worker: Worker) -> DataParallelGroup:
     mesh = worker.dp_mesh
     return DataParallelGroup(group=mesh.get_group() if mesh is not None else None, rank=worker.rank,
                              size=worker.world_size)
+
+
+def frozen_engine(worker: Worker, model_config, path: Optional[str], sharding: ShardingOptions,
+                  dp: DataParallelGroup) -> Optional[TrainingEngine]:
+    """A frozen causal LM of ``path`` (a reference policy, a distillation teacher) on ``worker``'s device, sharded
+    over its ranks with ``sharding``, for no-grad passes; ``None`` without a path."""
+    if not path:
+        return None
+    model = build_model(model_config, "reference", path=path, device_type=worker.device.type).to(worker.device)
+    model.requires_grad_(False)
+    shard_model(model, worker.dp_mesh, sharding)
+    return TrainingEngine(model, dp=dp)
 
 
 def sharding_options(model_dtype: str, fsdp, *, keep_gathered: bool,

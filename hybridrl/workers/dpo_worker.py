@@ -9,8 +9,6 @@ reference has scored everything it will, and the checkpoint/export methods.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from hybridrl.config.dpo_schema import REFERENCE_FREE_LOSSES, DPOConfig
@@ -19,13 +17,14 @@ from hybridrl.engines.base import TrainingEngine
 from hybridrl.engines.checkpoint import export_hf
 from hybridrl.engines.micro_batches import MicroBatching
 from hybridrl.engines.optim import build_optimizer, build_scheduler
-from hybridrl.engines.preference_losses import PreferenceOptimizationLoss, pair_log_probs
+from hybridrl.engines.passes import pair_log_probs_of
+from hybridrl.engines.preference_losses import PreferenceOptimizationLoss
 from hybridrl.modeling.fsdp import shard_model
 from hybridrl.modeling.lora import adapters_disabled, lora_enabled
 from hybridrl.modeling.model_builder import build_model, load_tokenizer
 from hybridrl.protocol import Batch
 from hybridrl.runtime import Worker, dp_split, one_to_all
-from hybridrl.workers.building import data_parallel_group, sharding_options
+from hybridrl.workers.building import data_parallel_group, frozen_engine, sharding_options
 from hybridrl.workers.engine_checkpoints import EngineCheckpoints
 
 
@@ -48,13 +47,9 @@ class DPOTrainWorker(EngineCheckpoints, Worker):
         self.engine = TrainingEngine(policy, dp=dp, optimizer=optimizer, scheduler=scheduler,
                                      grad_clip=config.loss.grad_clip, micro_batching=self.micro_batching)
         self.lora = lora_enabled(config.model.lora)
-        self.reference: Optional[TrainingEngine] = None
-        if config.loss.type not in REFERENCE_FREE_LOSSES and not self.lora:
-            reference = build_model(config.model, "reference", device_type=device_type).to(self.device)
-            reference.requires_grad_(False)
-            shard_model(reference, self.dp_mesh, sharding_options(config.model.dtype, config.fsdp,
-                                                                  keep_gathered=False))
-            self.reference = TrainingEngine(reference, dp=dp)
+        builds_reference = config.loss.type not in REFERENCE_FREE_LOSSES and not self.lora
+        self.reference = frozen_engine(self, config.model, config.model.path if builds_reference else None,
+                                       sharding_options(config.model.dtype, config.fsdp, keep_gathered=False), dp)
         self.loss = PreferenceOptimizationLoss(config.data.max_response_length, config.loss,
                                                packed=config.model.use_remove_padding)
 
@@ -92,14 +87,9 @@ class DPOTrainWorker(EngineCheckpoints, Worker):
         return had
 
     def _log_probs(self, engine: TrainingEngine, pairs: Batch, names: tuple[str, str]) -> Batch:
-        response_length = self.config.data.max_response_length
-        packed = self.config.model.use_remove_padding
-        micro_batching = MicroBatching(micro_batch_size=self.config.data.micro_batch_size_per_gpu)
-
-        def outputs_of(micro_batch: Batch) -> dict[str, torch.Tensor]:
-            sides = pair_log_probs(engine.model, micro_batch, response_length, packed=packed)
-            return {names[0]: sides.chosen.float(), names[1]: sides.rejected.float()}
-        return engine.forward(pairs, micro_batching, outputs_of)
+        data = self.config.data
+        return pair_log_probs_of(engine, pairs, MicroBatching(micro_batch_size=data.micro_batch_size_per_gpu),
+                                 data.max_response_length, names, packed=self.config.model.use_remove_padding)
 
     @one_to_all(collect="first")
     def export_hf(self, directory: str) -> str:
