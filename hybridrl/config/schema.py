@@ -22,7 +22,8 @@ from hybridrl.config.monitoring import MonitoringConfig
 from hybridrl.config.async_schema import AsyncTrainingConfig
 from hybridrl.config.health import HealthConfig
 from hybridrl.config.ray import RayConfig
-from hybridrl.config.reward_schema import CustomRewardConfig, RewardFusionConfig, RewardModelConfig
+from hybridrl.config.reward_schema import (CustomRewardConfig, RewardFusionConfig, RewardJudgeConfig,
+                                           RewardModelConfig)
 from hybridrl.config.rollout_schema import RolloutConfig
 
 
@@ -397,6 +398,8 @@ class TrainConfig(FreezableConfig):
     """Value model (PPO with GAE)."""
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     """Model-based reward."""
+    reward_judge: RewardJudgeConfig = field(default_factory=RewardJudgeConfig)
+    """An LLM judge's score as a reward (a served model reads each response)."""
     reward_fusion: RewardFusionConfig = field(default_factory=RewardFusionConfig)
     """Weighted reward components, normalisation and reward-hacking guards."""
     custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)

@@ -15,6 +15,7 @@ from hybridrl.config.components import COMPONENT_REGISTRIES, registered_names, v
 from hybridrl.config.checks import _choice, _fsdp_size, _positive, _require, critic_enabled
 from hybridrl.config.distillation_checks import check_distillation, check_teacher_files
 from hybridrl.config.errors import PREFORMATTED, ConfigError
+from hybridrl.config.judge_checks import check_judge, check_judge_files
 from hybridrl.config.multi_turn_checks import (BUILTIN_TOOL_NAMES, check_agent_function, check_multi_turn,
                                                check_tool_config, resolved_file_name)
 from hybridrl.config.plugins import load_plugins, resolved_plugins
@@ -83,6 +84,7 @@ def validate_config(config: TrainConfig, *, check_paths: bool = True) -> None:
         check_tool_config(config, error)
         check_agent_function(config, error)
         check_teacher_files(config, error)
+        check_judge_files(config, error)
         _check_this_machine(config, error)
     if not error:  # the batch identity is only meaningful once the individual sizes are sane
         _check_batch_plans(config, error)
@@ -246,7 +248,7 @@ def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
         error.add("actor.clip_ratio_high", config.actor.clip_ratio_high,
                   "GSPO clips a sequence-level ratio: use clip ranges of order 1e-4 (the paper: 3e-4 / 4e-4)")
     for name in config.reward_fusion.normalize:
-        _choice(error, "reward_fusion.normalize", name, ("rule", "rm"))
+        _choice(error, "reward_fusion.normalize", name, ("rule", "rm", "judge"))
     _choice(error, "reward_fusion.weighting", config.reward_fusion.weighting, FUSION_WEIGHTINGS)
     for key in ("length_penalty_coef", "diversity_penalty_coef"):
         value = getattr(config.reward_fusion, key)
@@ -312,6 +314,7 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
     check_rollout_pool(config, error)
     check_multi_turn(config, error)
     check_distillation(config, error)
+    check_judge(config, error)
     check_async_training(config, error)
     check_off_policy_correction(config, error)
     if config.trainer.device == "cpu":

@@ -14,6 +14,7 @@ from hybridrl.data.records import PromptRecord, record_from_row
 from hybridrl.data.sft import SFTExample, encode_sft_examples, sft_examples_from_rows
 from hybridrl.data.synthetic import SYNTHETIC_TASKS, ArithmeticTask, build_synthetic_task
 from hybridrl.data import tool_arithmetic  # noqa: F401  (registers the tool_arithmetic task)
+from hybridrl.data import judge_arithmetic  # noqa: F401  (registers the arithmetic_judge task)
 
 __all__ = [
     "SYNTHETIC_TASKS",

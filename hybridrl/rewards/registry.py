@@ -16,6 +16,7 @@ data_source                                                                 func
 ``searchR1_hotpotqa``, ``searchR1_2wikimultihopqa``, ``searchR1_musique``,  (``<answer>`` exact match; 1 / 0)
 ``searchR1_bamboogle``
 ``arithmetic`` (the synthetic task)                                         :mod:`hybridrl.rewards.arithmetic`
+``arithmetic_judge`` (verdicts on its answers)                              :mod:`hybridrl.rewards.arithmetic`
 ==========================================================================  =========================================
 
 verl routes ``math`` to its DAPO scorer; here ``math`` is the ``\\boxed{}`` scorer (which also reads a final
@@ -62,6 +63,7 @@ for _source in ("math_dapo", "math_dapo_reasoning"):
 for _source in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"):
     REWARD_FUNCTIONS.register(f"searchR1_{_source}")(qa_exact_match.compute_score)
 REWARD_FUNCTIONS.register("arithmetic")(arithmetic.compute_score)
+REWARD_FUNCTIONS.register("arithmetic_judge")(arithmetic.judge_verdict_score)
 
 PREFIX_ROUTES: dict[str, RewardFn] = {"aime": math_dapo.compute_score}
 """``prefix -> function`` for families of sources (``aime24``, ``aime-2025``, …) without an exact entry."""

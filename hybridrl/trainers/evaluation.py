@@ -117,16 +117,19 @@ class Scoring:
 def validate(generate: Callable[[Batch, SamplingParams], Batch], loader: Optional[PromptLoader], scoring: Scoring,
              params: SamplingParams, num_samples_to_log: int = 3) -> dict[str, float]:
     """Generate (``generate(prompts, params)``) for every validation prompt and report
-    ``val/<data_source>/{score,accuracy}``, overall ``val/score``, ``val/accuracy`` and ``val/response_length``;
-    logs a few sample generations."""
+    ``val/<data_source>/{score,accuracy}``, overall ``val/score``, ``val/accuracy`` and ``val/response_length``
+    (and ``val/judge/score`` when ``scoring`` has an LLM judge); logs a few sample generations."""
     if loader is None:
         return {}
     per_source: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (score, correct) per response
     lengths: list[float] = []
     samples: list[tuple[str, str, float]] = []
+    judged: dict[str, list[float]] = defaultdict(list)  # model-judged components (an LLM judge), per response
     for prompts in loader:
         batch = generate(prompts, params)
         scores, correct, texts = scoring.judge(batch)
+        for name, values in getattr(scoring, "held_out_components", lambda *_: {})(batch, texts).items():
+            judged[name] += values.tolist()
         lengths += batch[Fields.RESPONSE_MASK].sum(-1).float().tolist()
         for source, value, right in zip(batch[DataFields.DATA_SOURCE], scores.tolist(), correct):
             per_source[str(source)].append((value, right))
@@ -139,4 +142,5 @@ def validate(generate: Callable[[Batch, SamplingParams], Batch], loader: Optiona
         metrics[f"{prefix}score"] = sum(value for value, _ in results) / max(len(results), 1)
         metrics[f"{prefix}accuracy"] = sum(right for _, right in results) / max(len(results), 1)
     metrics["val/response_length"] = sum(lengths) / max(len(lengths), 1)
+    metrics.update({f"val/{name}/score": sum(values) / len(values) for name, values in judged.items() if values})
     return metrics

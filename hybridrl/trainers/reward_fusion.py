@@ -1,4 +1,5 @@
-"""Training-time rewards on the controller: rule scores, the reward-model group's scores and the guards, fused.
+"""Training-time rewards on the controller: rule scores, the reward-model group's scores, an LLM judge's scores and
+the guards, fused.
 
 :class:`FusedScoring` has the interface of :class:`~hybridrl.trainers.evaluation.Scoring` (which it wraps):
 ``token_level_scores`` returns the fused reward on each response's last token, while ``score`` (used by validation)
@@ -7,6 +8,10 @@ stays the rule score, so held-out accuracy keeps meaning "correct". Every compon
 The reward model scores the policy's own token ids when both share a vocabulary; otherwise each (prompt, response) is
 re-tokenised with the reward model's tokenizer and chat template — the prompt from the row's original messages, the
 response from its decoded text, then the reward model's EOS, exactly as ``hybridrl rm`` encodes training pairs.
+
+The judge (:class:`~hybridrl.rewards.judge.JudgeClient`) reads text: the prompt's message texts, the decoded response
+and the row's ground truth. Validation reports its mean score on the held-out set too (``val/judge/score``): the
+judged metric, beside the rule's accuracy.
 """
 
 from __future__ import annotations
@@ -22,11 +27,26 @@ from hybridrl.data.loader import DataFields
 from hybridrl.data.sft import SFTExample, encode_sft_examples
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rewards.fusion import RunningMeanStd, diversity_penalty, fuse_rewards, length_penalty
+from hybridrl.rewards.judge import JudgeClient, JudgeQuery
 from hybridrl.rewards.token_level import scores_to_token_level
 
 
 def fusion_enabled(config: TrainConfig) -> bool:
-    return config.reward_model.enable or config.reward_fusion.enable
+    return config.reward_model.enable or config.reward_judge.enable or config.reward_fusion.enable
+
+
+def prompt_text(messages: Any) -> str:
+    """The text a judge reads as the prompt: the messages' contents, blank-line separated (a string as it is)."""
+    if isinstance(messages, str):
+        return messages
+    return "\n\n".join(str(message.get("content") or "") for message in messages)
+
+
+def judge_queries(batch: Batch, texts: list[str]) -> list[JudgeQuery]:
+    """One :class:`JudgeQuery` per response of ``batch`` (``texts``: the decoded responses)."""
+    truths = batch[DataFields.GROUND_TRUTH] if DataFields.GROUND_TRUTH in batch else [None] * len(texts)
+    return [JudgeQuery(prompt_text(messages), text, None if truth is None else str(truth))
+            for messages, text, truth in zip(batch[DataFields.MESSAGES], texts, truths)]
 
 
 def same_vocabulary(first: Any, second: Any) -> bool:
@@ -44,17 +64,19 @@ def retokenize(batch: Batch, texts: list[str], tokenizer: Any, apply_chat_templa
 
 
 class FusedScoring:
-    """Rule scores (``scoring``) + reward-model scores (``rm_group``, optional) + guards → one fused reward."""
+    """Rule scores (``scoring``) + reward-model scores (``rm_group``, optional) + an LLM judge's scores (``judge``,
+    optional) + guards → one fused reward."""
 
     def __init__(self, scoring: Scoring, config: TrainConfig, rm_group: Optional[WorkerGroup] = None,
-                 rm_tokenizer: Any = None) -> None:
+                 rm_tokenizer: Any = None, judge: Optional[JudgeClient] = None) -> None:
         self.scoring = scoring
         self.config = config
         self.rm_group = rm_group
         self.rm_tokenizer = rm_tokenizer  # None: same vocabulary as the policy, score its token ids
+        self.judge_client = judge
         self.normalizers = {name: RunningMeanStd() for name in config.reward_fusion.normalize}
         dynamic = config.reward_fusion.weighting == "inverse_std"
-        self.scales = {name: RunningMeanStd() for name in ("rule", "rm")} if dynamic else {}
+        self.scales = {name: RunningMeanStd() for name in ("rule", "rm", "judge")} if dynamic else {}
 
     def state_dict(self) -> dict[str, dict[str, float]]:
         """The running statistics (saved with a checkpoint so a resumed run normalises and weights alike)."""
@@ -91,6 +113,10 @@ class FusedScoring:
         components, weights = {"rule": rule.float()}, {"rule": fusion.rule_weight}
         if self.rm_group is not None:
             components["rm"], weights["rm"] = self.rm_scores(batch, texts), fusion.rm_weight
+        if self.judge_client is not None:
+            judged = self.judge_client.score(judge_queries(batch, texts))
+            components["judge"], weights["judge"] = judged.scores, fusion.judge_weight
+            metrics.update(judged.metrics())
         if fusion.length_penalty_coef:
             lengths = batch[Fields.RESPONSE_MASK].sum(-1)
             components["length_penalty"] = length_penalty(lengths, self.config.data.max_response_length,
@@ -101,6 +127,12 @@ class FusedScoring:
                                                                 fusion.diversity_penalty_coef)
             weights["diversity_penalty"] = 1.0
         return components, weights, metrics
+
+    def held_out_components(self, batch: Batch, texts: list[str]) -> dict[str, torch.Tensor]:
+        """Model-judged scores ``[B]`` validation reports beside the rule's (``{"judge": …}`` with a judge)."""
+        if self.judge_client is None:
+            return {}
+        return {"judge": self.judge_client.score(judge_queries(batch, texts)).scores}
 
     def token_level_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         """The fused reward on each response's last valid token ``[B, R]``, plus per-component metrics."""

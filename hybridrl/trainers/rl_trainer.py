@@ -29,6 +29,8 @@ from hybridrl.trainers.rl_setup import kl_controller_for, role_pools
 from hybridrl.trainers.restarts import RESTARTABLE, RestartRecord, Supervisor
 from hybridrl.trainers.run_lock import run_directory_lock
 from hybridrl.trainers.scaffold import open_tracker, resume_point
+from hybridrl.rewards.judge import JudgeClient
+from hybridrl.rewards.judge_server import open_judge
 from hybridrl.trainers.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
 from hybridrl.trainers.rl_steps import (apply_kl_in_reward, balance_batch, compute_advantages, off_policy_corrected,
                                         trained_batch_metrics, with_distillation)
@@ -119,6 +121,7 @@ class RLTrainer:
         self.generation: Optional[Generation] = None
         self.critic: Optional[WorkerGroup[CriticWorker]] = None
         self.reward_model: Optional[WorkerGroup[RewardModelWorker]] = None
+        self.judge: Optional[JudgeClient] = None
 
     # ------------------------------------------------------------------ the run
     def fit(self) -> TrainResult:
@@ -366,7 +369,8 @@ class RLTrainer:
             self.reward_model = WorkerGroup(RewardModelWorker, pools.pool_for("reward_model"), name="reward_model",
                                             bundle_share=1.0 if own_pool else share, args=(config,))
         if fusion_enabled(config):
-            self.scoring = FusedScoring(self.rule_scoring, config, self.reward_model, self._rm_tokenizer())
+            self.judge = open_judge(config.reward_judge) if config.reward_judge.enable else None
+            self.scoring = FusedScoring(self.rule_scoring, config, self.reward_model, self._rm_tokenizer(), self.judge)
         logger.info("workers started in %.1f s", time.perf_counter() - started)
         self._log_micro_batch_sizing()
 
@@ -390,7 +394,9 @@ class RLTrainer:
                 group.shutdown()
         if self.generation is not None:
             self.generation.close()
-        self.rollout_replicas, self.generation, self.queue = [], None, None
+        if self.judge is not None:
+            self.judge.close()
+        self.rollout_replicas, self.generation, self.queue, self.judge = [], None, None, None
         if self.pools is not None:
             self.pools.release()
 

@@ -15,6 +15,7 @@ from hybridrl.protocol import Fields
 from hybridrl.rewards.fusion import diversity_penalty, length_penalty
 from hybridrl.rewards.scorer import build_reward_scorer
 from hybridrl.utils.tiny_model import DEFAULT_CHARACTERS, build_char_tokenizer
+from scripted_judge import scripted  # noqa: F401  (a fixture)
 
 
 def rollout_batch(tokenizer, responses: list[str]):
@@ -88,3 +89,40 @@ def test_validation_counts_a_right_answer_by_the_scorers_acc_not_by_a_full_score
         scores, correct, decoded = Scoring(scorer, tokenizer).judge(batch)
     assert decoded == texts
     assert scores.tolist() == [0.5, 0.0, 1.0, 0.0] and correct == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_an_llm_judge_is_one_fused_component_and_validation_reports_its_held_out_score(scripted):
+    """The judge reads each row's prompt text, decoded response and ground truth; its score joins the rule's by
+    weight; validation reports its mean as ``val/judge/score`` beside the rule's accuracy."""
+    from hybridrl.rewards.judge import JudgeClient, regex_parser
+    from hybridrl.rollout.base import SamplingParams
+    from hybridrl.trainers.evaluation import validate
+
+    judge = scripted(lambda text: "Score: 1" if text.split("|")[0] == text.rsplit("=", 1)[1] else "Score: 0")
+    tokenizer = build_char_tokenizer()
+    config = load_config(["data.max_response_length=6", "reward_judge.enable=true",
+                          f"reward_judge.base_url={judge.base_url}", "reward_fusion.rule_weight=0.5",
+                          "reward_fusion.judge_weight=2.0"], check_paths=False)
+    batch, rows = rollout_batch(tokenizer, ["x", "x"])
+    answers = [row["reward_model"]["ground_truth"] for row in rows]
+    texts = [answers[0], "99", "98", answers[1]]
+    responses, mask = torch.full((4, 6), tokenizer.pad_token_id), torch.zeros(4, 6, dtype=torch.long)
+    for row, text in enumerate(texts):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        responses[row, :len(ids)], mask[row, :len(ids)] = torch.tensor(ids), 1
+    batch[Fields.RESPONSES], batch[Fields.RESPONSE_MASK] = responses, mask
+    # the scripted judge pays 1 when the response equals the reference: "<ground truth>|<prompt><response>"
+    template = "{ground_truth}|{prompt}{response}"
+    with build_reward_scorer(config.custom_reward_function, num_workers=0) as scorer, \
+            JudgeClient(judge.base_url, template, regex_parser(config.reward_judge.score_regex)) as client:
+        scoring = FusedScoring(Scoring(scorer, tokenizer), config, judge=client)
+        fused, metrics = scoring.token_level_scores(batch)
+        held_out = validate(lambda prompts, _params: batch, [batch], scoring, SamplingParams())
+    judged = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    assert torch.allclose(fused.sum(-1), 0.5 * judged + 2.0 * judged)  # rule and judge agree here
+    assert metrics["reward/judge/mean"] == 0.5 and metrics["reward/judge/weight"] == 2.0
+    assert metrics["reward/judge/num_parse_failure"] == 0.0
+    sent = sorted(request[1]["messages"][-1]["content"] for request in judge.requests[:4])
+    prompts = [row["prompt"][0]["content"] for row in rows]
+    assert sent == sorted(f"{answers[row // 2]}|{prompts[row // 2]}{text}" for row, text in enumerate(texts))
+    assert held_out["val/judge/score"] == 0.5 and held_out["val/accuracy"] == 0.5
