@@ -10,7 +10,7 @@ from hybridrl.config.frozen import FreezableConfig
 from hybridrl.config.rm_schema import RMDataConfig, RMTrainerConfig
 from hybridrl.config.schema import FSDPConfig, ModelConfig, OptimConfig
 
-PREFERENCE_LOSSES = ("dpo", "ipo", "simpo", "orpo")
+PREFERENCE_LOSSES = ("dpo", "ipo", "simpo", "orpo", "kto")
 """``loss.type`` choices (``hybridrl.algorithms.preference_optimization``)."""
 REFERENCE_FREE_LOSSES = ("simpo", "orpo")
 """Losses that read no reference policy (none is built)."""
@@ -24,7 +24,9 @@ class DPOLossConfig(FreezableConfig):
     """``dpo`` (−log σ(β h), ``h`` the implicit reward margin; cDPO with ``label_smoothing``) | ``ipo``
     ((h̄ − 1/(2β))², ``h̄`` of per-token mean log-ratios, as TRL) | ``simpo`` (reference-free:
     −log σ(β (mean log-prob chosen − rejected) − γ)) | ``orpo`` (reference-free: the chosen responses' negative
-    log-likelihood, a mean over all their tokens in the step, + β · −log σ(log odds ratio))."""
+    log-likelihood, a mean over all their tokens in the step, + β · −log σ(log odds ratio)) | ``kto`` (unpaired rows,
+    each desirable or not: λ_D (1 − σ(β (r − z₀))) or λ_U (1 − σ(β (z₀ − r))), ``r`` the row's log-ratio and ``z₀``
+    the step's KL estimate from mismatched completions; ``hybridrl.data.unpaired``)."""
     beta: float = 0.1
     """β > 0: the strength of the implicit KL constraint (SimPO: the reward scale; ORPO: λ, the odds-ratio term's
     weight)."""
@@ -32,6 +34,11 @@ class DPOLossConfig(FreezableConfig):
     """cDPO: the assumed share of flipped labels, in [0, 0.5) (``dpo`` only; 0: plain DPO)."""
     simpo_gamma: float = 0.5
     """SimPO's target reward margin γ ≥ 0."""
+    desirable_weight: float = 1.0
+    """KTO's λ_D > 0, the weight of desirable rows (raise it when they are fewer: TRL suggests
+    λ_D·n_D / (λ_U·n_U) in [1, 4/3])."""
+    undesirable_weight: float = 1.0
+    """KTO's λ_U > 0, the weight of undesirable rows."""
     reference_log_probs: str = "precompute"
     """``precompute``: the reference policy scores the training pairs the run will draw and every held-out pair
     once at start, then is freed

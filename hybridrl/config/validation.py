@@ -441,6 +441,11 @@ def validate_dpo_config(config: DPOConfig, *, check_paths: bool = True) -> None:
         error.add("loss.label_smoothing", loss.label_smoothing, f"is read only by loss.type=dpo, not {loss.type}: "
                                                                 "drop it")
     _require(error, "loss.simpo_gamma", loss.simpo_gamma, loss.simpo_gamma >= 0, "must be >= 0 (a target margin)")
+    for key in ("desirable_weight", "undesirable_weight"):
+        value = getattr(loss, key)
+        _require(error, f"loss.{key}", value, value > 0, "must be > 0 (KTO's weight of one label's rows)")
+        if value != 1.0 and loss.type != "kto":
+            error.add(f"loss.{key}", value, f"is read only by loss.type=kto, not {loss.type}: drop it")
     error.raise_if_any()
 
 

@@ -63,6 +63,12 @@ class PairFields:
     STEP_CHOSEN_TOKENS = "step_chosen_tokens"
     """``[B]``, the same in every row: the chosen responses' tokens in the whole optimizer step (ORPO's likelihood
     term is a mean over them: its normaliser, as the pair count is the other terms')."""
+    DESIRABLE = "desirable"
+    """KTO (``hybridrl.data.unpaired``): ``[B]`` 1.0 where the row's completion (its ``chosen`` side) is desirable,
+    0.0 where it is undesirable; the ``rejected`` side is the row's KL completion (another prompt's completion)."""
+    STEP_KL = "step_kl"
+    """KTO: ``[B]``, the same in every row: the reference point ``z₀``, the whole optimizer step's detached estimate
+    of KL(π‖π_ref) from its rows' KL sides (the mean of policy − reference log-probs, at least 0)."""
 
 
 @dataclass(frozen=True)

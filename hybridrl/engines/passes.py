@@ -36,13 +36,14 @@ def values(engine: TrainingEngine, data: Batch, micro_batching: MicroBatching, f
 
 
 def pair_log_probs_of(engine: TrainingEngine, pairs: Batch, micro_batching: MicroBatching, response_length: int,
-                      names: tuple[str, str], *, packed: bool) -> Batch:
+                      names: tuple[str, ...], *, packed: bool) -> Batch:
     """Both sides' summed response log-probs ``[B]`` (float32) under ``engine``'s causal LM, named ``names``
-    (chosen, rejected): the policy's or the reference's of ``hybridrl dpo``."""
+    (chosen, rejected): the policy's or the reference's of ``hybridrl dpo``; one name: the chosen side's alone."""
+    chosen_only = len(names) == 1
 
     def outputs_of(micro_batch: Batch) -> dict[str, torch.Tensor]:
-        sides = pair_log_probs(engine.model, micro_batch, response_length, packed=packed)
-        return {names[0]: sides.chosen.float(), names[1]: sides.rejected.float()}
+        sides = pair_log_probs(engine.model, micro_batch, response_length, packed=packed, chosen_only=chosen_only)
+        return dict(zip(names, (sides.chosen.float(), sides.rejected.float())))
 
     return engine.forward(pairs, micro_batching, outputs_of)
 

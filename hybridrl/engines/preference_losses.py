@@ -1,5 +1,8 @@
 """Offline preference optimisation as an engine loss (``hybridrl dpo``): the policy's summed log-probs of both sides of
-each pair from **one** forward, then DPO / cDPO / IPO / SimPO / ORPO (``hybridrl.algorithms.preference_optimization``).
+each pair from **one** forward, then DPO / cDPO / IPO / SimPO / ORPO / KTO
+(``hybridrl.algorithms.preference_optimization``). KTO's rows (``hybridrl.data.unpaired``) are forwarded on their
+completion side only: their KL side enters through the step's reference point ``z₀`` (``step_kl``), computed by the
+trainer before the step.
 
 A pair Batch (``hybridrl.data.preference``) is one row per pair, each side ``[B, P + R]`` with the response in the
 last ``R`` columns. A pair's reference log-probs ride in the batch (``reference_*_log_probs``, computed by the
@@ -15,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from hybridrl.algorithms.preference_optimization import dpo_loss, ipo_loss, orpo_loss, simpo_loss
+from hybridrl.algorithms.preference_optimization import dpo_loss, ipo_loss, kto_loss, orpo_loss, simpo_loss
 from hybridrl.config.dpo_schema import DPOLossConfig
 from hybridrl.data.preference import PairFields
 from hybridrl.engines.losses import PAIR_MEAN, NoUpdateChecks
@@ -33,13 +36,21 @@ class PairLogProbs:
     rejected_lengths: torch.Tensor
 
 
-def pair_log_probs(model: nn.Module, pairs: Batch, response_length: int, *, packed: bool) -> PairLogProbs:
+def pair_log_probs(model: nn.Module, pairs: Batch, response_length: int, *, packed: bool,
+                   chosen_only: bool = False) -> PairLogProbs:
     """Both sides' summed response log-probs under ``model``, from one forward of the ``2B`` sequences (packed: the
-    real tokens of all of them in one row, attention kept within each)."""
-    input_ids = torch.cat([pairs[PairFields.CHOSEN_INPUT_IDS], pairs[PairFields.REJECTED_INPUT_IDS]])
-    attention_mask = torch.cat([pairs[PairFields.CHOSEN_ATTENTION_MASK], pairs[PairFields.REJECTED_ATTENTION_MASK]])
+    real tokens of all of them in one row, attention kept within each); ``chosen_only``: of the ``B`` chosen
+    sequences alone (``rejected`` is then zeros)."""
+    sides = ((PairFields.CHOSEN_INPUT_IDS, PairFields.CHOSEN_ATTENTION_MASK),) if chosen_only else (
+        (PairFields.CHOSEN_INPUT_IDS, PairFields.CHOSEN_ATTENTION_MASK),
+        (PairFields.REJECTED_INPUT_IDS, PairFields.REJECTED_ATTENTION_MASK))
+    input_ids = torch.cat([pairs[ids] for ids, _ in sides])
+    attention_mask = torch.cat([pairs[mask] for _, mask in sides])
     log_probs, _ = response_log_probs(model, input_ids, attention_mask, response_length, packed=packed)
     sums = log_probs.sum(-1)
+    if chosen_only:
+        chosen_lengths = pairs[PairFields.CHOSEN_ATTENTION_MASK][:, -response_length:].sum(-1)
+        return PairLogProbs(sums, torch.zeros_like(sums), chosen_lengths, torch.zeros_like(chosen_lengths))
     return PairLogProbs(sums[:len(pairs)], sums[len(pairs):], *response_lengths(pairs, response_length))
 
 
@@ -61,7 +72,8 @@ class PreferenceOptimizationLoss(NoUpdateChecks):
 
     def __call__(self, model: nn.Module, micro_batch: Batch,
                  normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        policy = pair_log_probs(model, micro_batch, self.response_length, packed=self.packed)
+        policy = pair_log_probs(model, micro_batch, self.response_length, packed=self.packed,
+                                chosen_only=self.loss.type == "kto")
         value, metrics = preference_loss(self.loss, policy, micro_batch, normalizer)
         return value, {"loss": float(value.detach()), **{name: float(item) for name, item in metrics.items()}}
 
@@ -87,7 +99,26 @@ def preference_loss(config: DPOLossConfig, policy: PairLogProbs, pairs: Batch,
         return ipo_loss(policy.chosen / chosen_length, policy.rejected / rejected_length,
                         reference[0] / chosen_length, reference[1] / rejected_length, beta=config.beta,
                         normalizer=normalizer)
+    if config.type == "kto":
+        return kto_step_loss(config, policy.chosen, reference[0], pairs, normalizer)
     if config.type == "dpo":
         return dpo_loss(policy.chosen, policy.rejected, *reference, beta=config.beta, normalizer=normalizer,
                         label_smoothing=config.label_smoothing)
     raise ValueError(f"loss.type={config.type!r}: not a preference loss")
+
+
+def kto_step_loss(config: DPOLossConfig, policy: torch.Tensor, reference: torch.Tensor, rows: Batch,
+                  normalizer: torch.Tensor | float) -> tuple[torch.Tensor, dict]:
+    """KTO on the completion side of ``rows`` with the step's reference point (``step_kl``); metrics add the implicit
+    rewards' ``margin`` (desirable − undesirable means) and ``accuracy``: the share of (desirable, undesirable) row
+    pairs of ``rows`` whose desirable row has the higher implicit reward (the rewards' AUROC; 0.5 where ``rows``
+    hold one label only)."""
+    desirable = rows[PairFields.DESIRABLE] > 0.5
+    reference_point = rows[PairFields.STEP_KL][0]
+    value, metrics = kto_loss(policy, reference, desirable, beta=config.beta, reference_point=reference_point,
+                              normalizer=normalizer, desirable_weight=config.desirable_weight,
+                              undesirable_weight=config.undesirable_weight)
+    rewards = (policy - reference).detach()
+    ranked = rewards[desirable][:, None] > rewards[~desirable][None, :]
+    accuracy = ranked.float().mean() if ranked.numel() else torch.tensor(0.5)
+    return value, {**metrics, "margin": metrics["chosen_reward"] - metrics["rejected_reward"], "accuracy": accuracy}

@@ -1,5 +1,6 @@
-"""Offline preference optimisation (``hybridrl dpo``): DPO, cDPO, IPO, SimPO or ORPO on preference pairs, on the FSDP2
-worker stack — the reward-model trainer's loop (``rm_trainer.py``) with a policy instead of a scorer.
+"""Offline preference optimisation (``hybridrl dpo``): DPO, cDPO, IPO, SimPO or ORPO on preference pairs, KTO on
+labelled completions (``hybridrl.data.unpaired``), on the FSDP2 worker stack — the reward-model trainer's loop
+(``rm_trainer.py``) with a policy instead of a scorer.
 
 The loop, on the controller::
 
@@ -7,6 +8,7 @@ The loop, on the controller::
         reference is then freed), or of each step's pairs before its update (on_the_fly)
     for step in steps:
         pairs = the step's train_batch_size pairs (a pure function of the step: reshuffled per epoch, seeded)
+        KTO: z₀ = the step's KL estimate, mean(policy − reference log-probs of its rows' KL sides) ≥ 0, detached
         metrics = policy.update(pairs)      # split over DP ranks → micro-batches → one optimizer step
         every test_freq steps: held-out pairs → val/accuracy, val/margin, val/loss (the same loss, no gradient)
         every save_freq steps: checkpoint (resumable)
@@ -21,11 +23,12 @@ from typing import Optional
 import torch
 
 from hybridrl.config.dpo_schema import REFERENCE_FREE_LOSSES, DPOConfig
-from hybridrl.data.preference import PairFields
+from hybridrl.data.preference import PairFields, PreferencePair
+from hybridrl.data.unpaired import KTOPair, kto_pairs, read_labelled_completions, unpaired
 from hybridrl.engines.preference_losses import PairLogProbs, preference_loss, response_lengths
 from hybridrl.protocol import Batch
 from hybridrl.runtime import WorkerGroup
-from hybridrl.trainers.rm_trainer import RMTrainer, step_indices
+from hybridrl.trainers.rm_trainer import RMTrainer, load_pairs, step_indices
 from hybridrl.workers.dpo_worker import DPOTrainWorker
 
 logger = logging.getLogger(__name__)
@@ -49,14 +52,39 @@ class DPOTrainer(RMTrainer):
     def reads_reference(self) -> bool:
         return self.config.loss.type not in REFERENCE_FREE_LOSSES
 
+    @property
+    def kto(self) -> bool:
+        return self.config.loss.type == "kto"
+
+    def load_data(self) -> tuple[list[PreferencePair], list[PreferencePair]]:
+        """Pairs; for KTO, labelled completions (a paired row gives two) as :class:`KTOPair` rows."""
+        if not self.kto:
+            return super().load_data()
+        train, held_out = load_pairs(self.config, read_labelled_completions, unpaired)
+        return kto_pairs(train, "data.train_files"), kto_pairs(held_out, "the held-out rows") if held_out else []
+
+    def encode(self, pairs: list[PreferencePair]) -> Batch:
+        """The pair Batch; KTO rows add their labels (``desirable``)."""
+        batch = super().encode(pairs)
+        if self.kto:
+            batch[PairFields.DESIRABLE] = torch.tensor([float(pair.desirable) for pair in pairs if
+                                                        isinstance(pair, KTOPair)], dtype=torch.float32)
+        return batch
+
     def batch(self, step: int) -> Batch:
-        """The pairs of optimizer step ``step`` (0-based), encoded, with their reference log-probs."""
+        """The pairs of optimizer step ``step`` (0-based), encoded, with their reference log-probs (KTO: and the
+        step's reference point ``z₀``)."""
         picked, pairs = self.step_pairs(step)
         if self.config.loss.type == "orpo":  # the step is one optimizer step: its chosen tokens normalise the NLL
             chosen_tokens = response_lengths(pairs, self.config.data.max_response_length)[0].sum()
             pairs[PairFields.STEP_CHOSEN_TOKENS] = chosen_tokens.expand(len(pairs)).clone()
         precomputed = self._reference["train"]
-        return self._with_reference(pairs, None if precomputed is None else precomputed[picked])
+        pairs = self._with_reference(pairs, None if precomputed is None else precomputed[picked])
+        if self.kto:
+            assert self._group is not None, "the workers start before any batch is drawn"
+            policy_kl = self._group.call(DPOTrainWorker.policy_kl_log_probs, pairs)[PairFields.REJECTED_LOG_PROBS]
+            pairs[PairFields.STEP_KL] = reference_point(policy_kl, pairs)
+        return pairs
 
     def validate(self, group: WorkerGroup) -> dict[str, float]:
         """Held-out ``val/loss``, ``val/accuracy`` (pairs whose implicit reward ranks chosen first), ``val/margin``
@@ -67,6 +95,8 @@ class DPOTrainer(RMTrainer):
         scored = group.call(DPOTrainWorker.policy_log_probs, pairs)
         lengths = response_lengths(pairs, self.config.data.max_response_length)
         policy = PairLogProbs(scored[PairFields.CHOSEN_LOG_PROBS], scored[PairFields.REJECTED_LOG_PROBS], *lengths)
+        if self.kto:  # the held-out rows' own reference point, from their KL sides
+            pairs[PairFields.STEP_KL] = reference_point(policy.rejected, pairs)
         loss, metrics = preference_loss(self.config.loss, policy, pairs, len(pairs))
         return {"val/loss": float(loss), **{f"val/{name}": float(value) for name, value in metrics.items()}}
 
@@ -109,3 +139,10 @@ class DPOTrainer(RMTrainer):
         for column, name in enumerate(REFERENCE_FIELDS):
             pairs[name] = precomputed[:, column].contiguous()
         return pairs
+
+
+def reference_point(policy_kl: torch.Tensor, rows: Batch) -> torch.Tensor:
+    """KTO's ``z₀`` for every row ``[B]``: the mean over ``rows`` of the policy's minus the reference's log-probs of
+    their KL sides, at least 0 (as TRL's ``kl``), detached."""
+    kl = (policy_kl.float() - rows[PairFields.REFERENCE_REJECTED_LOG_PROBS].float()).mean().clamp_min(0).detach()
+    return kl.expand(len(rows)).clone()

@@ -13,6 +13,7 @@ The loop, on the controller::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -22,6 +23,7 @@ import torch
 from hybridrl.algorithms.preference import bradley_terry_loss
 from hybridrl.config.loader import dump_config
 from hybridrl.config.monitoring import MonitoringConfig
+from hybridrl.config.dpo_schema import DPOConfig
 from hybridrl.config.rm_schema import RMConfig
 from hybridrl.config.validation import resolved_device
 from hybridrl.runtime import PoolSpec, WorkerGroup
@@ -57,17 +59,19 @@ class RMResult:
     global_step: int = 0
 
 
-def load_pairs(config: RMConfig) -> tuple[list[PreferencePair], list[PreferencePair]]:
-    """``(train, held_out)`` pairs: from a synthetic task, or from files (held-out files, or a hashed prompt split)."""
+def load_pairs(config: RMConfig | DPOConfig, read: Callable[[Sequence[str]], list] = read_preference_pairs,
+               from_pairs: Callable[[list[PreferencePair]], list] = list) -> tuple[list, list]:
+    """``(train, held_out)`` pairs: from a synthetic task, or from files (held-out files, or a hashed prompt split).
+    ``read`` reads files (KTO: labelled completions), ``from_pairs`` turns synthetic pairs into what it reads."""
     data = config.data
     if data.synthetic_task is not None:
         task = build_synthetic_task(data.synthetic_task, seed=data.seed, **dict(data.synthetic_task_kwargs))
         options = dict(seed=data.seed, spread=data.synthetic_spread)
-        return (synthetic_pairs(task.train_rows(), data.synthetic_preference, **options),
-                synthetic_pairs(task.validation_rows(), data.synthetic_preference, **options))
-    train = read_preference_pairs(data.train_files)
+        return (from_pairs(synthetic_pairs(task.train_rows(), data.synthetic_preference, **options)),
+                from_pairs(synthetic_pairs(task.validation_rows(), data.synthetic_preference, **options)))
+    train = read(data.train_files)
     if data.val_files:
-        return train, read_preference_pairs(data.val_files)
+        return train, read(data.val_files)
     train, held_out = split_held_out(train, data.val_fraction)
     if not train:
         raise ValueError(f"data.val_fraction={data.val_fraction} holds out every prompt of data.train_files")
@@ -108,7 +112,7 @@ class RMTrainer:
         self.run_dir = Path(config.trainer.default_local_dir)
         self.export_dir = Path(config.trainer.export_dir) if config.trainer.export_dir else self.run_dir / "hf"
         self.tokenizer = load_tokenizer(config.model)
-        self.train_pairs, held_out = load_pairs(config)
+        self.train_pairs, held_out = self.load_data()
         self.val_pairs = held_out[:config.data.val_batch_size]
         data = config.data
         for pairs in (self.train_pairs, self.val_pairs):
@@ -116,6 +120,10 @@ class RMTrainer:
                                data.apply_chat_template)
         self.checkpoints = CheckpointManager(self.run_dir, config.trainer.max_ckpt_to_keep)
         self._val_batch: Optional[Batch] = None
+
+    def load_data(self) -> tuple[list[PreferencePair], list[PreferencePair]]:
+        """``(train, held_out)`` pairs (:func:`load_pairs`)."""
+        return load_pairs(self.config)
 
     def batch(self, step: int) -> Batch:
         """The pairs of optimizer step ``step`` (0-based), encoded."""

@@ -66,6 +66,14 @@ class DPOTrainWorker(EngineCheckpoints, Worker):
         return self._log_probs(self.engine, pairs, (PairFields.CHOSEN_LOG_PROBS, PairFields.REJECTED_LOG_PROBS))
 
     @dp_split
+    def policy_kl_log_probs(self, rows: Batch) -> Batch:
+        """KTO: ``rejected_log_probs [B]`` of the rows' KL side alone under the policy (no gradients)."""
+        kl_side = Batch(tensors={PairFields.CHOSEN_INPUT_IDS: rows[PairFields.REJECTED_INPUT_IDS],
+                                 PairFields.CHOSEN_ATTENTION_MASK: rows[PairFields.REJECTED_ATTENTION_MASK]})
+        scored = self._log_probs(self.engine, kl_side, (PairFields.CHOSEN_LOG_PROBS,))
+        return Batch(tensors={PairFields.REJECTED_LOG_PROBS: scored[PairFields.CHOSEN_LOG_PROBS]})
+
+    @dp_split
     def reference_log_probs(self, pairs: Batch) -> Batch:
         """``reference_chosen_log_probs [B]``, ``reference_rejected_log_probs [B]`` under the frozen reference."""
         names = (PairFields.REFERENCE_CHOSEN_LOG_PROBS, PairFields.REFERENCE_REJECTED_LOG_PROBS)
@@ -86,7 +94,7 @@ class DPOTrainWorker(EngineCheckpoints, Worker):
             torch.cuda.empty_cache()
         return had
 
-    def _log_probs(self, engine: TrainingEngine, pairs: Batch, names: tuple[str, str]) -> Batch:
+    def _log_probs(self, engine: TrainingEngine, pairs: Batch, names: tuple[str, ...]) -> Batch:
         data = self.config.data
         return pair_log_probs_of(engine, pairs, MicroBatching(micro_batch_size=data.micro_batch_size_per_gpu),
                                  data.max_response_length, names, packed=self.config.model.use_remove_padding)

@@ -2,7 +2,8 @@
 same for every way of cutting the pair batch.
 
 DP ∈ {1, 2} (real FSDP2 over gloo) × micro-batch ∈ {1, 2, whole} pairs × {padded, packed} × DPO with label smoothing
-(cDPO), IPO, SimPO and ORPO (its likelihood term a mean over the batch's chosen tokens) — each compared with a plain single-process PyTorch reference written out below that scores
+(cDPO), IPO, SimPO, ORPO (its likelihood term a mean over the batch's chosen tokens) and KTO (labelled rows, the step's
+reference point z₀ given, unequal label weights) — each compared with a plain single-process PyTorch reference written out below that scores
 every sequence on its own, unpadded, and sums its response tokens' log-probs by hand (relative error ≤ 1e-5).
 """
 
@@ -36,7 +37,9 @@ pytestmark = pytest.mark.distributed
 RESPONSE = 6
 MICRO = ("1", "2", "whole")
 LOSSES = {"dpo": DPOLossConfig(type="dpo", beta=0.5, label_smoothing=0.2), "ipo": DPOLossConfig(type="ipo", beta=0.5),
-          "simpo": DPOLossConfig(type="simpo", beta=2.0, simpo_gamma=0.3), "orpo": DPOLossConfig(type="orpo", beta=0.7)}
+          "simpo": DPOLossConfig(type="simpo", beta=2.0, simpo_gamma=0.3), "orpo": DPOLossConfig(type="orpo", beta=0.7),
+          "kto": DPOLossConfig(type="kto", beta=0.8, desirable_weight=1.3, undesirable_weight=0.7)}
+STEP_KL = 0.25
 OPTIM = OptimConfig(lr=1e-3, weight_decay=0.0, eps=1e-4)
 
 
@@ -48,6 +51,8 @@ def setup(tmp_path_factory):
     data[PairFields.REFERENCE_REJECTED_LOG_PROBS] = -10 * torch.rand(PAIRS, generator=generator)
     chosen_tokens = data[PairFields.CHOSEN_ATTENTION_MASK][:, PROMPT:].sum()
     data[PairFields.STEP_CHOSEN_TOKENS] = chosen_tokens.expand(PAIRS).clone()
+    data[PairFields.DESIRABLE] = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0])
+    data[PairFields.STEP_KL] = torch.full((PAIRS,), STEP_KL)
     return save_tiny_model(tmp_path_factory.mktemp("dpo_accum") / "policy"), data
 
 
@@ -69,6 +74,14 @@ def reference_loss(model, data, config: DPOLossConfig):
     total = 0.0
     chosen_tokens = int(data[PairFields.CHOSEN_ATTENTION_MASK][:, PROMPT:].sum())
     for row in range(PAIRS):
+        if config.type == "kto":  # the completion side only; desirable rows pushed above z₀, the others below
+            completion, _ = side_log_prob(model, data, "chosen", row)
+            ratio = completion - data[PairFields.REFERENCE_CHOSEN_LOG_PROBS][row]
+            if data[PairFields.DESIRABLE][row] > 0.5:
+                total = total + config.desirable_weight * (1 - torch.sigmoid(config.beta * (ratio - STEP_KL)))
+            else:
+                total = total + config.undesirable_weight * (1 - torch.sigmoid(config.beta * (STEP_KL - ratio)))
+            continue
         (chosen, chosen_length), (rejected, rejected_length) = (side_log_prob(model, data, side, row)
                                                                 for side in ("chosen", "rejected"))
         if config.type == "orpo":  # the NLL is a mean over every chosen token of the batch, the odds term over pairs

@@ -57,6 +57,19 @@ def test_demo_accuracy_rises_and_the_export_ranks_alike(model_dir, tmp_path):
     assert exported_accuracy(result.export_dir, trainer) == pytest.approx(last["val/accuracy"])
 
 
+def test_kto_on_the_demo_pairs_unpaired_ranks_desirable_rows_first(model_dir, tmp_path):
+    """KTO: the demo's pairs as labelled rows (a desirable and an undesirable completion each); held-out AUROC of
+    the implicit rewards rises from 0 (all rewards 0 at the start: no pair ranked) and z₀ is logged each step."""
+    trainer = DPOTrainer(demo_config(model_dir, tmp_path / "run", 20, "loss.type=kto"))
+    assert sum(pair.desirable for pair in trainer.train_pairs) * 2 == len(trainer.train_pairs)  # each pair: 1 + 1
+    result = trainer.fit()
+    (_, first), (_, last) = result.validations[0], result.validations[-1]
+    assert first["val/accuracy"] == 0.0 and first["val/loss"] == pytest.approx(0.5, abs=1e-6)  # 1 − σ(0) per row
+    assert last["val/accuracy"] >= 0.9 and last["val/loss"] < first["val/loss"], result.validations
+    rows = [row for row in read_metrics(tmp_path / "run") if "dpo/loss" in row]
+    assert len(rows) == 20 and all(row["dpo/reference_point"] >= 0 for row in rows)
+
+
 @pytest.mark.long  # a whole run or two each; the demo test above stays in `make test`
 def test_reference_scored_up_front_or_step_by_step_gives_the_same_run(model_dir, tmp_path):
     runs = {}
@@ -104,9 +117,16 @@ def test_the_cli_runs_and_refuses_bad_keys(model_dir, tmp_path):
     assert "hybridrl dpo: 1 steps; held-out accuracy 0.000 (step 0) -> " in done.stdout
     for overrides, phrase in ((["loss.beta=0"], "loss.beta"), (["loss.type=ipo", "loss.label_smoothing=0.1"],
                                                                  "loss.label_smoothing"),
-                              (["loss.type=kto"], "loss.type")):
+                              (["loss.desirable_weight=2"], "loss.desirable_weight"),
+                              (["loss.type=kto", "loss.undesirable_weight=0"], "loss.undesirable_weight")):
         refused = cli(f"model.path={model_dir}", *overrides)
         assert refused.returncode == 2 and phrase in refused.stderr and "Traceback" not in refused.stderr, overrides
+    unlabelled = tmp_path / "kto.jsonl"  # a KTO row without its label: the file and row named, exit 2
+    unlabelled.write_text('{"prompt": "1+1=", "completion": "2", "label": true}\n{"prompt": "2+2=", "completion": "4"}\n')
+    refused = cli(f"model.path={model_dir}", "loss.type=kto", "data.synthetic_task=null",
+                  f"data.train_files=[{unlabelled}]")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert "kto.jsonl: row 1 (line 2)" in refused.stderr and "'label'" in refused.stderr
 
 
 @pytest.mark.long  # a whole run or two each; the demo test above stays in `make test`

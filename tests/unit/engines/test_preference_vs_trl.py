@@ -103,3 +103,79 @@ def test_the_loss_and_its_gradient_equal_trls(models, tmp_path, loss_type):
     for name, gradient in our_gradients.items():  # relative error of each parameter's whole gradient
         error = float((gradient - their_gradients[name]).norm() / their_gradients[name].norm().clamp_min(1e-30))
         assert error <= 1e-5, (name, error)
+
+
+KTO_ROWS = [("3+4=", "7", True), ("12+9=", "2", False), ("5+5=", "10", True), ("1+1=", "11", False),
+            ("30+3=", "33", True)]
+KTO_WEIGHTS = (1.2, 0.9)
+
+
+def trl_kto_loss_and_gradients(policy_dir, reference_dir, output_dir):
+    """TRL's ``KTOTrainer`` (``loss_type="kto"``): one ``compute_loss`` over all the rows in one batch (its KL
+    completions: the completions rotated by one within the batch), and its backward."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(reference_dir)
+    args = trl.KTOConfig(output_dir=str(output_dir), beta=BETA, per_device_train_batch_size=len(KTO_ROWS),
+                         report_to=[], use_cpu=True, bf16=False, max_length=None, loss_type="kto",
+                         desirable_weight=KTO_WEIGHTS[0], undesirable_weight=KTO_WEIGHTS[1])
+    data = Dataset.from_list([dict(zip(("prompt", "completion", "label"), row)) for row in KTO_ROWS])
+    trainer = trl.KTOTrainer(model=AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32), args=args,
+                             processing_class=tokenizer, train_dataset=data,
+                             ref_model=AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32))
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert batch["label"].tolist() == [row[2] for row in KTO_ROWS]  # sequential: the rotation is the data order's
+    trainer.model.train()
+    loss = trainer.compute_loss(trainer.model, batch)
+    loss.backward()
+    return float(loss.detach()), {name: p.grad.clone() for name, p in trainer.model.named_parameters()}
+
+
+def hybridrl_kto_loss_and_gradients(policy_dir, reference_dir):
+    """hybridrl's KTO rows (``kto_pairs``: each row's KL completion the previous row's), the reference's and the
+    policy's KL-side log-probs → ``z₀`` as the trainer computes it, then the engine loss on the completion side."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hybridrl.data.unpaired import LabelledCompletion, kto_pairs
+    from hybridrl.trainers.dpo_trainer import reference_point
+
+    tokenizer = AutoTokenizer.from_pretrained(reference_dir)
+    rows = kto_pairs([LabelledCompletion(*row) for row in KTO_ROWS])
+    batch = encode_pairs(tokenizer, rows, RESPONSE, apply_chat_template=False)
+    batch[PairFields.DESIRABLE] = torch.tensor([float(row.desirable) for row in rows])
+    reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32)
+    policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).train()
+    with torch.no_grad():
+        scored = pair_log_probs(reference, batch, RESPONSE, packed=False)
+        policy_kl = pair_log_probs(policy, batch, RESPONSE, packed=False).rejected
+    batch[PairFields.REFERENCE_CHOSEN_LOG_PROBS], batch[PairFields.REFERENCE_REJECTED_LOG_PROBS] = (
+        scored.chosen, scored.rejected)
+    batch[PairFields.STEP_KL] = reference_point(policy_kl, batch)
+    config = DPOLossConfig(type="kto", beta=BETA, desirable_weight=KTO_WEIGHTS[0], undesirable_weight=KTO_WEIGHTS[1])
+    loss, _ = PreferenceOptimizationLoss(RESPONSE, config)(policy, batch, torch.tensor(float(len(rows))))
+    loss.backward()
+    return float(loss.detach()), {name: p.grad.clone() for name, p in policy.named_parameters()}, float(
+        batch[PairFields.STEP_KL][0])
+
+
+@pytest.mark.parametrize("seed, clamped", [(3, False), (0, True)], ids=["kl-above-0", "kl-clamped-to-0"])
+def test_kto_loss_and_gradient_equal_trls(models, tmp_path, seed, clamped):
+    """Two policies around the reference: one whose KL estimate is positive (``z₀`` enters the loss as it is),
+    one whose estimate is negative (clamped to 0, in TRL as here)."""
+    from transformers import AutoModelForCausalLM
+
+    _, reference_dir = models
+    policy = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    policy.save_pretrained(tmp_path / "policy")
+    theirs, their_gradients = trl_kto_loss_and_gradients(tmp_path / "policy", reference_dir, tmp_path / "trl")
+    ours, our_gradients, z0 = hybridrl_kto_loss_and_gradients(tmp_path / "policy", reference_dir)
+    assert (z0 == 0) == clamped
+    assert ours == pytest.approx(theirs, rel=1e-6)
+    for name, gradient in our_gradients.items():
+        error = float((gradient - their_gradients[name]).norm() / their_gradients[name].norm().clamp_min(1e-30))
+        assert error <= 1e-5, (name, error)

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# An LLM judge as the only reward, on CPU, after `make demo`: fine-tune the demo's GRPO checkpoint into a judge of
+# the demo task's answers (runs/demo/judge/hf; skipped when it is there), then GRPO the demo's SFT checkpoint on the
+# judge's verdicts alone, the judge served by hybridrl in a process of its own. Extra arguments are GRPO overrides.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for checkpoint in runs/demo/sft/hf runs/demo/grpo/hf; do
+  [[ -f "$checkpoint/config.json" ]] || { echo "$checkpoint is missing: run make demo first" >&2; exit 2; }
+done
+[[ -f runs/demo/judge/hf/config.json ]] || .venv/bin/hybridrl sft --config-name demo_judge_sft
+# the judge's own held-out verdicts, against the exact answers
+.venv/bin/hybridrl eval runs/demo/judge/hf --output runs/demo/judge/eval --overwrite data.synthetic_task=arithmetic_judge \
+  'data.synthetic_task_kwargs={operators: "+", max_first_operand: 99, max_second_operand: 9, val_fraction: 0.2, num_val: 200}' \
+  data.max_response_length=8
+exec .venv/bin/hybridrl train --config-name demo_judge "$@"
