@@ -6,6 +6,7 @@ The judge reads text, so its tokenizer may differ from the policy's: no vocabula
 
 from __future__ import annotations
 
+import os
 import re
 
 from hybridrl.config.checks import _choice, _positive, _require
@@ -36,7 +37,8 @@ def check_judge(config: TrainConfig, error: ConfigError) -> None:
     _check_parser(config, error)
     _positive(error, [(f"{KEY}.max_tokens", judge.max_tokens), (f"{KEY}.timeout_s", judge.timeout_s),
                       (f"{KEY}.max_concurrency", judge.max_concurrency),
-                      (f"{KEY}.serve_max_model_len", judge.serve_max_model_len)], allow_none=False)
+                      (f"{KEY}.serve_max_model_len", judge.serve_max_model_len),
+                      (f"{KEY}.serve_start_timeout_s", judge.serve_start_timeout_s)], allow_none=False)
     _require(error, f"{KEY}.max_retries", judge.max_retries, judge.max_retries >= 0, "must be >= 0")
     _require(error, f"{KEY}.temperature", judge.temperature, judge.temperature >= 0, "must be >= 0")
     _choice(error, f"{KEY}.serve_dtype", judge.serve_dtype, SERVE_DTYPES)
@@ -69,6 +71,8 @@ def check_judge_files(config: TrainConfig, error: ConfigError) -> None:
         return
     if judge.model_path:
         _check_model_dir(error, f"{KEY}.model_path", judge.model_path)
+    if judge.api_key_env and not os.environ.get(judge.api_key_env):
+        error.add(f"{KEY}.api_key_env", judge.api_key_env, "names an environment variable that is not set here")
     if judge.score_fn:
         from pathlib import Path
 

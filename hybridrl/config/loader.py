@@ -6,11 +6,10 @@ Every user mistake comes out as one ``ConfigError`` (a ``ValueError``) naming th
 
 from __future__ import annotations
 
-import re
-
 import difflib
 import logging
 import os
+import re
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, TypeVar
@@ -209,7 +208,7 @@ def _composition_error(error: Exception, overrides: Sequence[str], schema: Optio
             empty = " (the override gives no value: an unset shell variable in the script?)" if value == "" else ""
             return ConfigError([(str(key), value, _first_line(cause) + empty)])
         cause = cause.__cause__ or cause.__context__
-    unparsed = re.search(r"Error when parsing index: \d+, string: (\S+?)=(.*?) out of ", str(error))
+    unparsed = re.search(r"Error when parsing index: \d+, string: (\S+?)=(.*) out of \[", str(error))
     if unparsed:  # name the override Hydra could not parse, and the usual cause: braces or brackets in the value
         key, value = unparsed.groups()
         hint = (" — Hydra reads {…} and […] in a value as a dict or list: quote the value, e.g. "

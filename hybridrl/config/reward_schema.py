@@ -63,7 +63,9 @@ class RewardJudgeConfig(FreezableConfig):
     ``vllm serve``, a hosted API). Exactly one of ``base_url`` and ``model_path``."""
     model_path: Optional[str] = None
     """A model directory hybridrl serves itself for the run (``hybridrl serve`` in a process of its own, on the
-    controller's machine, stopped with the run). Exactly one of ``base_url`` and ``model_path``."""
+    controller's machine, stopped with the run). It sees the controller's devices: on a GPU machine whose devices
+    the trainer uses, serve the judge elsewhere and give ``base_url``. Exactly one of ``base_url`` and
+    ``model_path``."""
     model: Optional[str] = None
     """The model name sent with each request (``null``: the first one the endpoint's ``/models`` lists)."""
     api: str = "chat"
@@ -91,7 +93,8 @@ class RewardJudgeConfig(FreezableConfig):
     temperature: float = 0.0
     """The judge's sampling temperature (0: greedy)."""
     timeout_s: float = 60.0
-    """Per-request limit (seconds); a request past it counts as a timeout."""
+    """Per-request limit in seconds, on each phase of a request (connecting, sending, waiting for the reply); past
+    it the request counts as a timeout and is not retried."""
     max_retries: int = 1
     """Retries of a request whose connection failed or whose status was 429/5xx (not of timeouts)."""
     max_concurrency: int = 32
@@ -103,6 +106,8 @@ class RewardJudgeConfig(FreezableConfig):
     """With ``model_path``: the served judge's dtype (``bfloat16``, ``float32``, ``float16`` on GPU)."""
     serve_max_model_len: int = 2048
     """With ``model_path``: the served judge's context length (rendered template + reply)."""
+    serve_start_timeout_s: float = 600.0
+    """With ``model_path``: how long the served judge may take to load before the run stops."""
 
 
 @dataclass

@@ -66,6 +66,9 @@ class PairFields:
     DESIRABLE = "desirable"
     """KTO (``hybridrl.data.unpaired``): ``[B]`` 1.0 where the row's completion (its ``chosen`` side) is desirable,
     0.0 where it is undesirable; the ``rejected`` side is the row's KL completion (another prompt's completion)."""
+    STEP_LABEL_COUNTS = "step_label_counts"
+    """KTO: ``[B, 2]``, the same in every row: the step's desirable and undesirable row counts (the normalisers of the
+    mean implicit reward of each label, so those metrics add up over micro-batches and ranks)."""
     STEP_KL = "step_kl"
     """KTO: ``[B]``, the same in every row: the reference point ``z₀``, the whole optimizer step's detached estimate
     of KL(π‖π_ref) from its rows' KL sides (the mean of policy − reference log-probs, at least 0)."""

@@ -7,22 +7,24 @@ A row (parquet or JSONL) is TRL's unpaired layout — one completion, desirable 
     {"prompt": [{"role": "user", "content": "2+2?"}], "completion": [{"role": "assistant", "content": "5"}],
      "label": false}
 
-``prompt`` is chat messages or text; ``completion`` text, or messages ending in the assistant's reply; ``label`` a
-boolean (``true``: desirable). A paired row (``chosen`` / ``rejected``, any layout ``hybridrl.data.preference``
+``prompt`` is chat messages or text; ``completion`` text, or one assistant message; ``label`` a boolean (``true``:
+desirable; 1 and 0 are read as true and false). A paired row (``chosen`` / ``rejected``, any layout ``hybridrl.data.preference``
 reads) gives two completions, its chosen one desirable and its rejected one not, as TRL unpairs preference data.
 
 KTO's reference point ``z₀`` estimates KL(π‖π_ref) from *mismatched* (prompt, completion) pairs. Each KTO row
 carries one: its ``chosen`` side is (prompt, completion), its ``rejected`` side (prompt, the KL completion) — the
-completion of the nearest earlier row (cyclically, in data order) whose prompt differs, as TRL rotates completions
-by one within a batch. The pairing is fixed when the data are read, so it is the same however a step is cut, and the
+completion of the row before it whose prompt differs, in a seeded random order of the rows (TRL rotates completions
+by one within a batch, in data order: there a pair's rejected side always lends its completion to the next pair's
+chosen side). The pairing is fixed when the data are read, so it is the same however a step is cut, and the
 reference scores both sides once with the rest (``loss.reference_log_probs=precompute``).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from hybridrl.data.io import SourceRow, read_rows
 from hybridrl.data.preference import PreferencePair, _response, pairs_from_row
@@ -93,20 +95,26 @@ def read_labelled_completions(paths: Sequence[str]) -> list[LabelledCompletion]:
     return completions
 
 
-def kto_pairs(completions: Sequence[LabelledCompletion], what: str = "the KTO data") -> list[KTOPair]:
-    """One :class:`KTOPair` per completion, its KL completion that of the nearest earlier row (cyclically) with
-    another prompt; ``ValueError`` when every row has the same prompt (no mismatched pair exists)."""
+def kto_pairs(completions: Sequence[LabelledCompletion], what: str = "the KTO data",
+              seed: Optional[int] = None) -> list[KTOPair]:
+    """One :class:`KTOPair` per completion. Its KL completion: ``seed=None``, that of the nearest earlier row in data
+    order (cyclically) with another prompt — TRL's rotation by one, for data laid out as TRL batches it; a ``seed``,
+    the same over a seeded permutation of the rows, so that neighbours in the file (a pair's two sides, a prompt's
+    several completions) do not all lend the same kind of completion. ``ValueError`` when every row has the same
+    prompt (no mismatched pair exists)."""
     keys = [item.prompt_key() for item in completions]
     if len(set(keys)) < 2:
         raise ValueError(f"{what}: KTO needs completions of at least two different prompts (its KL estimate pairs "
                          f"each prompt with another prompt's completion); found {len(set(keys))}")
-    rows = []
-    for index, item in enumerate(completions):
-        other = next(earlier % len(completions) for earlier in range(index - 1, index - len(completions), -1)
-                     if keys[earlier % len(completions)] != keys[index])
-        rows.append(KTOPair(item.prompt, item.completion, completions[other].completion, 0.0, item.where,
-                            desirable=item.desirable))
-    return rows
+    order = list(range(len(completions)))
+    if seed is not None:
+        random.Random(f"hybridrl/kto/kl/{seed}").shuffle(order)
+    partner = {}
+    for position, index in enumerate(order):
+        earlier = (order[(position - step) % len(order)] for step in range(1, len(order)))
+        partner[index] = next(other for other in earlier if keys[other] != keys[index])
+    return [KTOPair(item.prompt, item.completion, completions[partner[index]].completion, 0.0, item.where,
+                    desirable=item.desirable) for index, item in enumerate(completions)]
 
 
 def label_counts(rows: Sequence[KTOPair]) -> tuple[int, int]:

@@ -33,9 +33,10 @@ PAIR_MEAN = "pair-mean"
 """The ``agg_mode`` of preference losses: a mean over rows, each row one (chosen, rejected) pair, so the normaliser
 is the global pair count. Pair batches carry no ``response_mask``."""
 
-ADDITIVE_METRICS = frozenset({"pg_loss", "vf_loss", "loss", "nll"})
-"""Metrics that are each micro-batch's share of the mini-batch loss (or of a term of it: ORPO's ``nll``): summed over
-micro-batches, not averaged."""
+ADDITIVE_METRICS = frozenset({"pg_loss", "vf_loss", "loss", "nll", "desirable_reward", "undesirable_reward",
+                              "reward_gap"})
+"""Metrics that are each micro-batch's share of the mini-batch loss (or of a term of it: ORPO's ``nll``), or of a
+step-normalised mean (KTO's per-label rewards): summed over micro-batches, not averaged."""
 
 
 def local_normalizer(batch: Batch, agg_mode: str) -> torch.Tensor:

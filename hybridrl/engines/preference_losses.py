@@ -109,16 +109,17 @@ def preference_loss(config: DPOLossConfig, policy: PairLogProbs, pairs: Batch,
 
 def kto_step_loss(config: DPOLossConfig, policy: torch.Tensor, reference: torch.Tensor, rows: Batch,
                   normalizer: torch.Tensor | float) -> tuple[torch.Tensor, dict]:
-    """KTO on the completion side of ``rows`` with the step's reference point (``step_kl``); metrics add the implicit
-    rewards' ``margin`` (desirable − undesirable means) and ``accuracy``: the share of (desirable, undesirable) row
-    pairs of ``rows`` whose desirable row has the higher implicit reward (the rewards' AUROC; 0.5 where ``rows``
-    hold one label only)."""
+    """KTO on the completion side of ``rows`` with the step's reference point (``step_kl``). Metrics, each this
+    micro-batch's share of the step's value (summed over micro-batches and ranks, so no split changes them):
+    ``desirable_reward`` / ``undesirable_reward``, the mean implicit reward ``β (π − ρ)`` of each label's rows
+    (``step_label_counts``), and ``reward_gap``, their difference; ``reference_point`` is ``z₀``."""
     desirable = rows[PairFields.DESIRABLE] > 0.5
-    reference_point = rows[PairFields.STEP_KL][0]
-    value, metrics = kto_loss(policy, reference, desirable, beta=config.beta, reference_point=reference_point,
-                              normalizer=normalizer, desirable_weight=config.desirable_weight,
-                              undesirable_weight=config.undesirable_weight)
-    rewards = (policy - reference).detach()
-    ranked = rewards[desirable][:, None] > rewards[~desirable][None, :]
-    accuracy = ranked.float().mean() if ranked.numel() else torch.tensor(0.5)
-    return value, {**metrics, "margin": metrics["chosen_reward"] - metrics["rejected_reward"], "accuracy": accuracy}
+    value, metrics = kto_loss(policy, reference, desirable, beta=config.beta,
+                              reference_point=rows[PairFields.STEP_KL][0], normalizer=normalizer,
+                              desirable_weight=config.desirable_weight, undesirable_weight=config.undesirable_weight)
+    rewards = config.beta * (policy - reference).detach()
+    counts = rows[PairFields.STEP_LABEL_COUNTS][0].to(rewards.dtype).clamp_min(1)
+    desirable_share = (rewards * desirable).sum() / counts[0]
+    undesirable_share = (rewards * ~desirable).sum() / counts[1]
+    return value, {"desirable_reward": desirable_share, "undesirable_reward": undesirable_share,
+                   "reward_gap": desirable_share - undesirable_share, "reference_point": metrics["reference_point"]}

@@ -27,8 +27,8 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["JudgeQuery", "JudgeClient", "JudgeBatch", "render_template", "regex_parser", "load_score_fn",
-           "JUDGE_FAILURES"]
+__all__ = ["JudgeQuery", "JudgeClient", "JudgeBatch", "JudgeError", "render_template", "regex_parser",
+           "load_score_fn", "JUDGE_FAILURES"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,11 @@ JUDGE_FAILURES = (TIMEOUT, ERROR, PARSE_FAILURE)
 PLACEHOLDERS = ("{prompt}", "{response}", "{ground_truth}")
 _RETRIED_STATUSES = {429, 500, 502, 503, 504}
 KEY = "reward_judge"
+
+
+class JudgeError(ValueError):
+    """The judge cannot score the run (every judgement of a batch failed, its server did not start): one line for
+    the user, naming the endpoint and the first failure (a ``ValueError``: the CLI prints it and exits 2)."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,12 @@ class JudgeClient:
                                  limits=httpx.Limits(max_connections=max_concurrency))
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="judge")
         self.closers: list[Callable[[], None]] = []  # run by close(), last: e.g. stopping a judge served for the run
-        self.model = model or self._served_model()
+        self.diagnose: Callable[[], str] = lambda: ""  # why the endpoint may be gone (a served judge's exit)
+        try:
+            self.model = model or self._served_model()
+        except BaseException:
+            self.close()
+            raise
 
     @classmethod
     def from_config(cls, judge: Any, base_url: str) -> "JudgeClient":
@@ -170,7 +180,7 @@ class JudgeClient:
 
     # ------------------------------------------------------------------ scoring
     def score(self, queries: Sequence[JudgeQuery]) -> JudgeBatch:
-        """Judge every query (concurrently); raises ``RuntimeError`` when all of a non-empty batch failed."""
+        """Judge every query (concurrently); raises :class:`JudgeError` when all of a non-empty batch failed."""
         judgements = list(self.pool.map(self._judge, queries))
         scores = [self.fallback_score if item.score is None else item.score for item in judgements]
         batch = JudgeBatch(torch.tensor(scores, dtype=torch.float32), [item.status for item in judgements],
@@ -178,8 +188,8 @@ class JudgeClient:
                            [f"response {index}: {item.status}: {item.problem}" for index, item in
                             enumerate(judgements) if item.status != OK])
         if batch.problems and len(batch.problems) == len(queries):
-            raise RuntimeError(f"{KEY}: every one of the batch's {len(queries)} judgements failed, so the judge at "
-                               f"{self.base_url} cannot score this run; first: {batch.problems[0]}")
+            raise JudgeError(f"{KEY}: every one of the batch's {len(queries)} judgements failed, so the judge at "
+                             f"{self.base_url} cannot score this run; first: {batch.problems[0]}{self.diagnose()}")
         if batch.problems:
             logger.warning("%s: %d of %d judgements failed and scored fallback_score=%g, e.g. %s", KEY,
                            len(batch.problems), len(queries), self.fallback_score, batch.problems[0])
@@ -195,16 +205,17 @@ class JudgeClient:
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as failure:
             return _Judgement(ERROR, problem=str(failure).splitlines()[0] if str(failure) else type(failure).__name__)
         try:
-            score = self.parse(reply)
+            parsed = self.parse(reply)
+            score = None if parsed is None else float(parsed)
         except Exception as failure:  # a user's score_fn: its failure is a parse failure, not the run's
-            return _Judgement(PARSE_FAILURE, reply=reply, problem=f"the parser raised {failure!r} on {reply!r}")
-        if score is None or not math.isfinite(float(score)):
+            return _Judgement(PARSE_FAILURE, reply=reply, problem=f"the parser raised {failure!r} on {reply[:200]!r}")
+        if score is None or not math.isfinite(score):
             return _Judgement(PARSE_FAILURE, reply=reply, problem=f"no score in the reply {reply[:200]!r}")
         low, high = self.score_range or (-math.inf, math.inf)
-        if not low <= float(score) <= high:
+        if not low <= score <= high:
             return _Judgement(PARSE_FAILURE, reply=reply,
                               problem=f"score {score} is outside score_range {list(self.score_range)}")
-        return _Judgement(OK, float(score), reply)
+        return _Judgement(OK, score, reply)
 
     def _reply(self, text: str) -> str:
         """The judge's reply text to ``text``."""

@@ -9,26 +9,31 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Optional
 
-from hybridrl.rewards.judge import JudgeClient
+from hybridrl.rewards.judge import JudgeClient, JudgeError
 
-__all__ = ["ServedJudge", "open_judge"]
+__all__ = ["ServedJudge", "open_judge", "judge_for_run"]
 
 logger = logging.getLogger(__name__)
 
-_READY = re.compile(r" at (http://\S+) ")
+_READY = re.compile(r"^hybridrl serve: .* at (http://\S+) \(Ctrl-C stops\)")
 
 
 class ServedJudge:
-    """Start ``hybridrl serve model_path`` and wait until it listens (``RuntimeError`` with its last output if it
-    exits or is not up within ``start_timeout_s``)."""
+    """Start ``hybridrl serve model_path`` in a session of its own (so stopping it stops its engine's processes too)
+    and wait until it listens (:class:`JudgeError` with its last output if it exits or is not up within
+    ``start_timeout_s``)."""
 
     def __init__(self, model_path: str, *, dtype: str = "bfloat16", max_model_len: int = 2048,
                  max_tokens: int = 64, start_timeout_s: float = 600.0) -> None:
@@ -36,7 +41,7 @@ class ServedJudge:
                    "judge", "--dtype", dtype, "--max-model-len", str(max_model_len), "--max-tokens", str(max_tokens)]
         self.model_path = model_path
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        bufsize=1)
+                                        errors="replace", bufsize=1, start_new_session=True)
         self.output: deque[str] = deque(maxlen=40)
         self._url: Optional[str] = None
         self._ready = threading.Event()
@@ -46,9 +51,9 @@ class ServedJudge:
         while not self._ready.wait(0.5):
             if self.process.poll() is not None or time.perf_counter() - started > start_timeout_s:
                 self.close()
-                raise RuntimeError(f"reward_judge.model_path={model_path!r}: the judge's server did not start "
-                                   f"(exit code {self.process.returncode}); its last output:\n"
-                                   + "".join(self.output))
+                raise JudgeError(f"reward_judge.model_path={model_path!r}: the judge's server did not start within "
+                                 f"{start_timeout_s:.0f} s (exit code {self.process.returncode}); its last output:\n"
+                                 + "".join(self.output))
         logger.info("reward_judge: serving %s at %s (started in %.0f s)", model_path, self.base_url,
                     time.perf_counter() - started)
 
@@ -66,16 +71,30 @@ class ServedJudge:
                 self._url = match.group(1).rstrip("/").removesuffix("/v1")
                 self._ready.set()
 
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Stop the server (idempotent)."""
+    def diagnose(self) -> str:
+        """Why the judge may not answer: ``""`` while the server runs, else its exit code and last output."""
         if self.process.poll() is None:
-            self.process.terminate()
+            return ""
+        return (f"; the judge's server ({self.model_path}) exited with code {self.process.returncode}, its last "
+                "output:\n" + "".join(self.output))
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the server and every process of its session: SIGTERM, then SIGKILL (idempotent)."""
+        if self.process.poll() is None:
+            self._signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                self._signal(signal.SIGKILL)
                 self.process.wait()
+        self._signal(signal.SIGKILL)  # what the server left behind (an engine process), if anything
         atexit.unregister(self.close)
+
+    def _signal(self, number: int) -> None:
+        try:
+            os.killpg(self.process.pid, number)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def open_judge(judge) -> JudgeClient:
@@ -84,11 +103,26 @@ def open_judge(judge) -> JudgeClient:
     if not judge.model_path:
         return JudgeClient.from_config(judge, judge.base_url)
     server = ServedJudge(judge.model_path, dtype=judge.serve_dtype, max_model_len=judge.serve_max_model_len,
-                         max_tokens=judge.max_tokens)
+                         max_tokens=judge.max_tokens, start_timeout_s=judge.serve_start_timeout_s)
     try:
         client = JudgeClient.from_config(judge, server.base_url)
     except BaseException:
         server.close()
         raise
     client.closers.append(server.close)
+    client.diagnose = server.diagnose
     return client
+
+
+@contextmanager
+def judge_for_run(judge) -> Iterator[Optional[JudgeClient]]:
+    """The run's judge client (``None`` when ``judge.enable`` is off), opened before any worker starts — a judge
+    that is not there stops the run first — kept across worker restarts, and closed (its server stopped) at the end."""
+    if not judge.enable:
+        yield None
+        return
+    client = open_judge(judge)
+    try:
+        yield client
+    finally:
+        client.close()

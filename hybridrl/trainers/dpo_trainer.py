@@ -61,14 +61,24 @@ class DPOTrainer(RMTrainer):
         if not self.kto:
             return super().load_data()
         train, held_out = load_pairs(self.config, read_labelled_completions, unpaired)
-        return kto_pairs(train, "data.train_files"), kto_pairs(held_out, "the held-out rows") if held_out else []
+        seed = self.config.data.seed
+        if len({item.prompt_key() for item in held_out}) < 2:
+            if held_out:
+                logger.warning("KTO: the held-out rows hold one prompt only, so they have no mismatched completion "
+                               "for the KL estimate: no validation")
+            held_out = []
+        return kto_pairs(train, "data.train_files", seed), kto_pairs(held_out, "the held-out rows", seed) \
+            if held_out else []
 
     def encode(self, pairs: list[PreferencePair]) -> Batch:
-        """The pair Batch; KTO rows add their labels (``desirable``)."""
+        """The pair Batch; KTO rows add their labels (``desirable``) and the batch's label counts."""
         batch = super().encode(pairs)
         if self.kto:
-            batch[PairFields.DESIRABLE] = torch.tensor([float(pair.desirable) for pair in pairs if
-                                                        isinstance(pair, KTOPair)], dtype=torch.float32)
+            rows: list[KTOPair] = pairs  # type: ignore[assignment]  (load_data gives KTO rows only)
+            desirable = torch.tensor([float(row.desirable) for row in rows], dtype=torch.float32)
+            batch[PairFields.DESIRABLE] = desirable
+            counts = torch.stack([desirable.sum(), len(rows) - desirable.sum()])
+            batch[PairFields.STEP_LABEL_COUNTS] = counts.expand(len(rows), 2).clone()
         return batch
 
     def batch(self, step: int) -> Batch:
@@ -98,6 +108,9 @@ class DPOTrainer(RMTrainer):
         if self.kto:  # the held-out rows' own reference point, from their KL sides
             pairs[PairFields.STEP_KL] = reference_point(policy.rejected, pairs)
         loss, metrics = preference_loss(self.config.loss, policy, pairs, len(pairs))
+        if self.kto:
+            metrics["accuracy"] = ranking_accuracy(policy.chosen - pairs[PairFields.REFERENCE_CHOSEN_LOG_PROBS],
+                                                   pairs[PairFields.DESIRABLE] > 0.5)
         return {"val/loss": float(loss), **{f"val/{name}": float(value) for name, value in metrics.items()}}
 
     def _before_steps(self, group: WorkerGroup, start: int) -> None:
@@ -146,3 +159,10 @@ def reference_point(policy_kl: torch.Tensor, rows: Batch) -> torch.Tensor:
     their KL sides, at least 0 (as TRL's ``kl``), detached."""
     kl = (policy_kl.float() - rows[PairFields.REFERENCE_REJECTED_LOG_PROBS].float()).mean().clamp_min(0).detach()
     return kl.expand(len(rows)).clone()
+
+
+def ranking_accuracy(rewards: torch.Tensor, desirable: torch.Tensor) -> torch.Tensor:
+    """KTO's held-out accuracy: the share of (desirable, undesirable) row pairs whose desirable row has the higher
+    implicit reward (the rewards' AUROC; ties count as wrong, so 0 while the policy is the reference)."""
+    ranked = rewards[desirable][:, None] > rewards[~desirable][None, :]
+    return ranked.float().mean() if ranked.numel() else torch.tensor(float("nan"))

@@ -118,18 +118,23 @@ def validate(generate: Callable[[Batch, SamplingParams], Batch], loader: Optiona
              params: SamplingParams, num_samples_to_log: int = 3) -> dict[str, float]:
     """Generate (``generate(prompts, params)``) for every validation prompt and report
     ``val/<data_source>/{score,accuracy}``, overall ``val/score``, ``val/accuracy`` and ``val/response_length``
-    (and ``val/judge/score`` when ``scoring`` has an LLM judge); logs a few sample generations."""
+    (and, when ``scoring`` has an LLM judge, ``val/judge/score`` and its failure counts ``val/judge/num_*``); logs a
+    few sample generations."""
     if loader is None:
         return {}
     per_source: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (score, correct) per response
     lengths: list[float] = []
     samples: list[tuple[str, str, float]] = []
     judged: dict[str, list[float]] = defaultdict(list)  # model-judged components (an LLM judge), per response
+    judge_failures: dict[str, float] = defaultdict(float)
     for prompts in loader:
         batch = generate(prompts, params)
         scores, correct, texts = scoring.judge(batch)
-        for name, values in getattr(scoring, "held_out_components", lambda *_: {})(batch, texts).items():
+        components, failures = getattr(scoring, "held_out_components", lambda *_: ({}, {}))(batch, texts)
+        for name, values in components.items():
             judged[name] += values.tolist()
+        for name, count in failures.items():
+            judge_failures[name] += count
         lengths += batch[Fields.RESPONSE_MASK].sum(-1).float().tolist()
         for source, value, right in zip(batch[DataFields.DATA_SOURCE], scores.tolist(), correct):
             per_source[str(source)].append((value, right))
@@ -143,4 +148,5 @@ def validate(generate: Callable[[Batch, SamplingParams], Batch], loader: Optiona
         metrics[f"{prefix}accuracy"] = sum(right for _, right in results) / max(len(results), 1)
     metrics["val/response_length"] = sum(lengths) / max(len(lengths), 1)
     metrics.update({f"val/{name}/score": sum(values) / len(values) for name, values in judged.items() if values})
+    metrics.update({f"val/{name}": count for name, count in judge_failures.items()})
     return metrics

@@ -128,11 +128,13 @@ class FusedScoring:
             weights["diversity_penalty"] = 1.0
         return components, weights, metrics
 
-    def held_out_components(self, batch: Batch, texts: list[str]) -> dict[str, torch.Tensor]:
-        """Model-judged scores ``[B]`` validation reports beside the rule's (``{"judge": …}`` with a judge)."""
+    def held_out_components(self, batch: Batch, texts: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """Model-judged scores ``[B]`` validation reports beside the rule's (``{"judge": …}`` with a judge), and
+        their failure counts (``judge/num_timeout``, …)."""
         if self.judge_client is None:
-            return {}
-        return {"judge": self.judge_client.score(judge_queries(batch, texts)).scores}
+            return {}, {}
+        judged = self.judge_client.score(judge_queries(batch, texts))
+        return {"judge": judged.scores}, judged.metrics(prefix="judge/")
 
     def token_level_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         """The fused reward on each response's last valid token ``[B, R]``, plus per-component metrics."""

@@ -30,7 +30,7 @@ from hybridrl.trainers.restarts import RESTARTABLE, RestartRecord, Supervisor
 from hybridrl.trainers.run_lock import run_directory_lock
 from hybridrl.trainers.scaffold import open_tracker, resume_point
 from hybridrl.rewards.judge import JudgeClient
-from hybridrl.rewards.judge_server import open_judge
+from hybridrl.rewards.judge_server import judge_for_run
 from hybridrl.trainers.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
 from hybridrl.trainers.rl_steps import (apply_kl_in_reward, balance_batch, compute_advantages, off_policy_corrected,
                                         trained_batch_metrics, with_distillation)
@@ -130,7 +130,8 @@ class RLTrainer:
         result = TrainResult(self.run_dir, 0)
         supervisor = Supervisor(self.config.trainer.max_restarts)
         with run_directory_lock(self.run_dir), start_ray(self.config.trainer.ray) as runtime, \
-                build_reward_scorer(self.config.custom_reward_function) as scorer:
+                build_reward_scorer(self.config.custom_reward_function) as scorer, \
+                judge_for_run(self.config.reward_judge) as self.judge:
             dump_config(self.config, self.run_dir)
             self.rule_scoring = self.scoring = Scoring(scorer, self.tokenizer)
             supervisor.run(lambda: self._attempt(runtime, result, supervisor), lambda: self.global_step)
@@ -369,7 +370,6 @@ class RLTrainer:
             self.reward_model = WorkerGroup(RewardModelWorker, pools.pool_for("reward_model"), name="reward_model",
                                             bundle_share=1.0 if own_pool else share, args=(config,))
         if fusion_enabled(config):
-            self.judge = open_judge(config.reward_judge) if config.reward_judge.enable else None
             self.scoring = FusedScoring(self.rule_scoring, config, self.reward_model, self._rm_tokenizer(), self.judge)
         logger.info("workers started in %.1f s", time.perf_counter() - started)
         self._log_micro_batch_sizing()
@@ -394,9 +394,7 @@ class RLTrainer:
                 group.shutdown()
         if self.generation is not None:
             self.generation.close()
-        if self.judge is not None:
-            self.judge.close()
-        self.rollout_replicas, self.generation, self.queue, self.judge = [], None, None, None
+        self.rollout_replicas, self.generation, self.queue = [], None, None
         if self.pools is not None:
             self.pools.release()
 

@@ -53,6 +53,7 @@ def setup(tmp_path_factory):
     data[PairFields.STEP_CHOSEN_TOKENS] = chosen_tokens.expand(PAIRS).clone()
     data[PairFields.DESIRABLE] = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0])
     data[PairFields.STEP_KL] = torch.full((PAIRS,), STEP_KL)
+    data[PairFields.STEP_LABEL_COUNTS] = torch.tensor([[4.0, 4.0]]).expand(PAIRS, 2).clone()
     return save_tiny_model(tmp_path_factory.mktemp("dpo_accum") / "policy"), data
 
 
@@ -155,4 +156,8 @@ def test_gradient_and_loss_equal_the_single_batch_reference(engine_results, setu
         gradients, metrics = engine_results[(loss_name, micro, packed)]
         errors[(micro, packed)] = relative_error(gradients, reference)
         assert metrics["loss"] == pytest.approx(value, rel=1e-5), (micro, packed)
+        if loss_name == "kto":  # its per-label mean rewards are shares too: the same whatever the split
+            first = engine_results[(loss_name, "whole", False)][1]
+            for name in ("desirable_reward", "undesirable_reward", "reward_gap", "reference_point"):
+                assert metrics[name] == pytest.approx(first[name], rel=1e-5, abs=1e-7), (name, micro, packed)
     assert max(errors.values()) <= 1e-5, errors

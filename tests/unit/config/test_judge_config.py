@@ -43,6 +43,7 @@ def test_a_served_judge_needs_a_model_directory_and_a_score_function_file(tmp_pa
     assert config.reward_judge.model_path == str(policy) and config.reward_fusion.judge_weight == 1.0
     for overrides, key, phrase in [
             ([f"reward_judge.model_path={tmp_path / 'none'}"], "reward_judge.model_path", "does not exist"),
+            ([*URL, "reward_judge.api_key_env=HYBRIDRL_TEST_UNSET_KEY"], "reward_judge.api_key_env", "is not set"),
             ([*URL, f"reward_judge.score_fn={tmp_path / 'none.py'}:score"], "reward_judge.score_fn", "does not exist")]:
         with pytest.raises(ConfigError) as caught:
             load_config([*base, *overrides])

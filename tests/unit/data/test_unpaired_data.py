@@ -56,3 +56,21 @@ def test_rows_of_one_prompt_only_have_no_mismatched_completion(tmp_path):
     path = write_jsonl(tmp_path / "one.jsonl", [{"prompt": "p", "completion": c, "label": c == "a"} for c in "abc"])
     with pytest.raises(ValueError, match="at least two different prompts"):
         kto_pairs(read_labelled_completions([path]), "data.train_files")
+
+
+def test_a_seeded_kl_pairing_mixes_the_kinds_of_completion_and_never_the_same_prompt():
+    """Paired rows unpair as (chosen, rejected) neighbours: rotating by one in data order would give every row the
+    previous pair's rejected completion; a seeded order lends both kinds, always from another prompt."""
+    from hybridrl.data.unpaired import LabelledCompletion
+
+    items = [LabelledCompletion(f"{n}+1=", answer, desirable) for n in range(40)
+             for answer, desirable in ((f"right {n}", True), (f"wrong {n}", False))]
+    in_order = kto_pairs(items)
+    assert all(row.rejected == items[(2 * (index // 2) - 1) % len(items)].completion
+               for index, row in enumerate(in_order))  # always the previous pair's rejected completion
+    seeded = kto_pairs(items, seed=1)
+    assert seeded == kto_pairs(items, seed=1) and seeded != kto_pairs(items, seed=2)
+    desirability = {item.completion: item.desirable for item in items}
+    assert {desirability[row.rejected] for row in seeded} == {True, False}  # both kinds of completion lent
+    by_completion = {item.completion: item.prompt for item in items}
+    assert all(by_completion[row.rejected] != row.prompt for row in seeded)

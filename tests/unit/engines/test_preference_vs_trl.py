@@ -144,6 +144,7 @@ def hybridrl_kto_loss_and_gradients(policy_dir, reference_dir):
     rows = kto_pairs([LabelledCompletion(*row) for row in KTO_ROWS])
     batch = encode_pairs(tokenizer, rows, RESPONSE, apply_chat_template=False)
     batch[PairFields.DESIRABLE] = torch.tensor([float(row.desirable) for row in rows])
+    batch[PairFields.STEP_LABEL_COUNTS] = torch.tensor([[3.0, 2.0]]).expand(len(rows), 2)
     reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32)
     policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).train()
     with torch.no_grad():

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridrl.rewards.judge import (JudgeClient, JudgeQuery, load_score_fn, regex_parser, render_template)
+from hybridrl.rewards.judge import (JudgeClient, JudgeError, JudgeQuery, load_score_fn, regex_parser,
+                                   render_template)
 from scripted_judge import scripted  # noqa: F401  (a fixture)
 
 
@@ -93,7 +94,7 @@ def test_a_busy_judge_is_retried_and_requests_run_concurrently(scripted):
 def test_a_batch_in_which_every_judgement_failed_stops_the_run(scripted):
     judge = scripted(lambda _text: "no number here")
     with JudgeClient(judge.base_url, "{response}", regex_parser(r"Score: (\d)"), model="m") as client:
-        with pytest.raises(RuntimeError, match=r"every one of the batch's 2 judgements failed.*no score in the reply"):
+        with pytest.raises(JudgeError, match=r"every one of the batch's 2 judgements failed.*no score in the reply"):
             client.score([JudgeQuery("p", "a"), JudgeQuery("p", "b")])
 
 
@@ -105,12 +106,14 @@ def test_a_judge_that_is_not_there_is_named(scripted):
 
 
 def test_a_score_function_from_a_file_reads_the_reply(scripted, tmp_path):
-    (tmp_path / "judging.py").write_text("def score(reply):\n    return 1.0 if 'yes' in reply.lower() else None\n")
+    (tmp_path / "judging.py").write_text("def score(reply):\n    if 'odd' in reply:\n        return 'n/a'\n"
+                                         "    return 1.0 if 'yes' in reply.lower() else None\n")
     parse = load_score_fn(f"{tmp_path / 'judging.py'}:score")
-    judge = scripted(lambda text: "Yes." if "good" in text else "Hmm")
+    judge = scripted(lambda text: "Yes." if "good" in text else "odd" if "odd" in text else "Hmm")
     with JudgeClient(judge.base_url, "{response}", parse, model="m", fallback_score=0.25) as client:
-        batch = client.score([JudgeQuery("p", "good"), JudgeQuery("p", "bad")])
-    assert batch.scores.tolist() == [1.0, 0.25] and batch.statuses == ["ok", "parse_failure"]
+        batch = client.score([JudgeQuery("p", "good"), JudgeQuery("p", "bad"), JudgeQuery("p", "odd")])
+    assert batch.scores.tolist() == [1.0, 0.25, 0.25] and batch.statuses == ["ok", "parse_failure", "parse_failure"]
+    assert "the parser raised ValueError" in batch.problems[1]  # a return that is not a number: a parse failure
     with pytest.raises(ValueError, match="reward_judge.score_fn.*no function 'other'"):
         load_score_fn(f"{tmp_path / 'judging.py'}:other")
     with pytest.raises(ValueError, match="reward_judge.score_fn.*'path/to/file.py:function_name'"):
