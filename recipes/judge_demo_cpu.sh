@@ -9,7 +9,5 @@ for checkpoint in runs/demo/sft/hf runs/demo/grpo/hf; do
 done
 [[ -f runs/demo/judge/hf/config.json ]] || .venv/bin/hybridrl sft --config-name demo_judge_sft
 # the judge's own held-out verdicts, against the exact answers
-.venv/bin/hybridrl eval runs/demo/judge/hf --output runs/demo/judge/eval --overwrite data.synthetic_task=arithmetic_judge \
-  'data.synthetic_task_kwargs={operators: "+", max_first_operand: 99, max_second_operand: 9, val_fraction: 0.2, num_val: 200}' \
-  data.max_response_length=8
+.venv/bin/hybridrl eval runs/demo/judge --overwrite
 exec .venv/bin/hybridrl train --config-name demo_judge "$@"

@@ -14,10 +14,11 @@ unless ``--config-name`` names another. Overrides apply on top either way.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import yaml
 
@@ -45,6 +46,19 @@ class EvalSource:
         what = f"checkpoint {self.checkpoint}" if self.checkpoint is not None else f"model {self.model_dir}"
         return what + (f" (run {self.run_dir})" if self.run_dir is not None else "")
 
+    def task_overrides(self) -> list[str]:
+        """An SFT run on a synthetic task: its task and lengths as overrides (``hybridrl eval`` of the run then scores
+        that task's held-out set, not the default task's); empty otherwise."""
+        if self.run_dir is None or not (self.run_dir / RUN_CONFIG).is_file() or self.run_config is not None:
+            return []
+        data = (yaml.safe_load((self.run_dir / RUN_CONFIG).read_text()) or {}).get("data") or {}
+        if not isinstance(data, dict) or not data.get("synthetic_task"):
+            return []
+        carried = {key: data[key] for key in ("synthetic_task", "synthetic_task_kwargs", "max_prompt_length",
+                                              "max_response_length", "seed") if key in data}
+        logger.info("%s: evaluating on the run's task %s", self.run_dir / RUN_CONFIG, data["synthetic_task"])
+        return [f"data.{key}={_override_value(value)}" for key, value in carried.items()]
+
     @property
     def run_config(self) -> Optional[Path]:
         """The run's ``config.yaml`` when it is an RL trainer's config (an SFT or RM run's is not a base for eval)."""
@@ -56,6 +70,15 @@ class EvalSource:
                         "with --config-name)", self.run_dir / RUN_CONFIG)
             return None
         return self.run_dir / RUN_CONFIG
+
+
+def _override_value(value: Any) -> str:
+    """``value`` (a YAML scalar, list or mapping with identifier keys) in Hydra's override grammar."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {_override_value(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_override_value(item) for item in value) + "]"
+    return json.dumps(value)
 
 
 def resolve_eval_source(source: str | Path) -> EvalSource:
@@ -105,7 +128,8 @@ def eval_config(source: EvalSource, model_dir: Path, overrides: Sequence[str], c
     """The run's config (or ``config_name``'s) with ``model.path`` set to ``model_dir`` and ``overrides`` applied."""
     from hybridrl.config import load_config
 
-    overrides = [f"model.path={model_dir}", *overrides]
+    task = source.task_overrides() if config_name is None else []
+    overrides = [f"model.path={model_dir}", *task, *overrides]
     run_config = source.run_config if config_name is None else None
     if run_config is not None:
         logger.info("settings of the run: %s", run_config)

@@ -87,3 +87,25 @@ def test_sources_are_resolved_or_named(tmp_path):
     for given in (run, run / "hf"):
         source = resolve_eval_source(given)
         assert source.model_dir == run / "hf" and source.run_dir == run and source.run_config == run / "config.yaml"
+
+
+def test_an_sft_run_on_a_synthetic_task_is_evaluated_on_that_task(tmp_path):
+    """``hybridrl eval`` of an SFT run: its synthetic task, options and lengths carry over (an SFT config is no RL
+    config to evaluate with, so before they did not, and the default task was scored instead)."""
+    from hybridrl.config import load_config
+    from hybridrl.config.loader import dump_config
+    from hybridrl.trainers.eval_source import eval_config
+    from hybridrl.utils.tiny_model import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "run" / "hf")
+    sft = load_config([f"model.path={model}", "data.synthetic_task=arithmetic_judge", "data.max_response_length=8",
+                       "data.synthetic_task_kwargs={operators: '+', max_first_operand: 99, num_val: 20}"],
+                      "demo_sft", check_paths=False)
+    dump_config(sft, tmp_path / "run")
+    source = resolve_eval_source(tmp_path / "run")
+    config = eval_config(source, model, ["data.max_prompt_length=20"], None, check_paths=False)
+    assert config.data.synthetic_task == "arithmetic_judge" and config.data.max_response_length == 8
+    assert dict(config.data.synthetic_task_kwargs) == dict(sft.data.synthetic_task_kwargs)
+    assert sft.data.synthetic_task_kwargs["max_first_operand"] == 99
+    assert config.data.max_prompt_length == 20  # the user's overrides come last
+    assert eval_config(source, model, [], "ppo_trainer", check_paths=False).data.synthetic_task != "arithmetic_judge"
