@@ -22,6 +22,7 @@ def judge_dir(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("judge") / "tiny-judge")
 
 
+@pytest.mark.long  # a third vLLM engine: 112 s inside the parallel suite; the notebook test serves a judge too
 def test_a_judge_served_for_the_run_replies_greedily_and_stops_with_the_client(judge_dir, tmp_path):
     pytest.importorskip("vllm", reason="needs vLLM (pip install 'hybridrl[cpu]')")
     (tmp_path / "scoring.py").write_text(LENGTH_SCORE)
