@@ -86,9 +86,14 @@ class PreferencePair:
 
     def prompt_key(self) -> str:
         """A stable text key of the prompt (pairs of one prompt share it; the held-out split is by prompt)."""
-        if isinstance(self.prompt, str):
-            return self.prompt
-        return "\n".join(f"{message['role']}:{message['content']}" for message in self.prompt)
+        return prompt_key(self.prompt)
+
+
+def prompt_key(prompt: Any) -> str:
+    """A stable text key of a prompt (messages or text)."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(f"{message['role']}:{message['content']}" for message in prompt)
 
 
 def _response(row: Mapping[str, Any], key: str, where: str) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from hybridrl.data.io import SourceRow, read_rows
-from hybridrl.data.preference import PreferencePair, _response, pairs_from_row
+from hybridrl.data.preference import PreferencePair, _response, pairs_from_row, prompt_key
 from hybridrl.data.records import check_prompt
 
 __all__ = ["LabelledCompletion", "KTOPair", "completions_from_row", "read_labelled_completions", "kto_pairs",
@@ -44,7 +44,7 @@ class LabelledCompletion:
     where: str = "<memory>"
 
     def prompt_key(self) -> str:
-        return PreferencePair(self.prompt, "", "").prompt_key()
+        return prompt_key(self.prompt)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ gathered once per pass with ``gather_once``) and returns a :class:`~hybridrl.pro
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from hybridrl.data.preference import PairFields
@@ -36,14 +38,14 @@ def values(engine: TrainingEngine, data: Batch, micro_batching: MicroBatching, f
 
 
 def pair_log_probs_of(engine: TrainingEngine, pairs: Batch, micro_batching: MicroBatching, response_length: int,
-                      names: tuple[str, ...], *, packed: bool) -> Batch:
-    """Both sides' summed response log-probs ``[B]`` (float32) under ``engine``'s causal LM, named ``names``
-    (chosen, rejected): the policy's or the reference's of ``hybridrl dpo``; one name: the chosen side's alone."""
-    chosen_only = len(names) == 1
+                      names: Mapping[str, str], *, packed: bool) -> Batch:
+    """Summed response log-probs ``[B]`` (float32) under ``engine``'s causal LM of the sides ``names`` maps to output
+    fields (``{"chosen": …, "rejected": …}``, or one of them): the policy's or the reference's of ``hybridrl dpo``."""
+    sides = tuple(side for side in ("chosen", "rejected") if side in names)
 
     def outputs_of(micro_batch: Batch) -> dict[str, torch.Tensor]:
-        sides = pair_log_probs(engine.model, micro_batch, response_length, packed=packed, chosen_only=chosen_only)
-        return dict(zip(names, (sides.chosen.float(), sides.rejected.float())))
+        scored = pair_log_probs(engine.model, micro_batch, response_length, packed=packed, sides=sides)
+        return {names[side]: getattr(scored, side).float() for side in sides}
 
     return engine.forward(pairs, micro_batching, outputs_of)
 

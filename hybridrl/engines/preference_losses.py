@@ -36,22 +36,25 @@ class PairLogProbs:
     rejected_lengths: torch.Tensor
 
 
+SIDES = ("chosen", "rejected")
+_SIDE_FIELDS = {"chosen": (PairFields.CHOSEN_INPUT_IDS, PairFields.CHOSEN_ATTENTION_MASK),
+                "rejected": (PairFields.REJECTED_INPUT_IDS, PairFields.REJECTED_ATTENTION_MASK)}
+
+
 def pair_log_probs(model: nn.Module, pairs: Batch, response_length: int, *, packed: bool,
-                   chosen_only: bool = False) -> PairLogProbs:
-    """Both sides' summed response log-probs under ``model``, from one forward of the ``2B`` sequences (packed: the
-    real tokens of all of them in one row, attention kept within each); ``chosen_only``: of the ``B`` chosen
-    sequences alone (``rejected`` is then zeros)."""
-    sides = ((PairFields.CHOSEN_INPUT_IDS, PairFields.CHOSEN_ATTENTION_MASK),) if chosen_only else (
-        (PairFields.CHOSEN_INPUT_IDS, PairFields.CHOSEN_ATTENTION_MASK),
-        (PairFields.REJECTED_INPUT_IDS, PairFields.REJECTED_ATTENTION_MASK))
-    input_ids = torch.cat([pairs[ids] for ids, _ in sides])
-    attention_mask = torch.cat([pairs[mask] for _, mask in sides])
+                   sides: tuple[str, ...] = SIDES) -> PairLogProbs:
+    """The ``sides``' summed response log-probs under ``model`` (default both), from one forward of their sequences
+    (packed: the real tokens of all of them in one row, attention kept within each); a side not asked for is zeros
+    (KTO forwards its completion side alone for the loss, its KL side alone for ``z₀``)."""
+    input_ids = torch.cat([pairs[_SIDE_FIELDS[side][0]] for side in sides])
+    attention_mask = torch.cat([pairs[_SIDE_FIELDS[side][1]] for side in sides])
     log_probs, _ = response_log_probs(model, input_ids, attention_mask, response_length, packed=packed)
-    sums = log_probs.sum(-1)
-    if chosen_only:
-        chosen_lengths = pairs[PairFields.CHOSEN_ATTENTION_MASK][:, -response_length:].sum(-1)
-        return PairLogProbs(sums, torch.zeros_like(sums), chosen_lengths, torch.zeros_like(chosen_lengths))
-    return PairLogProbs(sums[:len(pairs)], sums[len(pairs):], *response_lengths(pairs, response_length))
+    sums = dict(zip(sides, log_probs.sum(-1).split(len(pairs))))
+    lengths = dict(zip(sides, attention_mask[:, -response_length:].sum(-1).split(len(pairs))))
+    zeros = torch.zeros(len(pairs), dtype=log_probs.dtype, device=log_probs.device)
+    no_tokens = torch.zeros(len(pairs), dtype=attention_mask.dtype, device=attention_mask.device)
+    return PairLogProbs(sums.get("chosen", zeros), sums.get("rejected", zeros), lengths.get("chosen", no_tokens),
+                        lengths.get("rejected", no_tokens))
 
 
 def response_lengths(pairs: Batch, response_length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,7 +76,7 @@ class PreferenceOptimizationLoss(NoUpdateChecks):
     def __call__(self, model: nn.Module, micro_batch: Batch,
                  normalizer: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         policy = pair_log_probs(model, micro_batch, self.response_length, packed=self.packed,
-                                chosen_only=self.loss.type == "kto")
+                                sides=("chosen",) if self.loss.type == "kto" else SIDES)
         value, metrics = preference_loss(self.loss, policy, micro_batch, normalizer)
         return value, {"loss": float(value.detach()), **{name: float(item) for name, item in metrics.items()}}
 

@@ -24,7 +24,7 @@ import torch
 
 from hybridrl.config.dpo_schema import REFERENCE_FREE_LOSSES, DPOConfig
 from hybridrl.data.preference import PairFields, PreferencePair
-from hybridrl.data.unpaired import KTOPair, kto_pairs, read_labelled_completions, unpaired
+from hybridrl.data.unpaired import KTOPair, kto_pairs, label_counts, read_labelled_completions, unpaired
 from hybridrl.engines.preference_losses import PairLogProbs, preference_loss, response_lengths
 from hybridrl.protocol import Batch
 from hybridrl.runtime import WorkerGroup
@@ -75,9 +75,8 @@ class DPOTrainer(RMTrainer):
         batch = super().encode(pairs)
         if self.kto:
             rows: list[KTOPair] = pairs  # type: ignore[assignment]  (load_data gives KTO rows only)
-            desirable = torch.tensor([float(row.desirable) for row in rows], dtype=torch.float32)
-            batch[PairFields.DESIRABLE] = desirable
-            counts = torch.stack([desirable.sum(), len(rows) - desirable.sum()])
+            batch[PairFields.DESIRABLE] = torch.tensor([float(row.desirable) for row in rows], dtype=torch.float32)
+            counts = torch.tensor(label_counts(rows), dtype=torch.float32)
             batch[PairFields.STEP_LABEL_COUNTS] = counts.expand(len(rows), 2).clone()
         return batch
 

@@ -46,12 +46,19 @@ class EvalSource:
         what = f"checkpoint {self.checkpoint}" if self.checkpoint is not None else f"model {self.model_dir}"
         return what + (f" (run {self.run_dir})" if self.run_dir is not None else "")
 
+    def _run_tree(self) -> Optional[dict]:
+        """The run's ``config.yaml`` as a tree (``None`` without one)."""
+        if self.run_dir is None or not (self.run_dir / RUN_CONFIG).is_file():
+            return None
+        return yaml.safe_load((self.run_dir / RUN_CONFIG).read_text()) or {}
+
     def task_overrides(self) -> list[str]:
         """An SFT run on a synthetic task: its task and lengths as overrides (``hybridrl eval`` of the run then scores
         that task's held-out set, not the default task's); empty otherwise."""
-        if self.run_dir is None or not (self.run_dir / RUN_CONFIG).is_file() or self.run_config is not None:
+        tree = self._run_tree()
+        if tree is None or _is_rl_config(tree):
             return []
-        data = (yaml.safe_load((self.run_dir / RUN_CONFIG).read_text()) or {}).get("data") or {}
+        data = tree.get("data") or {}
         if not isinstance(data, dict) or not data.get("synthetic_task"):
             return []
         carried = {key: data[key] for key in ("synthetic_task", "synthetic_task_kwargs", "max_prompt_length",
@@ -62,14 +69,18 @@ class EvalSource:
     @property
     def run_config(self) -> Optional[Path]:
         """The run's ``config.yaml`` when it is an RL trainer's config (an SFT or RM run's is not a base for eval)."""
-        if self.run_dir is None or not (self.run_dir / RUN_CONFIG).is_file():
+        tree = self._run_tree()
+        if tree is None:
             return None
-        tree = yaml.safe_load((self.run_dir / RUN_CONFIG).read_text()) or {}
-        if not {"actor", "rollout", "data"} <= set(tree):
+        if not _is_rl_config(tree):
             logger.info("%s is not an RL trainer's config: evaluating with --config-name ppo_trainer (name another "
                         "with --config-name)", self.run_dir / RUN_CONFIG)
             return None
         return self.run_dir / RUN_CONFIG
+
+
+def _is_rl_config(tree: dict) -> bool:
+    return {"actor", "rollout", "data"} <= set(tree)
 
 
 def _override_value(value: Any) -> str:

@@ -63,20 +63,18 @@ class DPOTrainWorker(EngineCheckpoints, Worker):
     @dp_split
     def policy_log_probs(self, pairs: Batch) -> Batch:
         """``chosen_log_probs [B]``, ``rejected_log_probs [B]`` (summed, nats) under the policy (no gradients)."""
-        return self._log_probs(self.engine, pairs, (PairFields.CHOSEN_LOG_PROBS, PairFields.REJECTED_LOG_PROBS))
+        return self._log_probs(self.engine, pairs, {"chosen": PairFields.CHOSEN_LOG_PROBS,
+                                                    "rejected": PairFields.REJECTED_LOG_PROBS})
 
     @dp_split
     def policy_kl_log_probs(self, rows: Batch) -> Batch:
         """KTO: ``rejected_log_probs [B]`` of the rows' KL side alone under the policy (no gradients)."""
-        kl_side = Batch(tensors={PairFields.CHOSEN_INPUT_IDS: rows[PairFields.REJECTED_INPUT_IDS],
-                                 PairFields.CHOSEN_ATTENTION_MASK: rows[PairFields.REJECTED_ATTENTION_MASK]})
-        scored = self._log_probs(self.engine, kl_side, (PairFields.CHOSEN_LOG_PROBS,))
-        return Batch(tensors={PairFields.REJECTED_LOG_PROBS: scored[PairFields.CHOSEN_LOG_PROBS]})
+        return self._log_probs(self.engine, rows, {"rejected": PairFields.REJECTED_LOG_PROBS})
 
     @dp_split
     def reference_log_probs(self, pairs: Batch) -> Batch:
         """``reference_chosen_log_probs [B]``, ``reference_rejected_log_probs [B]`` under the frozen reference."""
-        names = (PairFields.REFERENCE_CHOSEN_LOG_PROBS, PairFields.REFERENCE_REJECTED_LOG_PROBS)
+        names = {"chosen": PairFields.REFERENCE_CHOSEN_LOG_PROBS, "rejected": PairFields.REFERENCE_REJECTED_LOG_PROBS}
         if self.lora:
             with adapters_disabled(self.engine.model):
                 return self._log_probs(self.engine, pairs, names)
@@ -94,7 +92,7 @@ class DPOTrainWorker(EngineCheckpoints, Worker):
             torch.cuda.empty_cache()
         return had
 
-    def _log_probs(self, engine: TrainingEngine, pairs: Batch, names: tuple[str, ...]) -> Batch:
+    def _log_probs(self, engine: TrainingEngine, pairs: Batch, names: dict[str, str]) -> Batch:
         data = self.config.data
         return pair_log_probs_of(engine, pairs, MicroBatching(micro_batch_size=data.micro_batch_size_per_gpu),
                                  data.max_response_length, names, packed=self.config.model.use_remove_padding)
