@@ -103,6 +103,12 @@ def plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--efficiency", type=float, default=0.4, help="fraction of peak the job reaches (MFU)")
     parser.add_argument("--headroom", type=float, default=0.15, help="fraction of device memory kept free")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default trainer.total_training_steps)")
+    parser.add_argument("--network", default=None,
+                        help="link between nodes, per node: pcie, nvlink3, nvlink4, 1gbe, 10gbe, 25gbe, 100gbe, ib, "
+                             "ib-ndr, or Gbit/s as a number (default 25gbe, stated as assumed)")
+    parser.add_argument("--node-link", default=None,
+                        help="link between the GPUs of a node, the same choices (default: the GPU's, e.g. pcie for "
+                             "a10g, nvlink3 for a100)")
 
 
 @command("plan", "per-device memory, micro-batch, offload advice, time and cost of a job on a GPU type",
@@ -117,9 +123,13 @@ def plan(args: argparse.Namespace) -> int:
                                   ("--headroom", args.headroom, 0 <= args.headroom < 1, "in [0, 1)")):
         if not ok:
             raise ValueError(f"{name}={value}: must be {rule}")
+    from hybridrl.planner.comm_plan import parse_link
+
+    links = {name: None if value is None else parse_link(value)
+             for name, value in (("network", args.network), ("node_link", args.node_link))}
     config = load_from_args(args)
     job = plan_job(config, gpu_spec(args.gpu), headroom=args.headroom, efficiency=args.efficiency,
-                   price_per_gpu_hour=args.price_per_gpu_hour, total_steps=args.steps)
+                   price_per_gpu_hour=args.price_per_gpu_hour, total_steps=args.steps, **links)
     print(format_plan(job))
     return 0 if job.recommendation.fits else 1
 

@@ -80,33 +80,66 @@ class DecoderShape:
             return self.intermediate_size
         return self.experts_per_token * self.expert_intermediate_size + self.shared_expert_intermediate_size
 
-    def _attention_and_norms(self) -> int:
-        h, q, kv = self.hidden_size, self.q_width, self.kv_width
-        biases = (q + 2 * kv) if self.qkv_bias else 0
-        return h * q + 2 * h * kv + q * h + biases + 2 * h + (2 * self.head_dim if self.qk_norm else 0)
+    def attention_tensors(self) -> list[tuple[int, int]]:
+        """``(rows, columns)`` of each attention weight of a layer and its two RMSNorm weights (a vector is
+        ``(length, 1)``): q/k/v/o projections, Qwen2's q/k/v biases, Qwen3's per-head q/k norms."""
+        h, q, kv, d = self.hidden_size, self.q_width, self.kv_width, self.head_dim
+        tensors = [(q, h), (kv, h), (kv, h), (h, q), (h, 1), (h, 1)]
+        if self.qkv_bias:
+            tensors += [(q, 1), (kv, 1), (kv, 1)]
+        if self.qk_norm:
+            tensors += [(d, 1), (d, 1)]
+        return tensors
 
-    def _sparse_mlp(self) -> int:
-        """Every expert, the router, the shared expert and its gate."""
+    def mlp_tensors(self, sparse: bool) -> list[tuple[int, int]]:
+        """A dense layer's gate/up/down projections, or a sparse layer's router ``[E, h]``, its experts as
+        transformers holds them (``gate_up_proj [E, 2·I_e, h]``, ``down_proj [E, h, I_e]``: ``E`` rows each), the
+        shared expert and its gate."""
         h = self.hidden_size
-        return (self.num_experts * 3 * h * self.expert_intermediate_size + self.num_experts * h
-                + 3 * h * self.shared_expert_intermediate_size + (h if self.shared_expert_gate else 0))
+        if not sparse:
+            return [(self.intermediate_size, h), (self.intermediate_size, h), (h, self.intermediate_size)]
+        experts, width, shared = self.num_experts, self.expert_intermediate_size, self.shared_expert_intermediate_size
+        tensors = [(experts, h), (experts, 2 * width * h), (experts, h * width)]
+        if shared:
+            tensors += [(shared, h), (shared, h), (h, shared)]
+        if self.shared_expert_gate:
+            tensors.append((1, h))
+        return tensors
+
+    def layer_tensors(self, sparse: bool) -> list[tuple[int, int]]:
+        """Every weight of one decoder layer as ``(rows, columns)``: what FSDP2 shards along its rows."""
+        return self.attention_tensors() + self.mlp_tensors(sparse)
+
+    def root_tensors(self, head: str = "lm") -> list[tuple[int, int]]:
+        """The weights outside the layers (FSDP2's root group): embedding, final norm and the head — an untied LM head
+        ``[V, h]`` (``head="lm"``), or a value/reward model's scalar head ``[1, h]`` with its bias (``"value"``)."""
+        h = self.hidden_size
+        tensors = [(self.vocab_size, h), (h, 1)]
+        if head == "value":
+            return tensors + [(1, h), (1, 1)]
+        return tensors + ([] if self.tie_word_embeddings else [(self.vocab_size, h)])
 
     def layer_parameters(self) -> int:
         """Parameters of the largest decoder layer (attention projections, MLP or experts, two RMSNorm weights):
         what one layer's all-gather holds at once."""
-        mlp = self._sparse_mlp() if self.is_moe else 3 * self.hidden_size * self.intermediate_size
-        return self._attention_and_norms() + mlp
+        return tensor_elements(self.layer_tensors(self.is_moe))
 
     def root_parameters(self) -> int:
         """Parameters outside the layers (FSDP2's root group): embedding, final norm, untied LM head."""
-        head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
-        return self.vocab_size * self.hidden_size + self.hidden_size + head
+        return tensor_elements(self.root_tensors())
 
     def num_parameters(self) -> int:
         """Every parameter the model holds (every expert included)."""
-        dense_layer = self._attention_and_norms() + 3 * self.hidden_size * self.intermediate_size
         sparse = self.num_sparse_layers if self.is_moe else 0
+        dense_layer = tensor_elements(self.layer_tensors(sparse=False))
         return sparse * self.layer_parameters() + (self.num_layers - sparse) * dense_layer + self.root_parameters()
+
+
+def tensor_elements(tensors: list[tuple[int, int]], shard_group: int = 1) -> int:
+    """Elements of ``tensors`` (``(rows, columns)`` pairs) once each one's rows are padded to a multiple of
+    ``shard_group`` — FSDP2 shards every parameter along dim 0 in equal pieces, and its all-gathers and
+    reduce-scatters carry the padding."""
+    return sum(-(-rows // shard_group) * shard_group * columns for rows, columns in tensors)
 
 
 def _experts_of(config) -> dict:

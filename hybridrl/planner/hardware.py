@@ -25,6 +25,8 @@ class GpuSpec:
     bf16_flops: float
     bandwidth: float
     fp8_flops: Optional[float] = None
+    node_link: str = "pcie"
+    """How this GPU's servers join the GPUs of one node (a key of :data:`hybridrl.planner.comm_plan.LINKS`)."""
 
     @property
     def supports_fp8(self) -> bool:
@@ -32,12 +34,13 @@ class GpuSpec:
 
 
 GPUS: dict[str, GpuSpec] = {
-    # AWS's A10G: 24 GB GDDR6 at 600 GB/s; its tensor peak is below the A10's 125 TFLOP/s (~70 dense bf16).
+    # AWS's A10G: 24 GB GDDR6 at 600 GB/s; its tensor peak is below the A10's 125 TFLOP/s (~70 dense bf16); no NVLink.
     "a10g": GpuSpec("A10G 24GB", 23028 * 2**20, 70 * TERA, 600e9),
-    "a100-40": GpuSpec("A100 40GB SXM", 40536 * 2**20, 312 * TERA, 1555e9),
-    "a100-80": GpuSpec("A100 80GB SXM", 81920 * 2**20, 312 * TERA, 2039e9),
-    "h100": GpuSpec("H100 80GB SXM", 81559 * 2**20, 989 * TERA, 3350e9, fp8_flops=1979 * TERA),
-    "h200": GpuSpec("H200 141GB SXM", 143771 * 2**20, 989 * TERA, 4800e9, fp8_flops=1979 * TERA),
+    "a100-40": GpuSpec("A100 40GB SXM", 40536 * 2**20, 312 * TERA, 1555e9, node_link="nvlink3"),
+    "a100-80": GpuSpec("A100 80GB SXM", 81920 * 2**20, 312 * TERA, 2039e9, node_link="nvlink3"),
+    "h100": GpuSpec("H100 80GB SXM", 81559 * 2**20, 989 * TERA, 3350e9, fp8_flops=1979 * TERA, node_link="nvlink4"),
+    "h200": GpuSpec("H200 141GB SXM", 143771 * 2**20, 989 * TERA, 4800e9, fp8_flops=1979 * TERA,
+                    node_link="nvlink4"),
 }
 
 

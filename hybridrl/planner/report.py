@@ -8,9 +8,11 @@ from typing import Optional
 from hybridrl.config.precision import DTYPE_BYTES, standard_modes
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import world_size
+from hybridrl.planner.comm_plan import DEFAULT_NETWORK, LINKS, Link, StepComm, plan_communication
+from hybridrl.planner.comm_report import comm_section, topology_of
 from hybridrl.planner.hardware import GpuSpec
 from hybridrl.planner.known_models import model_shape
-from hybridrl.planner.memory_plan import MemoryPlan, Shapes, kv_bytes_per_token, plan_memory
+from hybridrl.planner.memory_plan import MemoryPlan, Setup, Shapes, kv_bytes_per_token, plan_memory
 from hybridrl.planner.recommendation import Recommendation, recommend
 from hybridrl.planner.time_plan import StepTime, job_devices, rollout_engines, roofline_step_time, run_cost
 from hybridrl.autotune.memory_sizing import DecoderShape
@@ -30,6 +32,8 @@ class JobPlan:
     total_steps: Optional[int]
     headroom: float
     price_per_gpu_hour: Optional[float] = None
+    comm: Optional[StepComm] = None
+    network_assumed: Optional[str] = None
 
     @property
     def hours(self) -> Optional[float]:
@@ -42,6 +46,17 @@ class JobPlan:
         return run_cost(self.hours, self.num_devices, self.price_per_gpu_hour)
 
     num_devices: int = 1
+    shapes: Optional[Shapes] = None
+    config: Optional[TrainConfig] = None
+
+    @property
+    def comm_setup(self) -> Setup:
+        return timed_setup(self.recommendation, self.as_configured)
+
+
+def timed_setup(advice: Recommendation, as_configured: MemoryPlan) -> Setup:
+    """The settings the step is timed for: the recommendation's, or the config's when no layout fits."""
+    return advice.plan.setup if advice.fits else as_configured.setup
 
 
 def shapes_of(config: TrainConfig) -> Shapes:
@@ -58,15 +73,25 @@ def shapes_of(config: TrainConfig) -> Shapes:
 
 def plan_job(config: TrainConfig, gpu: GpuSpec, *, shapes: Optional[Shapes] = None, headroom: float = 0.15,
              efficiency: float = 0.4, price_per_gpu_hour: Optional[float] = None,
-             total_steps: Optional[int] = None) -> JobPlan:
-    """Plan ``config`` on ``gpu``: memory as configured, the recommendation, the roofline step time and cost."""
+             total_steps: Optional[int] = None, network: Optional[Link] = None,
+             node_link: Optional[Link] = None) -> JobPlan:
+    """Plan ``config`` on ``gpu``: memory as configured, the recommendation, the roofline step time with the
+    communication of the recommended layout over ``node_link`` (default: the GPU's) and ``network`` between nodes
+    (default :data:`~hybridrl.planner.comm_plan.DEFAULT_NETWORK`, stated as assumed on a job of several nodes), and
+    the cost."""
     shapes = shapes or shapes_of(config)
     advice = recommend(config, shapes, gpu.memory_bytes, headroom)
-    step_time = roofline_step_time(config, shapes.policy, gpu, efficiency=efficiency,
-                                   waves=generation_waves(config, shapes.policy, advice.plan))
-    return JobPlan(gpu=gpu, as_configured=plan_memory(config, shapes, gpu.memory_bytes), recommendation=advice,
+    compute = roofline_step_time(config, shapes.policy, gpu, efficiency=efficiency,
+                                 waves=generation_waves(config, shapes.policy, advice.plan))
+    assumed = LINKS[DEFAULT_NETWORK].name if network is None and config.trainer.nnodes > 1 else None
+    topology = topology_of(config, node_link or LINKS[gpu.node_link], network or LINKS[DEFAULT_NETWORK])
+    as_configured = plan_memory(config, shapes, gpu.memory_bytes)
+    comm = plan_communication(config, shapes, topology, compute.phases, timed_setup(advice, as_configured))
+    step_time = StepTime(comm.phases, compute.efficiency)
+    return JobPlan(gpu=gpu, as_configured=as_configured, recommendation=advice,
                    step_time=step_time, total_steps=total_steps or config.trainer.total_training_steps,
-                   headroom=headroom, price_per_gpu_hour=price_per_gpu_hour, num_devices=job_devices(config))
+                   headroom=headroom, price_per_gpu_hour=price_per_gpu_hour, num_devices=job_devices(config),
+                   comm=comm, network_assumed=assumed, shapes=shapes, config=config)
 
 
 def generation_waves(config: TrainConfig, shape: DecoderShape, plan: MemoryPlan) -> int:
@@ -122,6 +147,9 @@ def format_plan(job: JobPlan) -> str:
     if advice.fits and advice.plan.setup != plan.setup:
         lines += memory_table(advice.plan)
     lines += time_lines(job)
+    if job.comm is not None and job.shapes is not None and job.config is not None:
+        lines += comm_section(job.config, job.shapes, job.comm, job.comm_setup, gpu.memory_bytes,
+                              job.headroom, job.network_assumed)
     return "\n".join(lines)
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import collections
 import functools
+import sys
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -72,12 +73,15 @@ class CollectiveCounter(_PatchedCollectives):
 class CollectiveTimer(_PatchedCollectives):
     """``with CollectiveTimer() as timer:`` measures the seconds each kind of collective took on this rank:
     ``timer.seconds()`` → ``{"reduce_scatter": s, "all_gather": s, "all_reduce": s, ...}`` (names without their
-    ``_single``/``_tensor``/``_into_tensor`` suffixes).
+    ``_single``/``_tensor``/``_into_tensor`` suffixes), and the bytes each moved: ``timer.payload_bytes`` (see
+    :func:`payload_bytes`), keyed by kind, with FSDP2's own all-reduces (HSDP's gradient all-reduce across shard
+    groups) as ``fsdp_all_reduce`` apart from the small ones the training loop issues (token counts, metrics).
 
     A blocking call on CPU tensors (gloo) is timed by the wall clock around it. A call on CUDA tensors is bracketed by
     two timing events on the current stream — FSDP2 issues its gradient reduce-scatter blocking on its own reduce
     stream, so the events measure the collective on the GPU, not the launch — read (one synchronisation) in
-    ``seconds()``. An ``async_op=True`` call is counted in ``untimed`` instead: its work finishes after the call returns.
+    ``seconds()``. An ``async_op=True`` call is counted in ``untimed`` instead: its work finishes after the call returns
+    (its bytes are counted all the same).
     """
 
     def __init__(self) -> None:
@@ -85,12 +89,14 @@ class CollectiveTimer(_PatchedCollectives):
         self._cpu_seconds: collections.Counter = collections.Counter()
         self._cuda_events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
         self.untimed: collections.Counter = collections.Counter()
+        self.payload_bytes: collections.Counter = collections.Counter()
 
     def _wrap(self, function, name: str):
         kind = collective_kind(name)
 
         @functools.wraps(function)
         def timed(*args, **kwargs):
+            self.payload_bytes[_issuer_kind(kind, sys._getframe(1))] += payload_bytes(name, args, kwargs)
             if kwargs.get("async_op"):
                 self.untimed[kind] += 1
                 return function(*args, **kwargs)
@@ -115,6 +121,41 @@ class CollectiveTimer(_PatchedCollectives):
             end.synchronize()
             totals[kind] += start.elapsed_time(end) / 1000.0
         return dict(totals)
+
+
+def payload_bytes(name: str, args: tuple, kwargs: dict) -> int:
+    """The bytes of the whole tensor a collective call is about, on this rank: an all-gather's gathered output, a
+    reduce-scatter's unreduced input, an all-reduce's or a broadcast's tensor (a list form: its tensors summed).
+
+    A ring collective over ``G`` ranks sends ``(G − 1)/G`` of this (all-reduce: twice that) from each rank: the
+    planner's link time (:mod:`hybridrl.planner.comm_plan`) starts from the same figure.
+    """
+    kind = collective_kind(name)
+    if name.startswith("functional."):
+        return _tensor_bytes(args[0] if args else None)  # DTensor's: an input (scalar norms, not parameters)
+    if kind == "all_gather":
+        found = kwargs.get("output_tensor", kwargs.get("tensor_list", args[0] if args else None))
+    elif kind == "reduce_scatter":
+        found = kwargs.get("input", kwargs.get("input_list", args[1] if len(args) > 1 else None))
+    else:
+        found = kwargs.get("tensor", args[0] if args else None)
+    return _tensor_bytes(found)
+
+
+def _tensor_bytes(value: Optional[object]) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(item) for item in value)
+    return 0
+
+
+def _issuer_kind(kind: str, caller) -> str:
+    """``fsdp_all_reduce`` for an all-reduce FSDP2 itself issued (the frame calling the collective lives in
+    ``torch.distributed.fsdp``), ``kind`` otherwise."""
+    if kind == "all_reduce" and caller.f_globals.get("__name__", "").startswith("torch.distributed.fsdp"):
+        return "fsdp_all_reduce"
+    return kind
 
 
 def collective_kind(name: str) -> str:

@@ -10,6 +10,9 @@ from hybridrl.utils.memory import max_over_ranks, memory_metrics
 # comm/<key>: the collective kinds an FSDP2 update issues (CollectiveTimer's names).
 COMM_KEYS = (("comm/grad_reduce_s", "reduce_scatter"), ("comm/param_gather_s", "all_gather"),
              ("comm/all_reduce_s", "all_reduce"))
+# comm/<key>_bytes: what each kind moved (CollectiveTimer.payload_bytes' names; the planner predicts the same figures).
+BYTE_KEYS = (("comm/grad_reduce_bytes", "reduce_scatter"), ("comm/grad_all_reduce_bytes", "fsdp_all_reduce"),
+             ("comm/param_gather_bytes", "all_gather"), ("comm/all_reduce_bytes", "all_reduce"))
 
 
 def update_resource_metrics(device: torch.device, dp, comm: CollectiveTimer) -> dict[str, float]:
@@ -23,7 +26,13 @@ def update_resource_metrics(device: torch.device, dp, comm: CollectiveTimer) -> 
 
     All three are 0 on one rank (FSDP2 communicates nothing). On a GPU they are measured on the streams the
     collectives run on, so they include time overlapped with compute; on CPU (gloo) collectives block.
+
+    And the bytes of the tensors the collectives were about (:func:`~hybridrl.utils.collectives.payload_bytes`:
+    gathered parameters, unreduced gradients), which ``hybridrl plan`` predicts per phase:
+    ``comm/param_gather_bytes``, ``comm/grad_reduce_bytes``, ``comm/grad_all_reduce_bytes`` (HSDP's all-reduce of
+    the reduced gradient shards across shard groups) and ``comm/all_reduce_bytes`` (the small ones).
     """
     seconds = comm.seconds()
     figures = {key: seconds.get(kind, 0.0) for key, kind in COMM_KEYS}
+    figures.update({key: float(comm.payload_bytes.get(kind, 0)) for key, kind in BYTE_KEYS})
     return max_over_ranks({**memory_metrics(device), **figures}, device, dp)
