@@ -68,6 +68,7 @@ class DPOConfig(FreezableConfig):
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, weight_decay=0.0))
     """Optimizer and schedule."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    """FSDP2 sharding settings (``optimizer_offload`` does not apply: there is no rollout phase)."""
+    """FSDP2 sharding settings (``optimizer_offload`` does not apply: the optimizer steps every step;
+    ``param_offload`` keeps parameters, gradients and the optimizer step on the host)."""
     trainer: DPOTrainerConfig = field(default_factory=DPOTrainerConfig)
     """Devices, steps, validation, checkpoints, logging."""

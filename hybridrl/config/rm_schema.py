@@ -91,6 +91,7 @@ class RMConfig(FreezableConfig):
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, weight_decay=0.0))
     """Optimizer and schedule."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    """FSDP2 sharding settings (``optimizer_offload`` does not apply: there is no rollout phase)."""
+    """FSDP2 sharding settings (``optimizer_offload`` does not apply: the optimizer steps every step;
+    ``param_offload`` keeps parameters, gradients and the optimizer step on the host)."""
     trainer: RMTrainerConfig = field(default_factory=RMTrainerConfig)
     """Devices, steps, validation, checkpoints, logging."""

@@ -114,7 +114,10 @@ class FSDPConfig(FreezableConfig):
     param_offload: bool = False
     """Keep parameters on CPU between uses (FSDP2 ``CPUOffloadPolicy``)."""
     optimizer_offload: bool = False
-    """Move optimizer state to CPU while the rollout runs; back to the device for the update."""
+    """Keep the optimizer state on the host while the role is idle, on the device for its own updates: the
+    actor's leaves for each generation, the critic's after each critic update (so generation, the forwards and the
+    actor's update have its memory). Exact: the same numbers, one host round trip of 8 bytes per parameter shard per
+    step. No effect on CPU workers."""
     reshard_after_forward: bool = True
     """FSDP2 ``reshard_after_forward``: free gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
     reduce_dtype: str = "float32"

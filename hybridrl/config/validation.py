@@ -253,8 +253,6 @@ def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
     for key in ("length_penalty_coef", "diversity_penalty_coef"):
         value = getattr(config.reward_fusion, key)
         _require(error, f"reward_fusion.{key}", value, value >= 0, "must be >= 0 (it is subtracted as a penalty)")
-    if config.critic.fsdp.optimizer_offload:
-        error.add("critic.fsdp.optimizer_offload", True, "only the actor offloads its optimizer (during generation)")
     if config.rollout.tensor_model_parallel_size > 1 and config.rollout.name == "hf":
         error.add("rollout.tensor_model_parallel_size", config.rollout.tensor_model_parallel_size,
                   "rollout.name=hf generates with the actor's own (FSDP-sharded) module, one replica per device; "
@@ -476,7 +474,9 @@ def _check_pair_job(config: RMConfig | DPOConfig, error: ConfigError, check_path
     for logger in trainer.logger:
         _choice(error, "trainer.logger", logger, LOGGERS)
     if config.fsdp.optimizer_offload:
-        error.add("fsdp.optimizer_offload", True, "applies only to the actor (offload during generation)")
+        error.add("fsdp.optimizer_offload", True, "applies to the RL actor and critic, whose optimizers sit idle while "
+                  "other roles run; this trainer steps its optimizer every step — fsdp.param_offload=true keeps "
+                  "parameters, gradients and the optimizer step on the host")
     if not data.train_files and data.synthetic_task is None:
         error.add("data.train_files", [], "give at least one parquet/JSONL file of preference pairs, or set "
                                           "data.synthetic_task")

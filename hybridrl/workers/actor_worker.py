@@ -27,7 +27,7 @@ from hybridrl.engines.anti_forgetting import EWC_DIR, EWCRegularizer, PtxHook
 from hybridrl.engines.base import TrainingEngine
 from hybridrl.engines.checkpoint import export_hf, load_sharded, save_sharded
 from hybridrl.engines.losses import PolicyLoss, SequenceForward, SFTLoss
-from hybridrl.engines.offload import move_optimizer_state
+from hybridrl.engines.offload import OptimizerOffload
 from hybridrl.engines.optim import build_optimizer, build_scheduler
 from hybridrl.engines.passes import log_probs
 from hybridrl.hybrid_engine import WeightResharder, bucket_bytes_from_mb
@@ -85,6 +85,7 @@ class ActorRolloutRefWorker(Worker):
         scheduler = build_scheduler(optimizer, config.actor.optim, optimizer_steps)
         self.actor = TrainingEngine(actor_model, dp=dp, optimizer=optimizer, scheduler=scheduler,
                                     grad_clip=config.actor.grad_clip)
+        self.optimizer_offload = OptimizerOffload(optimizer, self.device, config.actor.fsdp.optimizer_offload)
         self.lora = lora_enabled(config.model.lora)
         self.with_reference = with_reference
         frozen = sharding_options(config.model.dtype, config.actor.fsdp, param_offload=config.ref.param_offload,
@@ -157,7 +158,7 @@ class ActorRolloutRefWorker(Worker):
         if params.seed is not None:
             params = params.with_seed(derive_seed(params.seed, "rank", self.context.dp_rank))
         self.engine_weights.require_current()
-        self._offload_optimizer()
+        self.optimizer_offload.offload()  # actor.fsdp.optimizer_offload: room for the rollout
         free_cache = self.config.rollout.free_cache_engine
         if free_cache:
             self.rollout.resume()
@@ -228,15 +229,6 @@ class ActorRolloutRefWorker(Worker):
             if held is not None:
                 held.close()
 
-    def _offload_optimizer(self) -> None:
-        """``actor.fsdp.optimizer_offload``: Adam's moments leave the GPU while the rollout runs (no-op on CPU)."""
-        if self.config.actor.fsdp.optimizer_offload and self.device.type != "cpu":
-            move_optimizer_state(self.actor.optimizer, torch.device("cpu"))
-
-    def _reload_optimizer(self) -> None:
-        if self.config.actor.fsdp.optimizer_offload and self.device.type != "cpu":
-            move_optimizer_state(self.actor.optimizer, self.device)
-
     @dp_split
     def compute_log_prob(self, batch: Batch, temperature: float) -> Batch:
         """``old_log_probs`` (and ``entropy``) of the responses under the current policy, at the ``temperature`` the
@@ -290,7 +282,7 @@ class ActorRolloutRefWorker(Worker):
         With adaptive accumulation the control's ``micro × K`` is the mini-batch.
         """
         actor = self.config.actor
-        self._reload_optimizer()
+        self.optimizer_offload.reload()
         if actor.ewc.coef > 0 and self.ewc is None:
             self._anchor_ewc(batch)
         mini_batch_size = (self.accumulation.local_mini_batch_size if self.accumulation is not None
@@ -339,7 +331,7 @@ class ActorRolloutRefWorker(Worker):
         """Actor model, optimizer, scheduler and RNG states under ``directory`` (every rank writes its shards); with
         LoRA only the adapters and their optimizer state (the frozen base is ``model.path``); EWC's anchor and Fisher
         once estimated (``ewc/``)."""
-        self._reload_optimizer()  # an offloaded optimizer is saved from where the update will use it
+        self.optimizer_offload.reload()  # an offloaded optimizer is saved from where the update will use it
         save_sharded(directory, self.actor.model, self.actor.optimizer, self.actor.scheduler,
                      trainable_only=self.lora)
         if self.ewc is not None:
@@ -349,7 +341,7 @@ class ActorRolloutRefWorker(Worker):
     @one_to_all(collect="first")
     def load_checkpoint(self, directory: str) -> str:
         """Restore what ``save_checkpoint`` wrote (the DP size may differ)."""
-        self._reload_optimizer()
+        self.optimizer_offload.reload()
         load_sharded(directory, self.actor.model, self.actor.optimizer, self.actor.scheduler,
                      trainable_only=self.lora)
         self.engine_weights.actor_changed()

@@ -14,6 +14,7 @@ from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
 from hybridrl.engines.base import TrainingEngine
 from hybridrl.engines.losses import SequenceForward, ValueLoss
+from hybridrl.engines.offload import OptimizerOffload
 from hybridrl.engines.optim import build_optimizer, build_scheduler
 from hybridrl.engines.passes import values
 from hybridrl.modeling.fsdp import shard_model
@@ -46,6 +47,8 @@ class CriticWorker(EngineCheckpoints, Worker):
         dp = data_parallel_group(self)
         self.forward = SequenceForward(packed=config.model.use_remove_padding, share_prompts=config.model.share_prompts)
         self.engine = TrainingEngine(model, dp=dp, optimizer=optimizer, scheduler=scheduler, grad_clip=critic.grad_clip)
+        # critic.fsdp.optimizer_offload: Adam's moments on the host outside the critic's own updates
+        self.optimizer_offload = OptimizerOffload(optimizer, self.device, critic.fsdp.optimizer_offload)
         self.plan, self.micro_batch_sizing = resolve_plan(config, "critic", model, self.plan, dp=dp,
                                                           device=self.device, optimizer=optimizer)
         self.engine.micro_batching = training_micro_batching(critic, self.plan.micro_batch_size_per_gpu,
@@ -61,12 +64,23 @@ class CriticWorker(EngineCheckpoints, Worker):
     def update_critic(self, batch: Batch, *, step: int) -> dict[str, float]:
         """Value-loss epochs over this rank's share of training step ``step`` (0-based; it seeds the shuffle):
         ``values`` = old values, ``returns`` = targets."""
-        with CollectiveTimer() as comm:
+        with CollectiveTimer() as comm, self.optimizer_offload.resident():
             metrics = self.engine.train_epochs(batch, self.loss, mini_batch_size=self.plan.local_mini_batch_sequences,
                                                epochs=self.config.critic.ppo_epochs, shuffle=True,
                                                seed=self.config.trainer.seed * 100_019 + step,
                                                group_prompts=self.forward.groups_prompts)
         return {**metrics, **update_resource_metrics(self.device, self.engine.dp, comm)}
+
+    @one_to_all(collect="first")
+    def save_checkpoint(self, directory: str) -> str:
+        """Model, optimizer (from the device, where an offloaded one is brought for it), scheduler and RNG states."""
+        with self.optimizer_offload.resident():
+            return super().save_checkpoint(directory)
+
+    @one_to_all(collect="first")
+    def load_checkpoint(self, directory: str) -> str:
+        with self.optimizer_offload.resident():
+            return super().load_checkpoint(directory)
 
     @one_to_all(collect="first")
     def batch_plan(self) -> tuple[BatchPlan, str]:

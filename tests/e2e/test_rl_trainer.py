@@ -85,6 +85,7 @@ def test_resume_rejects_a_checkpoint_of_another_model(model_dir, tmp_path):
      "algorithm.overlong_buffer.enable=true", "algorithm.overlong_buffer.len=2", "actor.clip_ratio_high=0.28",
      "actor.log_grad_noise_scale=true", "actor.ppo_micro_batch_size_per_gpu=1"],
     ["algorithm=gae", "trainer.critic_warmup=1", "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=1",
+     "critic.fsdp.optimizer_offload=true",  # a no-op on CPU workers: its exactness is tests/distributed/test_optimizer_offload.py
      "critic.fsdp.grad_sync=micro_batch", "actor.fsdp.grad_sync=micro_batch",  # workers sync every micro-batch
      "actor.fsdp.fsdp_size=1", "critic.fsdp.fsdp_size=1"],  # HSDP: replicated over the 2 ranks, sharded over 1
     pytest.param(["actor.optim.state_precision=8bit"],  # torchao AdamW8bit on FSDP2 shards

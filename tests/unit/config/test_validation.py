@@ -183,7 +183,7 @@ BAD_RM_CONFIGS = [
     (["data.synthetic_task=arithmetic", "data.val_fraction=1.0"], "data.val_fraction", "[0, 1)"),
     (["data.synthetic_task=arithmetic", "loss.center_coef=-0.1"], "loss.center_coef", ">= 0"),
     (["data.synthetic_task=arithmetic", "trainer.resume_mode=resume_path"], "trainer.resume_mode", "expected one of"),
-    (["data.synthetic_task=arithmetic", "fsdp.optimizer_offload=true"], "fsdp.optimizer_offload", "only to the actor"),
+    (["data.synthetic_task=arithmetic", "fsdp.optimizer_offload=true"], "fsdp.optimizer_offload", "fsdp.param_offload=true"),
     (["data.synthetic_task=arithmetic", "fsdp.grad_sync=never"], "fsdp.grad_sync", "expected one of"),
     (["data.synthetic_task=arithmetic", "fsdp.fsdp_size=4"], "fsdp.fsdp_size", "divide them"),
 ]
