@@ -106,6 +106,9 @@ def plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--network", default=None,
                         help="link between nodes, per node: pcie, nvlink3, nvlink4, 1gbe, 10gbe, 25gbe, 100gbe, ib, "
                              "ib-ndr, or Gbit/s as a number (default 25gbe, stated as assumed)")
+    parser.add_argument("--keep-layout", action="store_true",
+                        help="search memory savers and micro-batches only, in the configured rollout TP size and "
+                             "sharding")
     parser.add_argument("--node-link", default=None,
                         help="link between the GPUs of a node, the same choices (default: the GPU's, e.g. pcie for "
                              "a10g, nvlink3 for a100)")
@@ -129,7 +132,8 @@ def plan(args: argparse.Namespace) -> int:
              for name, value in (("network", args.network), ("node_link", args.node_link))}
     config = load_from_args(args)
     job = plan_job(config, gpu_spec(args.gpu), headroom=args.headroom, efficiency=args.efficiency,
-                   price_per_gpu_hour=args.price_per_gpu_hour, total_steps=args.steps, **links)
+                   price_per_gpu_hour=args.price_per_gpu_hour, total_steps=args.steps,
+                   keep_layout=args.keep_layout, **links)
     print(format_plan(job))
     return 0 if job.recommendation.fits else 1
 

@@ -129,7 +129,8 @@ def probe_peak_bytes(model: nn.Module, micro_batch_size: int, seq_len: int, *, p
         kept = parameters_kept_gathered(model, through_backward=True) if gather_once else contextlib.nullcontext()
         with kept:
             for index in range(num_micro_batches):
-                set_gradient_sync(model, syncs_gradients(grad_sync, index, num_micro_batches))
+                set_gradient_sync(model, syncs_gradients(grad_sync, index, num_micro_batches),
+                                  all_reduce=index == num_micro_batches - 1)  # as the engine: HSDP's once
                 log_probs, _ = response_log_probs(model, input_ids, attention_mask, seq_len - 2, packed=packed)
                 (-log_probs.sum() / log_probs.numel()).backward()
                 del log_probs

@@ -143,7 +143,9 @@ class FSDPConfig(FreezableConfig):
     ranks. ``micro_batch``: after every micro-batch, so each rank keeps only its shard (4 bytes per parameter ÷
     ranks: 3.5 GiB for 7B on 8 GPUs) at the price of K reduce-scatters of the whole gradient per step instead of
     one (K = accumulation steps; each moves ≈ 4 bytes per parameter per rank, overlapped with the backward — cheap
-    on NVLink, felt over slower links). Same update either way; no difference with one micro-batch or one rank."""
+    on NVLink, felt over slower links). Same update either way; no difference with one micro-batch or one rank.
+    With HSDP (``fsdp_size``) the all-reduce across groups runs once per optimizer step either way: the reduced
+    shards of the earlier micro-batches are kept (one shard-sized buffer) and added in before it."""
 
 
 @dataclass

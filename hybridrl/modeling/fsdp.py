@@ -91,10 +91,18 @@ def syncs_gradients(grad_sync: str, index: int, num_micro_batches: int) -> bool:
     return grad_sync == "micro_batch" or index == num_micro_batches - 1
 
 
-def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
-    """Turn cross-rank gradient reduction on (last micro-batch) or off (the others) for an FSDP2 model."""
+def set_gradient_sync(model: nn.Module, enabled: bool, all_reduce: Optional[bool] = None) -> None:
+    """Turn cross-rank gradient reduction on (last micro-batch) or off (the others) for an FSDP2 model.
+
+    ``all_reduce`` (HSDP only; default: as ``enabled``): whether this micro-batch's reduce-scatter is followed by the
+    all-reduce across shard groups. With ``grad_sync=micro_batch`` only the last one's is: FSDP2 keeps the reduced
+    shards of the others (one shard-sized buffer) and adds them in before that one all-reduce, so the groups —
+    typically the nodes — exchange gradients once per optimizer step, not once per micro-batch. The same sum, in
+    another order (tests/distributed/test_hsdp.py).
+    """
     if hasattr(model, "set_requires_gradient_sync"):
         model.set_requires_gradient_sync(enabled)
+        model.set_requires_all_reduce(enabled if all_reduce is None else all_reduce)
 
 
 def _param_groups(module: FSDPModule) -> list:

@@ -9,14 +9,15 @@ add to the step (``hybridrl plan``).
   ``fsdp.gather_once``; forward-only passes (log-probs, values) gather once per micro-batch otherwise;
 - it reduce-scatters the gradients in ``fsdp.reduce_dtype`` once per optimizer step (``fsdp.grad_sync=step``) or
   after every micro-batch (``micro_batch``);
-- with HSDP (``fsdp.fsdp_size`` below the ranks) each reduce-scatter is followed by an all-reduce of the rank's
-  reduced shard across the shard groups;
+- with HSDP (``fsdp.fsdp_size`` below the ranks) the last reduce-scatter of an optimizer step is followed by one
+  all-reduce of the rank's reduced shard across the shard groups (with ``micro_batch`` the earlier ones are kept and
+  added in first);
 - FSDP2 pads every parameter's rows to a multiple of the shard group, and the collectives carry the padding
   (:func:`~hybridrl.autotune.decoder_shape.tensor_elements`); on one rank nothing moves.
 
 Accumulation is where the bytes go: ``K`` micro-batches cost ``2K`` all-gathers per optimizer step (one with
 ``gather_once``) against one gradient reduction with ``grad_sync=step`` — the reason to accumulate, and the reason
-HSDP keeps the all-gathers inside a node and sends only one all-reduce per step across nodes.
+HSDP keeps the all-gathers and reduce-scatters inside a node and sends only one all-reduce per step across nodes.
 
 **Links** (:class:`Topology`): a ring collective over ``n`` ranks sends ``(n − 1)/n`` of the payload from every rank
 (an all-reduce twice that). Ranks of a node share its intra-node link (PCIe or NVLink, per GPU); a ring that leaves
@@ -44,22 +45,24 @@ GBIT = 1e9 / 8
 
 @dataclass(frozen=True)
 class Link:
-    """A link's usable bandwidth in one direction, in bytes/s."""
+    """A link's usable bandwidth in one direction (bytes/s) and the latency of one small collective over it (s):
+    what a tensor-parallel decode step, two all-reduces of a few KiB per layer, pays."""
 
     name: str
     bytes_per_second: float
+    latency_s: float = 50e-6
 
 
 LINKS: dict[str, Link] = {
-    "pcie": Link("PCIe 4.0 x16", 20e9),  # what NCCL reaches between GPUs without NVLink (line rate 32 GB/s)
-    "nvlink3": Link("NVLink 3 (A100)", 240e9),  # NCCL bus bandwidth on 8 x A100 SXM (line rate 300 GB/s each way)
-    "nvlink4": Link("NVLink 4 (H100/H200)", 360e9),  # the same on Hopper (450 GB/s each way)
-    "1gbe": Link("1 Gb Ethernet", 1 * GBIT),
-    "10gbe": Link("10 Gb Ethernet", 10 * GBIT),
-    "25gbe": Link("25 Gb Ethernet", 25 * GBIT),
-    "100gbe": Link("100 Gb Ethernet", 100 * GBIT),
-    "ib": Link("InfiniBand HDR 200 Gb/s", 200 * GBIT),
-    "ib-ndr": Link("InfiniBand NDR 400 Gb/s", 400 * GBIT),
+    "pcie": Link("PCIe 4.0 x16", 20e9, 25e-6),  # what NCCL reaches between GPUs without NVLink (line 32 GB/s)
+    "nvlink3": Link("NVLink 3 (A100)", 240e9, 10e-6),  # NCCL bus bandwidth on 8 x A100 SXM (300 GB/s each way)
+    "nvlink4": Link("NVLink 4 (H100/H200)", 360e9, 10e-6),  # the same on Hopper (450 GB/s each way)
+    "1gbe": Link("1 Gb Ethernet", 1 * GBIT, 100e-6),
+    "10gbe": Link("10 Gb Ethernet", 10 * GBIT, 50e-6),
+    "25gbe": Link("25 Gb Ethernet", 25 * GBIT, 50e-6),
+    "100gbe": Link("100 Gb Ethernet", 100 * GBIT, 50e-6),
+    "ib": Link("InfiniBand HDR 200 Gb/s", 200 * GBIT, 10e-6),
+    "ib-ndr": Link("InfiniBand NDR 400 Gb/s", 400 * GBIT, 10e-6),
 }
 DEFAULT_NETWORK = "25gbe"
 
@@ -94,10 +97,10 @@ class Topology:
             return 0.0
         sent = passes * (ranks - 1) / ranks * payload
         on_node = min(ranks, max(1, self.gpus_per_node // stride))
-        seconds = sent / self.intra.bytes_per_second if on_node > 1 else 0.0
+        seconds = sent / self.intra.bytes_per_second + self.intra.latency_s if on_node > 1 else 0.0
         if on_node < ranks:  # the ring leaves the node: the interface carries every ring that does, at once
             rings = max(1, self.gpus_per_node // on_node)
-            seconds = max(seconds, rings * sent / self.inter.bytes_per_second)
+            seconds = max(seconds, rings * sent / self.inter.bytes_per_second + self.inter.latency_s)
         return seconds
 
     def crosses_nodes(self, ranks: int, stride: int) -> bool:
@@ -110,7 +113,7 @@ class Collective:
     ``payload_bytes`` each (the update metrics' ``comm/*_bytes`` sum them), ``seconds`` in all."""
 
     phase: str
-    kind: str  # all_gather | reduce_scatter | fsdp_all_reduce (the engine's payload kinds)
+    kind: str  # all_gather | reduce_scatter | fsdp_all_reduce (the engine's payload kinds) | tp_all_reduce
     calls: int
     payload_bytes: int
     ranks: int
@@ -175,9 +178,9 @@ def update_collectives(phase: str, shape: DecoderShape, layout: ShardLayout, top
         gathers = steps * (1 if layout.gather_once else 2 * k)
         found.append(_collective(phase, "all_gather", gathers, elements * layout.compute_bytes, group, 1, topology))
         found.append(_collective(phase, "reduce_scatter", syncs, elements * layout.reduce_bytes, group, 1, topology))
-    if replicas > 1:
+    if replicas > 1:  # once per optimizer step, after the last reduce-scatter (hybridrl.modeling.fsdp.set_gradient_sync)
         shard = elements // group * layout.reduce_bytes
-        found.append(_collective(phase, "fsdp_all_reduce", syncs, shard, replicas, group, topology, passes=2))
+        found.append(_collective(phase, "fsdp_all_reduce", steps, shard, replicas, group, topology, passes=2))
     return found
 
 
@@ -228,10 +231,11 @@ def micro_batch_comm_seconds(layout: ShardLayout, update: list[Collective]) -> l
     (``grad_sync=micro_batch``) or the last."""
     per_call = {c.kind: c.seconds / c.calls for c in update if c.calls}
     gather, reduce = per_call.get("all_gather", 0.0), per_call.get("reduce_scatter", 0.0)
-    reduce += per_call.get("fsdp_all_reduce", 0.0)
+    all_reduce = per_call.get("fsdp_all_reduce", 0.0)
     k = layout.micro_batches
     return [(gather if layout.gather_once and i == 0 else 0.0 if layout.gather_once else 2 * gather)
-            + (reduce if layout.grad_sync == "micro_batch" or i == k - 1 else 0.0) for i in range(k)]
+            + (reduce if layout.grad_sync == "micro_batch" or i == k - 1 else 0.0)
+            + (all_reduce if i == k - 1 else 0.0) for i in range(k)]
 
 
 def overlapped_seconds(compute: float, layout: ShardLayout, update: list[Collective]) -> float:
@@ -277,8 +281,11 @@ def plan_communication(config: TrainConfig, shapes, topology: Topology, compute:
         collectives += update_collectives("update_critic", critic_shape, layouts["critic"], topology, head="value")
         collectives += forward_collectives("log_probs", critic_shape, forward_layout(config, "critic", layouts["critic"]),
                                            1, topology, head="value")
+    collectives += tensor_parallel_collectives(config, shapes.policy, topology)
     plan = CommPlan(topology, collectives)
     phases = dict(compute)
+    if "generate" in phases:  # on the decode's critical path: nothing to overlap with
+        phases["generate"] = compute["generate"] + plan.phase_seconds("generate")
     for role, layout in layouts.items():
         phase = f"update_{role}"
         if phase in phases:
@@ -287,6 +294,24 @@ def plan_communication(config: TrainConfig, shapes, topology: Topology, compute:
     if "log_probs" in phases:  # forward-only passes: the all-gathers run under the forwards' compute
         phases["log_probs"] = max(compute["log_probs"], plan.phase_seconds("log_probs"))
     return StepComm(plan, layouts, phases, dict(compute))
+
+
+def tensor_parallel_collectives(config: TrainConfig, shape: DecoderShape, topology: Topology) -> list[Collective]:
+    """vLLM's tensor-parallel all-reduces (two a layer: after attention and after the MLP) of the hidden states of
+    its rows, in the prefill (``[rows × prompt, h]``) and in each decode step (``[rows, h]``): a replica's ``t``
+    ranks are neighbours in a node."""
+    tp = config.rollout.tensor_model_parallel_size
+    if tp <= 1 or config.rollout.name != "vllm":
+        return []
+    from hybridrl.config.rollout_placement import generation_devices
+
+    rows = -(-config.data.train_batch_size * config.rollout.n * tp // generation_devices(config))
+    per_row = shape.hidden_size * DTYPE_BYTES[config.model.dtype]
+    calls = 2 * shape.num_layers
+    return [_collective("generate", "tp_all_reduce", calls, rows * config.data.max_prompt_length * per_row, tp, 1,
+                        topology, passes=2),
+            _collective("generate", "tp_all_reduce", calls * config.data.max_response_length, rows * per_row, tp, 1,
+                        topology, passes=2)]
 
 
 def _setup_layout(config: TrainConfig, role: str, setup) -> ShardLayout:

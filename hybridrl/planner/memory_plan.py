@@ -5,7 +5,8 @@ phases.
 All roles share each device (the hybrid engine, docs/architecture.md §1), so what must fit is, phase by phase, what every role
 keeps resident plus what the running phase adds:
 
-- ``generate``: model states of every role (the actor's optimizer state leaves with ``actor.fsdp.optimizer_offload``)
+- ``generate``: model states of every role (the actor's optimizer state leaves with ``actor.fsdp.optimizer_offload``,
+  the critic's — in every phase but its own update — with ``critic.fsdp.optimizer_offload``)
   + the rollout engine (vLLM: ``gpu_memory_utilization`` × device memory — its weights, KV cache and activations;
   HF ``generate``: the KV cache of this rank's sequences on the actor's own module).
 - ``log_probs``: states + no-grad forwards of the actor/reference and the critic (they run concurrently).
@@ -86,11 +87,16 @@ class Setup:
     critic_grad_sync: str = "step"
     actor_gather_once: bool = False
     critic_gather_once: bool = False
+    critic_optimizer_offload: bool = False
+    critic_param_offload: bool = False
+    ref_param_offload: bool = False
 
 
 def setup_from(config: TrainConfig) -> Setup:
     actor, critic = config.actor, config.critic
-    return Setup(actor_micro_batch=actor.ppo_micro_batch_size_per_gpu or 1,
+    return Setup(critic_optimizer_offload=critic.fsdp.optimizer_offload, critic_param_offload=critic.fsdp.param_offload,
+                 ref_param_offload=config.ref.param_offload,
+                 actor_micro_batch=actor.ppo_micro_batch_size_per_gpu or 1,
                  critic_micro_batch=critic.ppo_micro_batch_size_per_gpu or 1,
                  actor_grad_sync=actor.fsdp.grad_sync, critic_grad_sync=critic.fsdp.grad_sync,
                  checkpointing=config.model.enable_gradient_checkpointing,
@@ -269,11 +275,11 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
     if config.actor.use_kl_loss or config.algorithm.use_kl_in_reward:
         roles["ref"] = frozen_role("ref", shapes.policy, forward_layout, compute_bytes=c,
                                    world=shard_group_ranks(config.actor.fsdp.fsdp_size, world),
-                                   offload=config.ref.param_offload)
+                                   offload=setup.ref_param_offload)
     if config.algorithm.distillation.teacher_path:  # sharded and offloaded like the reference
         roles["teacher"] = frozen_role("teacher", shapes.teacher or shapes.policy, forward_layout, compute_bytes=c,
                                        world=shard_group_ranks(config.actor.fsdp.fsdp_size, world),
-                                       offload=config.ref.param_offload)
+                                       offload=setup.ref_param_offload)
     if critic_enabled(config):
         modes["critic"] = precision_mode(config.model.dtype, config.critic.fsdp.reduce_dtype,
                                          setup.critic_state_precision, config.model.fp8_compute)
@@ -284,7 +290,7 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
             world=shard_group_ranks(config.critic.fsdp.fsdp_size, world),
             mode=modes["critic"], accumulating=holds_unsharded_gradients(
                 setup.critic_grad_sync, critic_plan.local_mini_batch_sequences, setup.critic_micro_batch),
-            checkpointing=setup.checkpointing, param_offload=config.critic.fsdp.param_offload,
+            checkpointing=setup.checkpointing, param_offload=setup.critic_param_offload,
             gather_once=setup.critic_gather_once)
     if config.reward_model.enable:
         rm_layout = ForwardLayout.padded(config.reward_model.micro_batch_size_per_gpu, forward_layout.row_length)
@@ -333,11 +339,14 @@ def phase_totals(roles: dict[str, RoleMemory], setup: Setup, free_cache_engine: 
     rollout = roles["rollout"].total if rollout_here else 0
     asleep = 0 if free_cache_engine else rollout
     moved_out = roles["actor"].optimizer if setup.optimizer_offload and not setup.param_offload else 0
-    phases = {"generate": resident - moved_out + rollout
+    # critic.fsdp.optimizer_offload: the critic's state is on the device in its own update only
+    critic_away = roles["critic"].optimizer if "critic" in roles and setup.critic_optimizer_offload else 0
+    phases = {"generate": resident - moved_out - critic_away + rollout
               + (roles["actor"].buffers if generates_on_actor else 0)}
     forwards = forward_peak + sum(roles[name].buffers for name in trained)
-    phases["log_probs"] = resident + asleep + forwards
+    phases["log_probs"] = resident - critic_away + asleep + forwards
     for name in trained:
         role = roles[name]
-        phases[f"update_{name}"] = resident + asleep + role.gradients + role.activations + role.buffers
+        away = critic_away if name != "critic" else 0
+        phases[f"update_{name}"] = resident - away + asleep + role.gradients + role.activations + role.buffers
     return phases

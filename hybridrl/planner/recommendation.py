@@ -17,8 +17,9 @@ recommendation:
    each step, goes (2 bytes per parameter in bf16 on a single GPU, where ``auto`` turns it on); per-layer gathering
    costs time instead (on one H200 a 0.5B PPO step of 8-row micro-batches ran 1.7× slower);
 4. 8-bit optimizer states (a small change to the optimisation);
-5. optimizer offload during generation (a host copy per step);
-6. FSDP2 param offload (every update's optimizer step on the host: slow).
+5. optimizer offload: the actor's during generation, the critic's outside its own update (a host copy per step);
+6. the reference's parameters on the host (copied in for each of its forwards);
+7. FSDP2 param offload of the actor and the critic (every update's optimizer step on the host: slow).
 """
 
 from __future__ import annotations
@@ -39,14 +40,17 @@ SAVERS = {
     "checkpointing": {"checkpointing": True},
     "gather_once": {"actor_gather_once": False, "critic_gather_once": False},
     "actor_state_precision": {"actor_state_precision": "8bit"},
-    "optimizer_offload": {"optimizer_offload": True},
-    "param_offload": {"param_offload": True},
+    "optimizer_offload": {"optimizer_offload": True, "critic_optimizer_offload": True},
+    "ref_param_offload": {"ref_param_offload": True},
+    "param_offload": {"param_offload": True, "critic_param_offload": True},
 }
 SETUP_KEYS = {"actor_grad_sync": "actor.fsdp.grad_sync", "critic_grad_sync": "critic.fsdp.grad_sync",
               "checkpointing": "model.enable_gradient_checkpointing",
               "actor_gather_once": "actor.fsdp.gather_once", "critic_gather_once": "critic.fsdp.gather_once",
               "actor_state_precision": "actor.optim.state_precision", "optimizer_offload": "actor.fsdp.optimizer_offload",
-              "param_offload": "actor.fsdp.param_offload"}
+              "critic_optimizer_offload": "critic.fsdp.optimizer_offload", "ref_param_offload": "ref.param_offload",
+              "param_offload": "actor.fsdp.param_offload", "critic_param_offload": "critic.fsdp.param_offload",
+              "critic_state_precision": "critic.optim.state_precision"}
 
 
 def saver_ladder(config: TrainConfig) -> list[str]:
@@ -128,6 +132,37 @@ def _utilization_that_fits(plan: MemoryPlan, headroom: float) -> Optional[float]
     return utilization if utilization * plan.device_bytes > engine_floor else None
 
 
+@dataclass(frozen=True)
+class Fitted:
+    """A setup that fits: its plan, the micro-batch decisions, and the overrides beyond the savers' (micro-batches,
+    vLLM's memory share)."""
+
+    plan: MemoryPlan
+    decisions: dict[str, MicroBatchDecision]
+    overrides: list[str]
+    reason: str = "fits"
+
+
+def fit_setup(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: Setup,
+              headroom: float) -> Optional[Fitted]:
+    """``setup`` with each trained role's largest fitting micro-batch and, if the step still does not fit, vLLM's
+    largest memory share that lets it; ``None`` when neither makes every phase fit."""
+    fitted, decisions = _fit_micro_batches(config, shapes, device_bytes, setup, headroom)
+    if decisions is None:
+        return None
+    plan = plan_memory(config, shapes, device_bytes, fitted)
+    if plan.fits(headroom):
+        return Fitted(plan, decisions, _micro_overrides(config, decisions))
+    utilization = _utilization_that_fits(plan, headroom)
+    if utilization is None:
+        return None
+    plan = plan_memory(config, shapes, device_bytes, dataclasses.replace(fitted, gpu_memory_utilization=utilization))
+    if not plan.fits(headroom):
+        return None
+    return Fitted(plan, decisions, [f"rollout.gpu_memory_utilization={utilization:g}"]
+                  + _micro_overrides(config, decisions), f"fits once vLLM's share is set to {utilization:g}")
+
+
 def recommend(config: TrainConfig, shapes: Shapes, device_bytes: int, headroom: float = 0.15) -> Recommendation:
     """Walk the ladder of memory savers (module docstring) until every phase fits ``device_bytes × (1 − headroom)``."""
     if not 0.0 <= headroom < 1.0:
@@ -140,22 +175,11 @@ def recommend(config: TrainConfig, shapes: Shapes, device_bytes: int, headroom: 
             if not changed:
                 continue  # already on in the config
             overrides += changed
-        fitted, decisions = _fit_micro_batches(config, shapes, device_bytes, setup, headroom)
-        if decisions is None:
-            continue
-        plan = plan_memory(config, shapes, device_bytes, fitted)
-        if plan.fits(headroom):
-            return Recommendation(True, plan, overrides + _micro_overrides(config, decisions), decisions,
-                                  "fits" + (" with " + ", ".join(overrides) if overrides else ""))
-        utilization = _utilization_that_fits(plan, headroom)
-        if utilization is not None:
-            fitted = dataclasses.replace(fitted, gpu_memory_utilization=utilization)
-            plan = plan_memory(config, shapes, device_bytes, fitted)
-            extra = [f"rollout.gpu_memory_utilization={utilization:g}"]
-            if not plan.fits(headroom):
-                continue
-            return Recommendation(True, plan, overrides + extra + _micro_overrides(config, decisions), decisions,
-                                  f"fits once vLLM's share is set to {utilization:g}")
+        fitted = fit_setup(config, shapes, device_bytes, setup, headroom)
+        if fitted is not None:
+            reason = fitted.reason if fitted.reason != "fits" else \
+                "fits" + (" with " + ", ".join(overrides) if overrides else "")
+            return Recommendation(True, fitted.plan, overrides + fitted.overrides, fitted.decisions, reason)
     plan = plan_memory(config, shapes, device_bytes, setup)
     return Recommendation(False, plan, overrides, {}, "does not fit even with every memory saver on: shard over "
                           "more GPUs (trainer.n_gpus_per_node / nnodes), shorten data.max_prompt_length / "

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
-from hybridrl.config.precision import DTYPE_BYTES, standard_modes
+from hybridrl.config.precision import standard_modes
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import world_size
 from hybridrl.planner.comm_plan import DEFAULT_NETWORK, LINKS, Link, StepComm, plan_communication
 from hybridrl.planner.comm_report import comm_section, topology_of
 from hybridrl.planner.hardware import GpuSpec
 from hybridrl.planner.known_models import model_shape
-from hybridrl.planner.memory_plan import MemoryPlan, Setup, Shapes, kv_bytes_per_token, plan_memory
+from hybridrl.planner.memory_plan import MemoryPlan, Setup, Shapes, plan_memory
 from hybridrl.planner.recommendation import Recommendation, recommend
-from hybridrl.planner.time_plan import StepTime, job_devices, rollout_engines, roofline_step_time, run_cost
+from hybridrl.planner.search import Candidate, search
+from hybridrl.planner.time_plan import StepTime, generation_waves, job_devices, roofline_step_time, run_cost
 from hybridrl.autotune.memory_sizing import DecoderShape
 
 GIB = 2**30
@@ -48,6 +49,7 @@ class JobPlan:
     num_devices: int = 1
     shapes: Optional[Shapes] = None
     config: Optional[TrainConfig] = None
+    candidates: list[Candidate] = field(default_factory=list)
 
     @property
     def comm_setup(self) -> Setup:
@@ -74,37 +76,33 @@ def shapes_of(config: TrainConfig) -> Shapes:
 def plan_job(config: TrainConfig, gpu: GpuSpec, *, shapes: Optional[Shapes] = None, headroom: float = 0.15,
              efficiency: float = 0.4, price_per_gpu_hour: Optional[float] = None,
              total_steps: Optional[int] = None, network: Optional[Link] = None,
-             node_link: Optional[Link] = None) -> JobPlan:
-    """Plan ``config`` on ``gpu``: memory as configured, the recommendation, the roofline step time with the
-    communication of the recommended layout over ``node_link`` (default: the GPU's) and ``network`` between nodes
-    (default :data:`~hybridrl.planner.comm_plan.DEFAULT_NETWORK`, stated as assumed on a job of several nodes), and
-    the cost."""
+             node_link: Optional[Link] = None, keep_layout: bool = False) -> JobPlan:
+    """Plan ``config`` on ``gpu``: memory as configured, the fastest layout that fits
+    (:func:`~hybridrl.planner.search.search`) with its step time — roofline compute, the communication over
+    ``node_link`` (default: the GPU's) and ``network`` between nodes (default
+    :data:`~hybridrl.planner.comm_plan.DEFAULT_NETWORK`, stated as assumed on a job of several nodes), host copies —
+    and the cost. When nothing fits, the saver ladder's verdict (:func:`recommend`) and the configured layout's
+    time. ``keep_layout``: search savers and micro-batches only, in the configured TP size and sharding."""
     shapes = shapes or shapes_of(config)
-    advice = recommend(config, shapes, gpu.memory_bytes, headroom)
-    compute = roofline_step_time(config, shapes.policy, gpu, efficiency=efficiency,
-                                 waves=generation_waves(config, shapes.policy, advice.plan))
+    as_configured = plan_memory(config, shapes, gpu.memory_bytes)
     assumed = LINKS[DEFAULT_NETWORK].name if network is None and config.trainer.nnodes > 1 else None
     topology = topology_of(config, node_link or LINKS[gpu.node_link], network or LINKS[DEFAULT_NETWORK])
-    as_configured = plan_memory(config, shapes, gpu.memory_bytes)
-    comm = plan_communication(config, shapes, topology, compute.phases, timed_setup(advice, as_configured))
-    step_time = StepTime(comm.phases, compute.efficiency)
+    candidates = search(config, shapes, gpu, topology, headroom=headroom, efficiency=efficiency,
+                        keep_layout=keep_layout)
+    if candidates:
+        best = candidates[0]
+        advice = Recommendation(True, best.memory, best.overrides, best.fitted.decisions, best.reason)
+        comm, phases, timed_config = best.comm, best.phases, best.config
+    else:
+        advice = recommend(config, shapes, gpu.memory_bytes, headroom)
+        compute = roofline_step_time(config, shapes.policy, gpu, efficiency=efficiency,
+                                     waves=generation_waves(config, shapes.policy, as_configured))
+        comm = plan_communication(config, shapes, topology, compute.phases, as_configured.setup)
+        phases, timed_config = comm.phases, config
     return JobPlan(gpu=gpu, as_configured=as_configured, recommendation=advice,
-                   step_time=step_time, total_steps=total_steps or config.trainer.total_training_steps,
+                   step_time=StepTime(phases, efficiency), total_steps=total_steps or config.trainer.total_training_steps,
                    headroom=headroom, price_per_gpu_hour=price_per_gpu_hour, num_devices=job_devices(config),
-                   comm=comm, network_assumed=assumed, shapes=shapes, config=config)
-
-
-def generation_waves(config: TrainConfig, shape: DecoderShape, plan: MemoryPlan) -> int:
-    """How many passes vLLM needs because its KV cache holds only part of this device's sequences (1 for HF, whose
-    cache is sized for the whole batch)."""
-    rollout = plan.roles["rollout"]
-    if config.rollout.name != "vllm":
-        return 1
-    tp = config.rollout.tensor_model_parallel_size
-    capacity = rollout.kv_cache // kv_bytes_per_token(shape, DTYPE_BYTES[config.model.dtype], tp)
-    tokens = config.data.train_batch_size * config.rollout.n * (
-        config.data.max_prompt_length + config.data.max_response_length) // rollout_engines(config)
-    return max(1, -(-tokens // max(1, capacity)))
+                   comm=comm, network_assumed=assumed, shapes=shapes, config=timed_config, candidates=candidates)
 
 
 def _gib(value: float) -> str:
@@ -146,6 +144,7 @@ def format_plan(job: JobPlan) -> str:
         lines.append("  overrides: " + " ".join(advice.overrides))
     if advice.fits and advice.plan.setup != plan.setup:
         lines += memory_table(advice.plan)
+    lines += why_lines(job.candidates)
     lines += time_lines(job)
     if job.comm is not None and job.shapes is not None and job.config is not None:
         lines += comm_section(job.config, job.shapes, job.comm, job.comm_setup, gpu.memory_bytes,
@@ -166,4 +165,24 @@ def time_lines(job: JobPlan) -> list[str]:
         total += (f"; cost at ${job.price_per_gpu_hour:.2f}/GPU-hour x {job.num_devices} GPUs: ${job.cost:,.2f} "
                   f"(= price x hours at peak / efficiency {step.efficiency:g})")
     lines.append(total)
+    return lines
+
+
+def why_lines(candidates: list[Candidate]) -> list[str]:
+    """The chosen layout beside the runner-up: memory (GiB per device) and seconds, phase by phase."""
+    if len(candidates) < 2:
+        return []
+    chosen, runner_up = candidates[0], candidates[1]
+    lines = [f"why: {len(candidates)} layouts fit; the fastest beside the runner-up ({runner_up.layout}; "
+             f"{', '.join(runner_up.savers) or 'no memory saver'}):",
+             f"  {'phase':<16}{'GiB chosen':>12}{'runner-up':>12}{'s chosen':>12}{'runner-up':>12}"]
+    phases = list(dict.fromkeys([*chosen.memory.phases, *chosen.phases, *runner_up.phases]))
+    for phase in phases:
+        memory = [candidate.memory.phases.get(phase) for candidate in (chosen, runner_up)]
+        seconds = [candidate.phases.get(phase) for candidate in (chosen, runner_up)]
+        cells = "".join(f"{'-' if value is None else f'{value / GIB:.2f}':>12}" for value in memory)
+        cells += "".join(f"{'-' if value is None else f'{value:.2f}':>12}" for value in seconds)
+        lines.append(f"  {phase:<16}{cells}")
+    lines.append(f"  {'step':<16}{chosen.memory.peak_bytes / GIB:>12.2f}{runner_up.memory.peak_bytes / GIB:>12.2f}"
+                 f"{chosen.seconds:>12.2f}{runner_up.seconds:>12.2f}")
     return lines

@@ -108,3 +108,18 @@ def run_cost(hours: float, num_devices: int, price_per_gpu_hour: float) -> float
     """Price of ``hours`` of wall time on ``num_devices`` GPUs (``hours`` already include the efficiency factor:
     roofline hours at peak ÷ efficiency, or measured hours)."""
     return price_per_gpu_hour * num_devices * hours
+
+
+def generation_waves(config: TrainConfig, shape: DecoderShape, plan) -> int:
+    """How many passes vLLM needs because its KV cache (``plan``: a :class:`~hybridrl.planner.memory_plan.
+    MemoryPlan`) holds only part of this device's sequences (1 for HF, whose cache is sized for the whole batch)."""
+    from hybridrl.planner.memory_plan import kv_bytes_per_token
+
+    rollout = plan.roles["rollout"]
+    if config.rollout.name != "vllm":
+        return 1
+    tp = config.rollout.tensor_model_parallel_size
+    capacity = rollout.kv_cache // kv_bytes_per_token(shape, DTYPE_BYTES[config.model.dtype], tp)
+    tokens = config.data.train_batch_size * config.rollout.n * (
+        config.data.max_prompt_length + config.data.max_response_length) // rollout_engines(config)
+    return max(1, -(-tokens // max(1, capacity)))

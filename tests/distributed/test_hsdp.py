@@ -75,6 +75,42 @@ def test_hsdp_trains_exactly_as_fsdp2_over_all_ranks(tmp_path):
         assert (grad - plain["gradients"][0][name]).abs().max() <= bound, name  # and the exact sum, too
 
 
+def accumulate_both_ways(rank, world, model_dir, out_path):
+    """Two micro-batches per optimizer step through the engine's gradient-sync settings: plain FSDP2 reducing once
+    (``grad_sync=step``) against HSDP reduce-scattering after each (``micro_batch``) with its all-reduce across the
+    groups deferred to the last; float64 reductions, so any order gives the same sum."""
+    from hybridrl.modeling.fsdp import set_gradient_sync, syncs_gradients
+    from hybridrl.utils.collectives import CollectiveTimer
+
+    generator = torch.Generator().manual_seed(200 + rank)
+    micro_batches = [torch.randint(4, 60, (1, 12), generator=generator) for _ in range(2)]
+    results = {}
+    for fsdp_size, grad_sync in ((-1, "step"), (2, "micro_batch")):
+        torch.manual_seed(0)
+        model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor")
+        shard_model(model, init_device_mesh("cpu", (world,)),
+                    ShardingOptions(reduce_dtype=torch.float64, shard_group_size=fsdp_size))
+        with CollectiveTimer() as comm:
+            for index, ids in enumerate(micro_batches):
+                set_gradient_sync(model, syncs_gradients(grad_sync, index, 2), all_reduce=index == 1)
+                (model(input_ids=ids, labels=ids, use_cache=False).loss * world).backward()
+        results[fsdp_size] = dict(gradients={name: full_tensor(param.grad).clone()
+                                             for name, param in model.named_parameters()},
+                                  reduced=dict(comm.payload_bytes))
+    if rank == 0:
+        torch.save(results, out_path)
+
+
+def test_hsdp_all_reduces_once_per_step_when_it_reduce_scatters_every_micro_batch(tmp_path):
+    run_on_gloo(WORLD, accumulate_both_ways, save_tiny_model(tmp_path / "model"), tmp_path / "out.pt")
+    results = torch.load(tmp_path / "out.pt", weights_only=False)
+    for name, grad in results[-1]["gradients"].items():
+        assert torch.equal(grad, results[2]["gradients"][name]), name
+    plain, hsdp = results[-1]["reduced"], results[2]["reduced"]
+    assert hsdp["reduce_scatter"] == 2 * plain["reduce_scatter"]  # every micro-batch, over half as many ranks...
+    assert hsdp["fsdp_all_reduce"] == plain["reduce_scatter"] // 2  # ...and one all-reduce of the half-size shards
+
+
 def hsdp_checkpoint_into_plain_fsdp2(rank, world, model_dir, checkpoint_dir, out_path):
     """Train one step under HSDP, save; load into a plain FSDP2 model and optimizer (and back into HSDP)."""
     ids = torch.randint(4, 60, (2, 12), generator=torch.Generator().manual_seed(rank))

@@ -62,19 +62,23 @@ def test_update_collectives_counted_by_hand():
         "all_gather": (2, 2 * P), "reduce_scatter": (2 * 4, 4 * P)}
     hsdp = layout(shard_group=2, replicas=2)  # 2 shard groups of 2 ranks: each reduced half all-reduced across them
     assert kinds(update_collectives("u", SHAPE, hsdp, ONE_NODE))["fsdp_all_reduce"] == (2, 4 * P // 2)
+    every = kinds(update_collectives("u", SHAPE, layout(shard_group=2, replicas=2, grad_sync="micro_batch"), ONE_NODE))
+    assert every["reduce_scatter"][0] == 2 * 4 and every["fsdp_all_reduce"][0] == 2  # once per optimizer step
     assert update_collectives("u", SHAPE, layout(shard_group=1), ONE_NODE) == []  # one rank: nothing moves
 
 
 def test_ring_times_over_a_node_and_across_nodes():
     payload = 8 * GB
-    pcie, gbe = LINKS["pcie"].bytes_per_second, LINKS["1gbe"].bytes_per_second
-    two_nodes = Topology(2, 2, LINKS["pcie"], LINKS["1gbe"])
-    assert two_nodes.ring_seconds(payload, 2, 1) == pytest.approx(payload / 2 / pcie)  # a shard group in a node
+    pcie, gbe = LINKS["pcie"], LINKS["1gbe"]
+    two_nodes = Topology(2, 2, pcie, gbe)
+    # a shard group in a node
+    assert two_nodes.ring_seconds(payload, 2, 1) == pytest.approx(payload / 2 / pcie.bytes_per_second + pcie.latency_s)
     assert not two_nodes.crosses_nodes(2, 1)
     # 4 ranks over 2 nodes: one ring leaves each node, its interface carries (4 - 1)/4 of the payload
-    assert two_nodes.ring_seconds(payload, 4, 1) == pytest.approx(0.75 * payload / gbe)
+    assert two_nodes.ring_seconds(payload, 4, 1) == pytest.approx(0.75 * payload / gbe.bytes_per_second + gbe.latency_s)
     # HSDP's all-reduce of each of a node's 2 shards: 2 rings of 2 replicas leave the node at once, twice (reduce + gather)
-    assert two_nodes.ring_seconds(payload, 2, 2, passes=2) == pytest.approx(2 * 2 * 0.5 * payload / gbe)
+    assert two_nodes.ring_seconds(payload, 2, 2, passes=2) == pytest.approx(
+        2 * 2 * 0.5 * payload / gbe.bytes_per_second + gbe.latency_s)
     assert two_nodes.crosses_nodes(2, 2)
     assert two_nodes.ring_seconds(payload, 1, 1) == 0
 

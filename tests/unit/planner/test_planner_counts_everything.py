@@ -81,7 +81,7 @@ def test_a_standalone_pool_is_planned_on_its_own_devices_and_counted_in_the_cost
                                                   num_attention_heads=14, num_key_value_heads=2,
                                                   intermediate_size=4864, vocab_size=151936))
     gpu, shapes = gpu_spec("a100-80"), Shapes(shape)
-    colocated = plan_job(pool_job(), gpu, shapes=shapes, price_per_gpu_hour=2.0)
+    colocated = plan_job(pool_job(), gpu, shapes=shapes, price_per_gpu_hour=2.0, keep_layout=True)  # same TP
     pooled = plan_job(pool_job("rollout.n_gpus=4"), gpu, shapes=shapes, price_per_gpu_hour=2.0)
     engine = pooled.as_configured.roles["rollout"].total
     # the trainer's devices no longer hold the engine; a pool device holds it and its CUDA context

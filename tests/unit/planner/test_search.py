@@ -1,0 +1,85 @@
+"""The planner's layout search: its printed overrides rebuild exactly the layout it planned, the fastest fitting
+layout wins, the issue's job (7B PPO with a critic on 2 x 2 A10G over gigabit Ethernet) gets a layout that fits, and
+the critic's savers are searched."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridrl.cli import main
+from hybridrl.config import load_config
+from hybridrl.planner import Shapes, gpu_spec, plan_job, plan_memory
+from hybridrl.planner.comm_plan import LINKS
+from hybridrl.planner.known_models import KNOWN_SHAPES
+from hybridrl.planner.search import OFFLOADS
+
+QWEN_7B = Shapes(KNOWN_SHAPES["qwen2.5-7b"])
+JOB = ["model.path=qwen2.5-7b", "model.dtype=bfloat16", "algorithm=gae", "rollout=vllm", "trainer.nnodes=2",
+       "trainer.n_gpus_per_node=2", "data.max_prompt_length=512", "data.max_response_length=512",
+       "data.train_batch_size=256", "rollout.n=4", "actor.ppo_mini_batch_size=256",
+       "actor.ppo_micro_batch_size_per_gpu=8", "critic.ppo_mini_batch_size=256", "critic.ppo_micro_batch_size_per_gpu=8"]
+
+
+def issue_job(*extra):
+    return load_config([*JOB, *extra], check_paths=False)
+
+
+@pytest.fixture(scope="module")
+def planned():
+    return plan_job(issue_job(), gpu_spec("a10g"), shapes=QWEN_7B, network=LINKS["1gbe"])
+
+
+def test_the_7b_ppo_job_on_two_a10g_nodes_gets_a_layout_that_fits(planned):
+    assert not planned.as_configured.fits(0.15)  # as the issue found it: no layout of its own fits
+    best = planned.candidates[0]
+    assert planned.recommendation.fits and best.memory.fits(0.15)
+    # the 7B bf16 weights need vLLM over 2 GPUs of the node; sharding in the node keeps the all-gathers off 1 GbE
+    assert "rollout.tensor_model_parallel_size=2" in best.overrides and "HSDP" in best.layout
+    assert "critic.fsdp.param_offload=true" in best.overrides  # the critic's savers are searched too
+    crossing = [c for c in best.comm.plan.collectives if c.crosses_nodes]
+    assert crossing and {c.kind for c in crossing} == {"fsdp_all_reduce"}  # only HSDP's all-reduce leaves a node
+    assert all(c.calls == 1 for c in crossing)  # once per optimizer step, whatever the accumulation
+    assert planned.step_time.total == pytest.approx(best.seconds)
+
+
+def test_the_fastest_setup_that_fits_wins_and_redundant_savers_are_not_listed(planned):
+    seconds = [candidate.seconds for candidate in planned.candidates]
+    assert seconds == sorted(seconds) and len(planned.candidates) >= 2
+    for candidate in planned.candidates:
+        assert candidate.memory.fits(0.15)
+        assert not any(optimizer in candidate.savers and parameters in candidate.savers
+                       for optimizer, parameters in OFFLOADS)
+
+
+def test_the_printed_overrides_rebuild_the_planned_layout(planned):
+    """What a user pastes is what was planned: the config with the overrides has the same memory, phase by phase."""
+    for candidate in planned.candidates:
+        rebuilt = issue_job(*candidate.overrides)
+        plan = plan_memory(rebuilt, QWEN_7B, gpu_spec("a10g").memory_bytes)
+        assert plan.phases == candidate.memory.phases, candidate.overrides
+        assert plan.roles == candidate.memory.roles
+
+
+def test_a_critic_optimizer_offload_frees_its_state_outside_the_critic_update():
+    device = gpu_spec("a100-80").memory_bytes
+    kept = plan_memory(issue_job("trainer.nnodes=1", "trainer.n_gpus_per_node=8"), QWEN_7B, device)
+    away = plan_memory(issue_job("trainer.nnodes=1", "trainer.n_gpus_per_node=8", "critic.fsdp.optimizer_offload=true"),
+                       QWEN_7B, device)
+    state = kept.roles["critic"].optimizer
+    assert state > 0
+    for phase in ("generate", "log_probs", "update_actor"):
+        assert kept.phases[phase] - away.phases[phase] == state, phase
+    assert kept.phases["update_critic"] == away.phases["update_critic"]
+
+
+def test_keep_layout_searches_only_the_configured_tp_and_sharding():
+    job = plan_job(issue_job("rollout.tensor_model_parallel_size=2"), gpu_spec("a10g"), shapes=QWEN_7B,
+                   network=LINKS["1gbe"], keep_layout=True)
+    assert job.candidates and all(candidate.layout == "rollout TP 2, full shard" for candidate in job.candidates)
+
+
+def test_plan_prints_why_the_chosen_layout_wins(capsys):
+    assert main(["plan", "--gpu", "a10g", "--network", "1gbe", "--no-check-paths", *JOB]) == 0
+    out = capsys.readouterr().out
+    assert "recommendation: fastest layout that fits: rollout TP 2, HSDP 2 x 2" in out
+    assert "why:" in out and "runner-up" in out
