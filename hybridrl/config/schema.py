@@ -144,8 +144,14 @@ class FSDPConfig(FreezableConfig):
     ranks: 3.5 GiB for 7B on 8 GPUs) at the price of K reduce-scatters of the whole gradient per step instead of
     one (K = accumulation steps; each moves ≈ 4 bytes per parameter per rank, overlapped with the backward — cheap
     on NVLink, felt over slower links). Same update either way; no difference with one micro-batch or one rank.
-    With HSDP (``fsdp_size``) the all-reduce across groups runs once per optimizer step either way: the reduced
-    shards of the earlier micro-batches are kept (one shard-sized buffer) and added in before it."""
+    With HSDP (``fsdp_size``) the all-reduce across groups runs once per optimizer step either way, unless
+    ``defer_all_reduce`` is off."""
+    defer_all_reduce: bool = True
+    """HSDP with ``grad_sync: micro_batch``: all-reduce the gradients across shard groups (typically across nodes)
+    once per optimizer step, keeping the earlier micro-batches' reduced shards in one shard-sized buffer in
+    ``reduce_dtype`` until then (FSDP2's ``set_requires_all_reduce``). ``false``: after every micro-batch, without
+    the buffer — K times the cross-group traffic for 4 bytes per parameter ÷ ``fsdp_size`` less memory (what fits a
+    7B critic with parameter offload on a 24 GB GPU). The same sum either way, in another order."""
 
 
 @dataclass

@@ -111,9 +111,9 @@ class TrainingEngine:
                 for hook in hooks:
                     hook.before_micro_batch(micro_batch, normalizer, loss.agg_mode, self.dp.size)
                 # Set before the forward: FSDP2 reads it when this micro-batch's backward finishes.
+                syncs = syncs_gradients(micro_batching.grad_sync, index, len(micro_batches))
                 last = index == len(micro_batches) - 1  # HSDP's all-reduce across groups: once, with the last
-                set_gradient_sync(self.model, syncs_gradients(micro_batching.grad_sync, index, len(micro_batches)),
-                                  all_reduce=last)
+                set_gradient_sync(self.model, syncs, all_reduce=last if micro_batching.defer_all_reduce else syncs)
                 share, metrics = loss(self.model, micro_batch, normalizer)
                 (share * self.dp.size).backward()  # FSDP2 averages over ranks; × size makes that the sum
                 totals.add(metrics, metric_weight(micro_batch, loss.agg_mode))

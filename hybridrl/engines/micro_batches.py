@@ -48,12 +48,15 @@ class MicroBatching:
     and when training reduces gradients across ranks: ``grad_sync`` (``*.fsdp.grad_sync``, see
     :func:`~hybridrl.modeling.fsdp.syncs_gradients`; forward-only passes ignore it); ``gather_once``
     (``*.fsdp.gather_once``): FSDP2 parameters all-gathered once for all the micro-batches of a step or pass, not
-    per micro-batch (:func:`~hybridrl.modeling.fsdp.parameters_kept_gathered`)."""
+    per micro-batch (:func:`~hybridrl.modeling.fsdp.parameters_kept_gathered`); ``defer_all_reduce``
+    (``*.fsdp.defer_all_reduce``): HSDP's all-reduce across shard groups once per optimizer step, not after every
+    reduce-scatter."""
 
     micro_batch_size: Optional[int] = None
     max_tokens: Optional[int] = None
     grad_sync: str = "step"
     gather_once: bool = False
+    defer_all_reduce: bool = True
 
     def __post_init__(self) -> None:
         if (self.micro_batch_size is None) == (self.max_tokens is None):

@@ -139,6 +139,7 @@ class ShardLayout:
     grad_sync: str
     compute_bytes: int
     reduce_bytes: int
+    defer_all_reduce: bool = True
 
 
 @dataclass(frozen=True)
@@ -178,9 +179,10 @@ def update_collectives(phase: str, shape: DecoderShape, layout: ShardLayout, top
         gathers = steps * (1 if layout.gather_once else 2 * k)
         found.append(_collective(phase, "all_gather", gathers, elements * layout.compute_bytes, group, 1, topology))
         found.append(_collective(phase, "reduce_scatter", syncs, elements * layout.reduce_bytes, group, 1, topology))
-    if replicas > 1:  # once per optimizer step, after the last reduce-scatter (hybridrl.modeling.fsdp.set_gradient_sync)
+    if replicas > 1:  # once per optimizer step (hybridrl.modeling.fsdp.set_gradient_sync), or after every reduction
         shard = elements // group * layout.reduce_bytes
-        found.append(_collective(phase, "fsdp_all_reduce", steps, shard, replicas, group, topology, passes=2))
+        calls = steps if layout.defer_all_reduce else syncs
+        found.append(_collective(phase, "fsdp_all_reduce", calls, shard, replicas, group, topology, passes=2))
     return found
 
 
@@ -202,7 +204,8 @@ def _collective(phase: str, kind: str, calls: int, payload: int, ranks: int, str
 
 
 def shard_layout(config: TrainConfig, role: str, *, micro_batch: Optional[int] = None,
-                 gather_once: Optional[bool] = None, grad_sync: Optional[str] = None) -> ShardLayout:
+                 gather_once: Optional[bool] = None, grad_sync: Optional[str] = None,
+                 defer_all_reduce: Optional[bool] = None) -> ShardLayout:
     """``role``'s (``actor`` / ``critic``) sharding and stepping from ``config``, with the planner's varied settings
     overriding it (a token budget counts ``⌈tokens ÷ budget⌉`` micro-batches of full-length rows)."""
     from hybridrl.config.sizes import gathers_once
@@ -222,7 +225,9 @@ def shard_layout(config: TrainConfig, role: str, *, micro_batch: Optional[int] =
                        optimizer_steps=plan.num_mini_batches * role_config.ppo_epochs, micro_batches=micro_batches,
                        gather_once=once, grad_sync=grad_sync or role_config.fsdp.grad_sync,
                        compute_bytes=DTYPE_BYTES[config.model.dtype],
-                       reduce_bytes=DTYPE_BYTES[role_config.fsdp.reduce_dtype])
+                       reduce_bytes=DTYPE_BYTES[role_config.fsdp.reduce_dtype],
+                       defer_all_reduce=(role_config.fsdp.defer_all_reduce if defer_all_reduce is None
+                                         else defer_all_reduce))
 
 
 def micro_batch_comm_seconds(layout: ShardLayout, update: list[Collective]) -> list[float]:
@@ -235,7 +240,8 @@ def micro_batch_comm_seconds(layout: ShardLayout, update: list[Collective]) -> l
     k = layout.micro_batches
     return [(gather if layout.gather_once and i == 0 else 0.0 if layout.gather_once else 2 * gather)
             + (reduce if layout.grad_sync == "micro_batch" or i == k - 1 else 0.0)
-            + (all_reduce if i == k - 1 else 0.0) for i in range(k)]
+            + (all_reduce if i == k - 1 or (not layout.defer_all_reduce and layout.grad_sync == "micro_batch")
+               else 0.0) for i in range(k)]
 
 
 def overlapped_seconds(compute: float, layout: ShardLayout, update: list[Collective]) -> float:
@@ -319,7 +325,8 @@ def _setup_layout(config: TrainConfig, role: str, setup) -> ShardLayout:
         return shard_layout(config, role)
     return shard_layout(config, role, micro_batch=getattr(setup, f"{role}_micro_batch"),
                         gather_once=getattr(setup, f"{role}_gather_once"),
-                        grad_sync=getattr(setup, f"{role}_grad_sync"))
+                        grad_sync=getattr(setup, f"{role}_grad_sync"),
+                        defer_all_reduce=getattr(setup, f"{role}_defer_all_reduce"))
 
 
 def forward_layout(config: TrainConfig, role: str, update: ShardLayout) -> ShardLayout:

@@ -90,12 +90,15 @@ class Setup:
     critic_optimizer_offload: bool = False
     critic_param_offload: bool = False
     ref_param_offload: bool = False
+    actor_defer_all_reduce: bool = True
+    critic_defer_all_reduce: bool = True
 
 
 def setup_from(config: TrainConfig) -> Setup:
     actor, critic = config.actor, config.critic
     return Setup(critic_optimizer_offload=critic.fsdp.optimizer_offload, critic_param_offload=critic.fsdp.param_offload,
                  ref_param_offload=config.ref.param_offload,
+                 actor_defer_all_reduce=actor.fsdp.defer_all_reduce, critic_defer_all_reduce=critic.fsdp.defer_all_reduce,
                  actor_micro_batch=actor.ppo_micro_batch_size_per_gpu or 1,
                  critic_micro_batch=critic.ppo_micro_batch_size_per_gpu or 1,
                  actor_grad_sync=actor.fsdp.grad_sync, critic_grad_sync=critic.fsdp.grad_sync,
@@ -167,10 +170,20 @@ def holds_unsharded_gradients(grad_sync: str, local_mini_batch: int, micro_batch
     return grad_sync == "step" and local_mini_batch > micro_batch
 
 
+def defers_all_reduce(fsdp_size: int, world: int, grad_sync: str, local_mini_batch: int, micro_batch: int,
+                      deferred: bool = True) -> bool:
+    """Whether HSDP holds reduced gradient shards for its one all-reduce per step (``fsdp.defer_all_reduce``):
+    several shard groups, gradients reduce-scattered every micro-batch, more than one micro-batch."""
+    return (deferred and shard_group_ranks(fsdp_size, world) < world and grad_sync == "micro_batch"
+            and local_mini_batch > micro_batch)
+
+
 def trained_role(name: str, shape: DecoderShape, layout: ForwardLayout, *, world: int, mode: PrecisionMode,
-                 accumulating: bool, checkpointing: bool, param_offload: bool, gather_once: bool = False) -> RoleMemory:
+                 accumulating: bool, checkpointing: bool, param_offload: bool, gather_once: bool = False,
+                 deferred_all_reduce: bool = False) -> RoleMemory:
     """An FSDP2-trained role (actor or critic) during its own update: states + one micro-batch's activation peak
-    (a value model's activations follow :func:`head_output_shape`)."""
+    (a value model's activations follow :func:`head_output_shape`). ``deferred_all_reduce``: HSDP reduce-scattering
+    every micro-batch keeps the reduced shards until the step's one all-reduce (one more shard of gradients)."""
     precision = Precision(compute_bytes=mode.compute_bytes, master_bytes=mode.master_bytes, grad_bytes=mode.grad_bytes,
                           optimizer_bytes_per_param=mode.optimizer_bytes)
     states = model_state_bytes(shape, world_size=world, precision=precision, accumulating=accumulating,
@@ -178,10 +191,11 @@ def trained_role(name: str, shape: DecoderShape, layout: ForwardLayout, *, world
     activations = activation_bytes(head_output_shape(name, shape), layout, compute_bytes=mode.compute_bytes,
                                    logits_bytes=FP32, checkpointing=checkpointing).peak
     # Gradients in flight to their reduce-scatter exist only in backward: gradients, not buffers held in every phase.
-    gradients = states.gradients + states.accumulated_gradients + states.gathered_gradients
+    pending = states.gradients if deferred_all_reduce else 0
+    gradients = states.gradients + states.accumulated_gradients + states.gathered_gradients + pending
     held = "grad_sync=step: unsharded gradients held while accumulating" if states.accumulated_gradients else ""
     if param_offload:  # CPUOffloadPolicy: parameters, gradients and the optimizer step live on the host
-        return RoleMemory(name, gradients=states.accumulated_gradients + states.gathered_gradients,
+        return RoleMemory(name, gradients=states.accumulated_gradients + states.gathered_gradients + pending,
                           activations=activations,
                           buffers=states.gathered, offloaded=states.parameters + states.gradients + states.optimizer,
                           note="; ".join(filter(None, ("FSDP2 param_offload: states on the host", held))))
@@ -269,7 +283,9 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
         mode=modes["actor"], accumulating=holds_unsharded_gradients(
             setup.actor_grad_sync, actor_plan.local_mini_batch_sequences, setup.actor_micro_batch),
         checkpointing=setup.checkpointing, param_offload=setup.param_offload,
-        gather_once=setup.actor_gather_once)}
+        gather_once=setup.actor_gather_once, deferred_all_reduce=defers_all_reduce(
+            config.actor.fsdp.fsdp_size, world, setup.actor_grad_sync, actor_plan.local_mini_batch_sequences,
+            setup.actor_micro_batch, setup.actor_defer_all_reduce))}
     log_prob_rows = config.actor.log_prob_micro_batch_size_per_gpu or setup.actor_micro_batch
     forward_layout = training_layout(config, "actor", log_prob_rows)
     if config.actor.use_kl_loss or config.algorithm.use_kl_in_reward:
@@ -291,7 +307,9 @@ def plan_memory(config: TrainConfig, shapes: Shapes, device_bytes: int, setup: O
             mode=modes["critic"], accumulating=holds_unsharded_gradients(
                 setup.critic_grad_sync, critic_plan.local_mini_batch_sequences, setup.critic_micro_batch),
             checkpointing=setup.checkpointing, param_offload=setup.critic_param_offload,
-            gather_once=setup.critic_gather_once)
+            gather_once=setup.critic_gather_once, deferred_all_reduce=defers_all_reduce(
+                config.critic.fsdp.fsdp_size, world, setup.critic_grad_sync, critic_plan.local_mini_batch_sequences,
+                setup.critic_micro_batch, setup.critic_defer_all_reduce))
     if config.reward_model.enable:
         rm_layout = ForwardLayout.padded(config.reward_model.micro_batch_size_per_gpu, forward_layout.row_length)
         roles["reward_model"] = frozen_role("reward_model", value_shape(shapes.reward_model or shapes.policy),

@@ -50,7 +50,9 @@ SETUP_KEYS = {"actor_grad_sync": "actor.fsdp.grad_sync", "critic_grad_sync": "cr
               "actor_state_precision": "actor.optim.state_precision", "optimizer_offload": "actor.fsdp.optimizer_offload",
               "critic_optimizer_offload": "critic.fsdp.optimizer_offload", "ref_param_offload": "ref.param_offload",
               "param_offload": "actor.fsdp.param_offload", "critic_param_offload": "critic.fsdp.param_offload",
-              "critic_state_precision": "critic.optim.state_precision"}
+              "critic_state_precision": "critic.optim.state_precision",
+              "actor_defer_all_reduce": "actor.fsdp.defer_all_reduce",
+              "critic_defer_all_reduce": "critic.fsdp.defer_all_reduce"}
 
 
 def saver_ladder(config: TrainConfig) -> list[str]:

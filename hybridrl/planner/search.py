@@ -4,7 +4,8 @@ What it varies:
 
 - the layout: vLLM's tensor-parallel size (1, 2, 4, 8 within a node; the weights of a 7B model do not fit one A10G's
   share at TP 1) and, on several nodes, HSDP (shard within a node, replicate across) against full sharding;
-- the exact memory savers: per-micro-batch gradient sync, activation checkpointing, per-layer gathering where
+- the exact memory savers: per-micro-batch gradient sync (under HSDP also its all-reduce across groups after every
+  micro-batch, without the buffer that defers it to the step's last), activation checkpointing, per-layer gathering where
   ``gather_once`` was on, the actor's and the critic's optimizer offload, the reference's parameters on the host,
   the actor's and the critic's FSDP2 parameter offload;
 - the micro-batch of each trained role: the largest that fits (:func:`~hybridrl.planner.recommendation.fit_setup`),
@@ -34,6 +35,7 @@ from hybridrl.planner.time_plan import generation_waves, roofline_step_time
 
 EXACT_SAVERS = {
     "grad_sync": {"actor_grad_sync": "micro_batch", "critic_grad_sync": "micro_batch"},
+    "all_reduce_every_micro_batch": {"actor_defer_all_reduce": False, "critic_defer_all_reduce": False},
     "checkpointing": SAVERS["checkpointing"],
     "gather_once": SAVERS["gather_once"],
     "actor_optimizer_offload": {"optimizer_offload": True},
@@ -107,7 +109,8 @@ def layouts(config: TrainConfig, keep_layout: bool = False) -> list[tuple[str, T
     return found
 
 
-SAVERS_OFF = dict(actor_grad_sync="step", critic_grad_sync="step", checkpointing=False, optimizer_offload=False,
+SAVERS_OFF = dict(actor_grad_sync="step", critic_grad_sync="step", actor_defer_all_reduce=True,
+                  critic_defer_all_reduce=True, checkpointing=False, optimizer_offload=False,
                   critic_optimizer_offload=False, ref_param_offload=False, param_offload=False,
                   critic_param_offload=False)
 OFFLOADS = (("actor_optimizer_offload", "actor_param_offload"), ("critic_optimizer_offload", "critic_param_offload"))
@@ -120,9 +123,17 @@ def applicable_savers(config: TrainConfig, setup: Setup, roles: set[str], savers
         relevant = _for_roles(changes, roles)
         if name == "grad_sync" and world_size(config) == 1:
             continue
+        if name == "all_reduce_every_micro_batch" and not hsdp(config):
+            continue
         if any(getattr(setup, field) != value for field, value in relevant.items()):
             names.append(name)
     return names
+
+
+def hsdp(config: TrainConfig) -> bool:
+    from hybridrl.config.sizes import shard_group_ranks
+
+    return shard_group_ranks(config.actor.fsdp.fsdp_size, world_size(config)) < world_size(config)
 
 
 def _for_roles(changes: dict, roles: set[str]) -> dict:

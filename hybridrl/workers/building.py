@@ -61,7 +61,7 @@ def training_micro_batching(role_config, micro_batch_size: int | None, device_ty
     """Micro-batches of a role's update (``ActorConfig`` / ``CriticConfig``): its token budget with
     ``use_dynamic_bsz``, else ``micro_batch_size`` sequences; gradients synced as its ``fsdp.grad_sync`` says,
     parameters gathered once per step as its ``fsdp.gather_once`` says."""
-    options = dict(grad_sync=role_config.fsdp.grad_sync,
+    options = dict(grad_sync=role_config.fsdp.grad_sync, defer_all_reduce=role_config.fsdp.defer_all_reduce,
                    gather_once=gathers_once(role_config.fsdp.gather_once, device_type, world_size))
     if role_config.use_dynamic_bsz:
         return MicroBatching(max_tokens=role_config.ppo_max_token_len_per_gpu, **options)

@@ -42,7 +42,8 @@ def one_step(model_dir, run_dir, *extra):
     pytest.param(["trainer.n_gpus_per_node=4", "data.train_batch_size=8", "actor.ppo_mini_batch_size=4",
                   "actor.fsdp.fsdp_size=2", "actor.fsdp.grad_sync=micro_batch", "actor.fsdp.gather_once=true",
                   "algorithm=gae", "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=1",
-                  "critic.fsdp.fsdp_size=4", "critic.fsdp.gather_once=false", "trainer.critic_warmup=0"],
+                  "critic.fsdp.fsdp_size=2", "critic.fsdp.gather_once=false", "critic.fsdp.grad_sync=micro_batch",
+                  "critic.fsdp.defer_all_reduce=false", "trainer.critic_warmup=0"],
                  marks=pytest.mark.long),
 ], ids=["full_shard_per_micro_batch_gathers", "hsdp_4_ranks_with_critic"])
 def test_planned_bytes_equal_the_engines(model_dir, tmp_path, layout):
