@@ -53,8 +53,9 @@ def load_from_args(args: argparse.Namespace, **options):
     """The config a command's ``--config-name``, ``--config-dir``, ``--config-path`` and overrides select."""
     from hybridrl.config import load_config
 
+    options.setdefault("check_paths", not args.no_check_paths)
     return load_config(args.overrides, args.config_name, conf_dir=args.config_path, extra_dirs=args.config_dir or (),
-                       check_paths=not args.no_check_paths, **options)
+                       **options)
 
 
 def load_for(command_name: str, args: argparse.Namespace, schema: type):
@@ -112,6 +113,9 @@ def plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-link", default=None,
                         help="link between the GPUs of a node, the same choices (default: the GPU's, e.g. pcie for "
                              "a10g, nvlink3 for a100)")
+    from hybridrl.planner.shape_flags import add_shape_flags
+
+    add_shape_flags(parser)
 
 
 @command("plan", "per-device memory, micro-batch, offload advice, time and cost of a job on a GPU type",
@@ -130,10 +134,16 @@ def plan(args: argparse.Namespace) -> int:
 
     links = {name: None if value is None else parse_link(value)
              for name, value in (("network", args.network), ("node_link", args.node_link))}
-    config = load_from_args(args)
+    from hybridrl.planner.shape_flags import shape_from_flags, shapes_with_flags
+
+    by_flags = shape_from_flags(args)
+    config = load_from_args(args, **({"check_paths": False} if by_flags else {}))  # no model to find on disk
     job = plan_job(config, gpu_spec(args.gpu), headroom=args.headroom, efficiency=args.efficiency,
                    price_per_gpu_hour=args.price_per_gpu_hour, total_steps=args.steps,
-                   keep_layout=args.keep_layout, **links)
+                   keep_layout=args.keep_layout, shapes=shapes_with_flags(config, by_flags), **links)
+    if by_flags:
+        print(f"model shape from flags: {by_flags[0].num_parameters() / 1e9:.2f} B parameters; assumed "
+              + ("; ".join(by_flags[1]) or "nothing"))
     print(format_plan(job))
     return 0 if job.recommendation.fits else 1
 

@@ -84,3 +84,18 @@ def test_plan_prints_why_the_chosen_layout_wins(capsys):
     out = capsys.readouterr().out
     assert "recommendation: fastest layout that fits: rollout TP 2, HSDP 2 x 2" in out
     assert "why:" in out and "runner-up" in out
+
+
+def test_published_names_and_shape_flags_plan_a_model_not_at_hand(capsys):
+    from hybridrl.planner.known_models import model_shape
+
+    llama2 = model_shape("meta-llama/Llama-2-7b-chat-hf", "model.path")
+    assert llama2 is not None and round(llama2.num_parameters() / 1e6) == 6738  # its published 6.74 B
+    assert main(["plan", "--gpu", "a100-80", "--layers", "32", "--hidden", "4096", "--intermediate", "11008",
+                 "--vocab", "32000"]) == 0
+    out = capsys.readouterr().out
+    assert "model shape from flags: 6.74 B parameters" in out and "kv-heads=32" in out
+    assert main(["plan", "--layers", "32", "--hidden", "4096", "--params", "7b"]) == 0
+    assert "the MLP width that makes 7b parameters" in capsys.readouterr().out
+    assert main(["plan", "--hidden", "4096"]) == 2
+    assert "needs at least --layers and --hidden" in capsys.readouterr().err
