@@ -138,6 +138,10 @@ def plan(args: argparse.Namespace) -> int:
 
     by_flags = shape_from_flags(args)
     config = load_from_args(args, **({"check_paths": False} if by_flags else {}))  # no model to find on disk
+    if type(config).__name__ != "TrainConfig":
+        from hybridrl.planner.rm_report import plan_other_trainer
+
+        return plan_other_trainer(config, args, by_flags, links)
     job = plan_job(config, gpu_spec(args.gpu), headroom=args.headroom, efficiency=args.efficiency,
                    price_per_gpu_hour=args.price_per_gpu_hour, total_steps=args.steps,
                    keep_layout=args.keep_layout, shapes=shapes_with_flags(config, by_flags), **links)

@@ -27,9 +27,9 @@ from typing import Optional
 
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import world_size
-from hybridrl.planner.comm_plan import LINKS, StepComm, Topology, plan_communication
+from hybridrl.planner.comm_plan import LINKS, Collective, ShardLayout, StepComm, Topology, plan_communication
 from hybridrl.planner.hardware import GpuSpec
-from hybridrl.planner.memory_plan import MemoryPlan, Setup, Shapes, plan_memory, setup_from
+from hybridrl.planner.memory_plan import MemoryPlan, RoleMemory, Setup, Shapes, plan_memory, setup_from
 from hybridrl.planner.recommendation import SAVERS, SETUP_KEYS, Fitted, fit_setup
 from hybridrl.planner.time_plan import generation_waves, roofline_step_time
 
@@ -163,6 +163,16 @@ def meaningful(chosen: tuple[str, ...]) -> bool:
     return not any(optimizer in chosen and parameters in chosen for optimizer, parameters in OFFLOADS)
 
 
+def offloaded_update_seconds(role: RoleMemory, layout: ShardLayout, update: list[Collective]) -> float:
+    """Host seconds of an FSDP2 ``param_offload`` role's updates: its fp32 parameter shard copied in for every
+    all-gather, its gradient shard out after every reduction, and each optimizer step run on the host."""
+    gathers = sum(c.calls for c in update if c.kind == "all_gather") or layout.optimizer_steps
+    shard = role.offloaded / 4  # fp32 master + grad + 2 moments: 16 bytes a parameter
+    reductions = layout.optimizer_steps * (layout.micro_batches if layout.grad_sync == "micro_batch" else 1)
+    return ((gathers + reductions) * shard / HOST_LINK.bytes_per_second
+            + layout.optimizer_steps * 2 * shard / HOST_ADAM_BYTES_PER_SECOND)
+
+
 def host_seconds(plan: MemoryPlan, setup: Setup, comm: StepComm) -> float:
     """Seconds of host copies per step: optimizer state out and back (per offloaded role), parameters in for every
     all-gather of an offloaded model, and an offloaded role's optimizer steps on the host."""
@@ -174,13 +184,8 @@ def host_seconds(plan: MemoryPlan, setup: Setup, comm: StepComm) -> float:
             seconds += 2 * roles[role].optimizer / HOST_LINK.bytes_per_second
     for role, offloaded in (("actor", setup.param_offload), ("critic", setup.critic_param_offload)):
         if offloaded and role in roles:
-            layout = comm.layouts[role]
-            gathers = sum(c.calls for c in comm.plan.collectives if c.phase == f"update_{role}"
-                          and c.kind == "all_gather") or layout.optimizer_steps
-            shard = roles[role].offloaded / 4  # fp32 master + grad + 2 moments: 16 bytes a parameter
-            reductions = layout.optimizer_steps * (layout.micro_batches if layout.grad_sync == "micro_batch" else 1)
-            seconds += (gathers + reductions) * shard / HOST_LINK.bytes_per_second  # parameters in, gradients out
-            seconds += layout.optimizer_steps * 2 * shard / HOST_ADAM_BYTES_PER_SECOND
+            update = [c for c in comm.plan.collectives if c.phase == f"update_{role}"]
+            seconds += offloaded_update_seconds(roles[role], comm.layouts[role], update)
     if setup.ref_param_offload and "ref" in roles:
         seconds += roles["ref"].offloaded / HOST_LINK.bytes_per_second  # once per log-prob pass
     return seconds

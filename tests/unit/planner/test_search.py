@@ -99,3 +99,36 @@ def test_published_names_and_shape_flags_plan_a_model_not_at_hand(capsys):
     assert "the MLP width that makes 7b parameters" in capsys.readouterr().out
     assert main(["plan", "--hidden", "4096"]) == 2
     assert "needs at least --layers and --hidden" in capsys.readouterr().err
+
+
+def test_plan_sizes_the_reward_model_job_and_refuses_other_trainers_in_one_line(capsys):
+    rm_job = ["plan", "--config-name", "rm_trainer", "--gpu", "a100-80", "--network", "ib", "--no-check-paths",
+              "model.path=qwen2.5-7b", "model.dtype=bfloat16", "data.synthetic_task=arithmetic",
+              "trainer.n_gpus_per_node=8", "data.train_batch_size=128", "data.micro_batch_size_per_gpu=8"]
+    assert main(rm_job) == 0
+    out = capsys.readouterr().out
+    assert "hybridrl plan (reward model): 8 x A100" in out and "128 pairs per optimizer step" in out
+    assert "micro-batch 8 pairs x accumulation 2" in out  # as configured: global 128 = 8 x 2 x 8 GPUs
+    assert "recommendation: fastest setup that fits" in out and "reduce_scatter" in out
+    assert main(["plan", "--config-name", "sft_trainer", "--no-check-paths", "model.path=qwen2.5-7b",
+                 "data.synthetic_task=arithmetic"]) == 2
+    assert "is not planned yet" in capsys.readouterr().err
+
+
+def test_reward_model_search_times_each_setup_and_its_overrides_rebuild_it():
+    from hybridrl.planner.comm_plan import Topology
+    from hybridrl.planner.rm_plan import overrides, plan_rm, search_rm, setup_of
+
+    base = ["model.path=qwen2.5-7b", "model.dtype=bfloat16", "data.synthetic_task=arithmetic", "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=4", "fsdp.fsdp_size=4", "data.train_batch_size=128",
+            "data.micro_batch_size_per_gpu=8"]
+    config = load_config(base, config_name="rm_trainer", check_paths=False)
+    gpu, topology = gpu_spec("a100-80"), Topology(2, 4, LINKS["nvlink3"], LINKS["ib"])
+    candidates = search_rm(config, KNOWN_SHAPES["qwen2.5-7b"], gpu, topology)
+    assert candidates and [c.seconds for c in candidates] == sorted(c.seconds for c in candidates)
+    for candidate in candidates:
+        rebuilt = load_config(base + overrides(setup_of(config), candidate.setup), config_name="rm_trainer",
+                              check_paths=False)
+        again = plan_rm(rebuilt, KNOWN_SHAPES["qwen2.5-7b"], gpu, topology, setup_of(rebuilt))
+        assert again.peak_bytes == candidate.peak_bytes and again.seconds == pytest.approx(candidate.seconds)
+        assert any(c.kind == "fsdp_all_reduce" and c.crosses_nodes for c in candidate.collectives)  # HSDP 2 x 4
