@@ -98,12 +98,19 @@ def disable_dropout(model: nn.Module) -> None:
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks of a Hugging Face decoder (the unit FSDP2 shards and activation checkpointing wraps)."""
+    """The transformer blocks of a Hugging Face model (the unit FSDP2 shards and activation checkpointing wraps): the
+    classes it declares in ``_no_split_modules``, else — an encoder such as DeBERTa-v2/v3, a common reward model,
+    declares none — the blocks of its largest ``nn.ModuleList`` of one block class."""
     no_split = set(getattr(model, "_no_split_modules", None) or [])
     layers = [module for module in model.modules() if type(module).__name__ in no_split]
-    if not layers:
-        raise ValueError(f"cannot find the decoder layers of {type(model).__name__}: it declares no _no_split_modules")
-    return layers
+    if layers:
+        return layers
+    stacks = [list(module) for module in model.modules() if isinstance(module, nn.ModuleList) and len(module)
+              and len({type(block) for block in module}) == 1]
+    if not stacks:
+        raise ValueError(f"cannot find the transformer blocks of {type(model).__name__}: it declares no "
+                         "_no_split_modules and holds no nn.ModuleList of blocks")
+    return max(stacks, key=lambda blocks: sum(param.numel() for block in blocks for param in block.parameters()))
 
 
 def load_tokenizer(model_config: ModelConfig):

@@ -203,6 +203,15 @@ def response_values(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
     return tokens.scatter(values.squeeze(-1).float())
 
 
+def pooled_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` scores of a sequence classifier that pools its own input (an encoder reward model: DeBERTa-v2/v3 reads
+    its first token), each row's real tokens moved to the front (right padding) so the pooled position is real."""
+    real = attention_mask.bool()
+    order = torch.argsort((~real).to(torch.int8), dim=1, stable=True)  # real tokens first, in their order
+    ids, mask = input_ids.gather(1, order), attention_mask.gather(1, order)
+    return model(input_ids=ids, attention_mask=mask).logits.squeeze(-1).float()
+
+
 def sequence_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                     packed: bool = False) -> torch.Tensor:
     """``[B]`` scores of a one-label sequence classifier at each row's last real token (rows left/right padded).
@@ -211,8 +220,11 @@ def sequence_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
     only gathers the head's parameters inside that forward), then read at the last position of ``attention_mask``.
     ``packed``: the real tokens of all rows go through as one ``[1, N]`` row with per-sequence position ids (a
     block-diagonal causal mask: no attention across rows, no FLOPs on pads); the scores equal the padded forward's.
-    Gradients flow through the scores when grad mode is on (reward-model training).
+    Gradients flow through the scores when grad mode is on (reward-model training). A classifier without a
+    per-token ``score`` head pools for itself (:func:`pooled_scores`).
     """
+    if not hasattr(model, "score"):  # a classifier with its own pooling, e.g. DeBERTa's over its first token
+        return pooled_scores(model, input_ids, attention_mask)
     captured: list[torch.Tensor] = []
     handle = model.score.register_forward_hook(lambda module, inputs, output: captured.append(output))
     positions = position_ids_from_mask(attention_mask)

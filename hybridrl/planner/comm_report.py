@@ -119,8 +119,8 @@ def comm_section(config: TrainConfig, shapes: Shapes, comm: StepComm, setup: Set
     if network_assumed:
         lines.append(f"  (assumed {network_assumed} between nodes: pass --network to change it)")
     compute, topology = comm.compute, comm.plan.topology
-    lines += variant_lines("accumulation (the same global batch):", accumulation_variants(
+    lines += variant_lines("accumulation (the same global batch; compute and communication):", accumulation_variants(
         config, shapes, topology, compute, setup, device_bytes, headroom))
-    lines += variant_lines("sharding:", sharding_variants(config, shapes, topology, compute, setup, device_bytes,
+    lines += variant_lines("sharding (compute and communication):", sharding_variants(config, shapes, topology, compute, setup, device_bytes,
                                                           headroom))
     return lines

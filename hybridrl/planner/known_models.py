@@ -41,6 +41,9 @@ KNOWN_SHAPES: dict[str, DecoderShape] = {
     "llama-3.2-3b": DecoderShape(28, 3072, 8192, 24, 8, 128, 128256, tie_word_embeddings=True),
     "mistral-7b-v0.1": DecoderShape(32, 4096, 14336, 32, 8, 128, 32000),
     "mistral-7b-v0.3": DecoderShape(32, 4096, 14336, 32, 8, 128, 32768),
+    # An encoder reward model, counted as a decoder of its sizes (its MLP has 2 matrices, not 3: 533 M counted for
+    # its 435 M parameters, so its memory is planned on the safe side).
+    "deberta-v3-large": DecoderShape(24, 1024, 4096, 16, 16, 64, 128100, tie_word_embeddings=True),
 }
 SUFFIXES = ("-hf", "-instruct", "-chat", "-it", "-base")
 """Endings a published name carries that do not change the shape (``meta-llama/Llama-2-7b-chat-hf`` → llama-2-7b)."""

@@ -232,7 +232,8 @@ def test_recommender_tries_micro_batch_grad_sync_first_within_a_node():
 
 
 @pytest.mark.parametrize(("config_name", "gpu"), [("ppo_qwen2.5_7b_8xa100", "a100-80"),
-                                                  ("grpo_qwen2.5_0.5b_a10g", "a10g")])
+                                                  ("grpo_qwen2.5_0.5b_a10g", "a10g"),
+                                                  ("ppo_qwen2.5_7b_2x2_a10g", "a10g")])
 def test_recipes_fit_their_gpus_with_10_to_20_percent_headroom(config_name, gpu):
     """The shipped GPU recipes as configured (shapes by model name; no weights needed)."""
     from hybridrl.planner.search import configured
