@@ -12,6 +12,7 @@ add to the step (``hybridrl plan``).
 - with HSDP (``fsdp.fsdp_size`` below the ranks) the last reduce-scatter of an optimizer step is followed by one
   all-reduce of the rank's reduced shard across the shard groups (with ``micro_batch`` the earlier ones are kept and
   added in first);
+- HF generation (``rollout.name=hf``) gathers the actor's parameters once per call;
 - FSDP2 pads every parameter's rows to a multiple of the shard group, and the collectives carry the padding
   (:func:`~hybridrl.autotune.decoder_shape.tensor_elements`); on one rank nothing moves.
 
@@ -288,6 +289,8 @@ def plan_communication(config: TrainConfig, shapes, topology: Topology, compute:
         collectives += forward_collectives("log_probs", critic_shape, forward_layout(config, "critic", layouts["critic"]),
                                            1, topology, head="value")
     collectives += tensor_parallel_collectives(config, shapes.policy, topology)
+    if config.rollout.name == "hf":  # HF generate on the actor's own module: gathered once per call
+        collectives += forward_collectives("generate", shapes.policy, replace(forward, gather_once=True), 1, topology)
     plan = CommPlan(topology, collectives)
     phases = dict(compute)
     if "generate" in phases:  # on the decode's critical path: nothing to overlap with

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -34,6 +34,7 @@ from hybridrl.runtime.errors import RankLocation
 from hybridrl.protocol import Batch
 from hybridrl.utils import cpu_malloc
 from hybridrl.utils import distributed as dist_utils
+from hybridrl.utils.collectives import CollectiveCounter
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,9 @@ class TimedResult:
 
     value: Any
     seconds: float
+    payload_bytes: dict = field(default_factory=dict)
+    """The bytes of the collectives the method issued on this rank, by kind
+    (:class:`~hybridrl.utils.collectives.CollectiveCounter`)."""
 
 
 # The serial executor's world-size-1 groups share this process's one default process group.
@@ -179,9 +183,10 @@ class WorkerHost:
         device = self._worker.device
         args = tuple(arg.to(device) if isinstance(arg, Batch) else arg for arg in args)
         kwargs = {key: value.to(device) if isinstance(value, Batch) else value for key, value in kwargs.items()}
-        result = getattr(self._worker, method_name)(*args, **kwargs)
+        with CollectiveCounter() as comm:
+            result = getattr(self._worker, method_name)(*args, **kwargs)
         result = result.cpu() if isinstance(result, Batch) and device.type != "cpu" else result
-        return TimedResult(result, time.perf_counter() - started)
+        return TimedResult(result, time.perf_counter() - started, dict(comm.payload_bytes))
 
     def __repr__(self) -> str:  # Ray shows this in log prefixes and errors: "(critic rank 1/2 pid=...)"
         return self._label or "WorkerHost"

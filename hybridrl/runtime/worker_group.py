@@ -72,6 +72,7 @@ class WorkerGroup(Generic[W]):
         self.locations: list[RankLocation] = []
         self._stopped: Optional[str] = None
         self._worker_seconds: dict[str, float] = {}
+        self._worker_bytes: dict[str, dict[str, int]] = {}
         executor_cls = SerialExecutor if pool.local_mode else RayExecutor
         self._executor: Executor = executor_cls(pool, name, bundle_share)
         try:
@@ -112,6 +113,17 @@ class WorkerGroup(Generic[W]):
     def _record_worker_seconds(self, method: str, seconds: dict[int, float]) -> None:
         if seconds:
             self._worker_seconds[method] = self._worker_seconds.get(method, 0.0) + max(seconds.values())
+
+    def pop_worker_bytes(self) -> dict[str, dict[str, int]]:
+        """Bytes of the collectives each method issued since the last pop, by kind: the largest rank's per call,
+        summed over calls (what the planner predicts per rank, :mod:`hybridrl.planner.comm_plan`)."""
+        moved, self._worker_bytes = self._worker_bytes, {}
+        return moved
+
+    def _record_worker_bytes(self, method: str, moved: dict[int, dict[str, int]]) -> None:
+        totals = self._worker_bytes.setdefault(method, {})
+        for kind in {kind for per_rank in moved.values() for kind in per_rank}:
+            totals[kind] = totals.get(kind, 0) + max(per_rank.get(kind, 0) for per_rank in moved.values())
 
     def shutdown(self) -> None:
         """End the group's processes (idempotent). The pool stays reserved; release it separately."""
@@ -230,6 +242,7 @@ class GroupFuture(Generic[G]):
         self._deadline = time.monotonic() + timeout_s
         self._results: dict[int, Any] = {}
         self.worker_seconds: dict[int, float] = {}
+        self.worker_bytes: dict[int, dict[str, int]] = {}
         """Per rank, the seconds the method ran inside the worker (filled as ranks finish)."""
         self._value: Any = None
         self._error: Optional[BaseException] = None
@@ -253,6 +266,7 @@ class GroupFuture(Generic[G]):
                 self._error = error
             self._settled_once = True
             self.group._record_worker_seconds(self.method, self.worker_seconds)
+            self.group._record_worker_bytes(self.method, self.worker_bytes)
             self._results, self._handles = {}, {}  # the gathered value is all that is kept
         if self._error is not None:
             raise self._error
@@ -296,7 +310,8 @@ def gather(*futures: GroupFuture[Any], timeout_s: Optional[float] = None) -> tup
             try:
                 result = outcome(handle)
                 if isinstance(result, TimedResult):  # a method call (start-up calls return plain values)
-                    future.worker_seconds[rank], result = result.seconds, result.value
+                    future.worker_seconds[rank], future.worker_bytes[rank] = result.seconds, result.payload_bytes
+                    result = result.value
                 future._results[rank] = result
             except RankFailure as failure:
                 peers = {h: r for h, (f, r) in pending.items() if f is future}

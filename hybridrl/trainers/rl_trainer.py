@@ -461,8 +461,14 @@ class RLTrainer:
     def _pop_worker_seconds(self) -> dict[str, float]:
         """``timing_worker/<method>``: seconds inside the workers (slowest rank per call, summed over calls) since the
         last pop. A phase's ``timing/`` wall time minus its methods' worker time is the controller's dispatch cost."""
-        return {f"timing_worker/{method}": seconds for group in (self.actor, self.critic) if group is not None
-                for method, seconds in group.pop_worker_seconds().items()}
+        groups = [group for group in (self.actor, self.critic) if group is not None]
+        metrics = {f"timing_worker/{method}": seconds for group in groups
+                   for method, seconds in group.pop_worker_seconds().items()}
+        # comm_bytes/<method>/<kind>: what each call's collectives moved on the busiest rank (the planner's figures)
+        metrics.update({f"comm_bytes/{method}/{kind}": float(moved) for group in groups
+                        for method, kinds in group.pop_worker_bytes().items() for kind, moved in kinds.items()
+                        if moved})
+        return metrics
 
     def _generation(self) -> Generation:
         if self.generation is None:

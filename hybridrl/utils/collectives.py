@@ -51,16 +51,21 @@ class _PatchedCollectives:
 
 
 class CollectiveCounter(_PatchedCollectives):
-    """``with CollectiveCounter() as counter:`` counts calls by name in ``counter.counts``."""
+    """``with CollectiveCounter() as counter:`` counts calls by name in ``counter.counts`` and the bytes they were
+    about in ``counter.payload_bytes`` (by kind, FSDP2's own all-reduces apart: :class:`CollectiveTimer`'s keys)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.counts: collections.Counter = collections.Counter()
+        self.payload_bytes: collections.Counter = collections.Counter()
 
     def _wrap(self, function, name: str):
+        kind = collective_kind(name)
+
         @functools.wraps(function)
         def counted(*args, **kwargs):
             self.counts[name] += 1
+            self.payload_bytes[_issuer_kind(kind, sys._getframe(1))] += payload_bytes(name, args, kwargs)
             return function(*args, **kwargs)
 
         return counted

@@ -1,6 +1,7 @@
 """The planner's communication bytes equal what the engine's collectives move: real GRPO/PPO steps on gloo (2 and 4
 CPU ranks, full sharding and HSDP, per-step and per-micro-batch gradient sync, gathered once or per micro-batch),
-each update's ``comm/*_bytes`` metrics against :func:`hybridrl.planner.comm_plan.plan_communication`."""
+each update's ``comm/*_bytes`` metrics, and every worker call's (``comm_bytes/<method>/<kind>``: HF generation, the
+old-policy, reference and value forwards), against :func:`hybridrl.planner.comm_plan.plan_communication`."""
 
 from __future__ import annotations
 
@@ -37,8 +38,11 @@ def one_step(model_dir, run_dir, *extra):
         *extra])
 
 
+FORWARDS = ("compute_log_prob", "compute_ref_log_prob", "compute_values")
+
+
 @pytest.mark.parametrize("layout", [
-    ["actor.fsdp.gather_once=false"],
+    ["actor.fsdp.gather_once=false", "actor.use_kl_loss=true"],
     pytest.param(["trainer.n_gpus_per_node=4", "data.train_batch_size=8", "actor.ppo_mini_batch_size=4",
                   "actor.fsdp.fsdp_size=2", "actor.fsdp.grad_sync=micro_batch", "actor.fsdp.gather_once=true",
                   "algorithm=gae", "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=1",
@@ -57,3 +61,6 @@ def test_planned_bytes_equal_the_engines(model_dir, tmp_path, layout):
         for metric, kind in KINDS.items():
             assert row[f"{role}/comm/{metric}"] == planned.phase_bytes(f"update_{role}", kind), (role, metric)
     assert row["actor/comm/param_gather_bytes"] > 0 and row["actor/comm/grad_reduce_bytes"] > 0
+    forwards = sum(row.get(f"comm_bytes/{method}/all_gather", 0) for method in FORWARDS)
+    assert forwards == planned.phase_bytes("log_probs", "all_gather") > 0
+    assert row["comm_bytes/generate_sequences/all_gather"] == planned.phase_bytes("generate", "all_gather")
