@@ -5,7 +5,7 @@ The same models as the RL planner's: memory of a trained role (:func:`~hybridrl.
 with a value head), the update's collectives (:mod:`hybridrl.planner.comm_plan`), roofline compute, host copies of
 parameter offload; the search tries every combination of its savers (per-micro-batch gradient sync, checkpointing,
 per-layer gathering, parameter offload, HSDP's all-reduce per micro-batch) with the largest micro-batch that keeps
-the headroom, and keeps the fastest.
+the headroom, in each sharding (on several nodes: HSDP within a node, or full sharding), and keeps the fastest.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from hybridrl.planner.time_plan import forward_flops
 PHASE = "update_reward_model"
 KEYS = {"micro_batch": "data.micro_batch_size_per_gpu", "checkpointing": "model.enable_gradient_checkpointing",
         "grad_sync": "fsdp.grad_sync", "gather_once": "fsdp.gather_once", "param_offload": "fsdp.param_offload",
-        "defer_all_reduce": "fsdp.defer_all_reduce"}
+        "defer_all_reduce": "fsdp.defer_all_reduce", "fsdp_size": "fsdp.fsdp_size"}
 SAVERS = {"grad_sync": ("grad_sync", "micro_batch"), "checkpointing": ("checkpointing", True),
           "gather_once": ("gather_once", False), "param_offload": ("param_offload", True),
           "all_reduce_every_micro_batch": ("defer_all_reduce", False)}
@@ -45,6 +45,7 @@ class RMSetup:
     gather_once: bool
     param_offload: bool
     defer_all_reduce: bool
+    fsdp_size: int = -1
 
 
 @dataclass(frozen=True)
@@ -68,14 +69,14 @@ def setup_of(config) -> RMSetup:
     world = config.trainer.nnodes * config.trainer.n_gpus_per_node
     return RMSetup(config.data.micro_batch_size_per_gpu, config.model.enable_gradient_checkpointing,
                    config.fsdp.grad_sync, gathers_once(config.fsdp.gather_once, "cuda", world),
-                   config.fsdp.param_offload, config.fsdp.defer_all_reduce)
+                   config.fsdp.param_offload, config.fsdp.defer_all_reduce, config.fsdp.fsdp_size)
 
 
 def plan_rm(config, shape: DecoderShape, gpu: GpuSpec, topology: Topology, setup: RMSetup,
             efficiency: float = 0.4) -> RMPlan:
     """Memory and step time of ``config``'s reward-model job with ``setup``."""
     world = config.trainer.nnodes * config.trainer.n_gpus_per_node
-    group = shard_group_ranks(config.fsdp.fsdp_size, world)
+    group = shard_group_ranks(setup.fsdp_size, world)
     local_pairs = config.data.train_batch_size // world
     seq_len = config.data.max_prompt_length + config.data.max_response_length
     mode = precision_mode(config.model.dtype, config.fsdp.reduce_dtype, config.optim.state_precision,
@@ -84,7 +85,7 @@ def plan_rm(config, shape: DecoderShape, gpu: GpuSpec, topology: Topology, setup
                         world=group, mode=mode, checkpointing=setup.checkpointing, param_offload=setup.param_offload,
                         accumulating=holds_unsharded_gradients(setup.grad_sync, local_pairs, setup.micro_batch),
                         gather_once=setup.gather_once, deferred_all_reduce=defers_all_reduce(
-                            config.fsdp.fsdp_size, world, setup.grad_sync, local_pairs, setup.micro_batch,
+                            setup.fsdp_size, world, setup.grad_sync, local_pairs, setup.micro_batch,
                             setup.defer_all_reduce))
     layout = ShardLayout(shard_group=group, replicas=world // group, optimizer_steps=1,
                          micro_batches=local_pairs // setup.micro_batch, gather_once=setup.gather_once,
@@ -105,22 +106,25 @@ def plan_rm(config, shape: DecoderShape, gpu: GpuSpec, topology: Topology, setup
 
 def search_rm(config, shape: DecoderShape, gpu: GpuSpec, topology: Topology, headroom: float = 0.15,
               efficiency: float = 0.4) -> list[RMPlan]:
-    """Every saver combination at its largest fitting micro-batch (a divisor of the per-rank pairs), fastest
-    first."""
+    """Every saver combination, in each sharding (the configured one; on several nodes also HSDP within a node and
+    full sharding), at its largest fitting micro-batch (a divisor of the per-rank pairs), fastest first."""
     world = config.trainer.nnodes * config.trainer.n_gpus_per_node
     local = config.data.train_batch_size // world
-    base = dataclasses.replace(setup_of(config), checkpointing=False, grad_sync="step", param_offload=False,
-                               defer_all_reduce=True)
-    names = [name for name, (field, value) in SAVERS.items() if getattr(base, field) != value
-             and not (name == "grad_sync" and world == 1)
-             and not (name == "all_reduce_every_micro_batch" and shard_group_ranks(config.fsdp.fsdp_size, world) == world)]
+    sizes = [config.fsdp.fsdp_size] + ([size for size in (config.trainer.n_gpus_per_node, -1)
+                                        if size != config.fsdp.fsdp_size] if config.trainer.nnodes > 1 else [])
     found = []
-    for size in range(len(names) + 1):
-        for chosen in itertools.combinations(names, size):
-            setup = dataclasses.replace(base, **dict(SAVERS[name] for name in chosen))
-            plan = _largest_fitting(config, shape, gpu, topology, setup, local, headroom, efficiency)
-            if plan is not None:
-                found.append(plan)
+    for fsdp_size in sizes:
+        base = dataclasses.replace(setup_of(config), checkpointing=False, grad_sync="step", param_offload=False,
+                                   defer_all_reduce=True, fsdp_size=fsdp_size)
+        names = [name for name, (field, value) in SAVERS.items() if getattr(base, field) != value
+                 and not (name == "grad_sync" and world == 1)
+                 and not (name == "all_reduce_every_micro_batch" and shard_group_ranks(fsdp_size, world) == world)]
+        for size in range(len(names) + 1):
+            for chosen in itertools.combinations(names, size):
+                setup = dataclasses.replace(base, **dict(SAVERS[name] for name in chosen))
+                plan = _largest_fitting(config, shape, gpu, topology, setup, local, headroom, efficiency)
+                if plan is not None:
+                    found.append(plan)
     return sorted(found, key=lambda plan: plan.seconds)
 
 

@@ -53,6 +53,7 @@ def format_rm_plan(config, shape: DecoderShape, gpu: GpuSpec, topology: Topology
                      f"{runner_up.seconds:.2f} s, peak {runner_up.peak_bytes / GIB:.2f} GiB")
     lines += _collective_lines(best, topology, network_assumed)
     lines += _accumulation_lines(config, shape, gpu, topology, best, efficiency, headroom)
+    lines += _sharding_lines(config, shape, gpu, topology, best, efficiency, headroom)
     return "\n".join(lines), True
 
 
@@ -64,6 +65,20 @@ def _collective_lines(plan: RMPlan, topology: Topology, network_assumed: Optiona
         lines.append(f"  {c.kind:<16}{c.calls:>5} x {c.payload_bytes / GIB:7.3f} GiB over {c.ranks} ranks ({where}): "
                      f"{c.seconds:8.2f} s")
     return lines or ["  none: one rank shards nothing"]
+
+
+def _sharding_lines(config, shape, gpu, topology, best: RMPlan, efficiency: float, headroom: float) -> list[str]:
+    """HSDP (shard in a node, replicate across) against full sharding, on several nodes."""
+    if config.trainer.nnodes <= 1:
+        return []
+    lines = ["sharding (the chosen savers and micro-batch):"]
+    for size, label in ((config.trainer.n_gpus_per_node, "HSDP: shard in a node, replicate across"),
+                        (-1, "full shard over every rank")):
+        plan = plan_rm(config, shape, gpu, topology, dataclasses.replace(best.setup, fsdp_size=size), efficiency)
+        crossing = sum(c.total_bytes for c in plan.collectives if c.crosses_nodes)
+        fits = "" if plan.peak_bytes <= gpu.memory_bytes * (1 - headroom) else "  (does not fit in memory)"
+        lines.append(f"  {label:<44} step {plan.seconds:9.2f} s; {crossing / GIB:8.2f} GiB across nodes per rank{fits}")
+    return lines
 
 
 def _accumulation_lines(config, shape, gpu, topology, best: RMPlan, efficiency: float, headroom: float) -> list[str]:

@@ -131,4 +131,7 @@ def test_reward_model_search_times_each_setup_and_its_overrides_rebuild_it():
                               check_paths=False)
         again = plan_rm(rebuilt, KNOWN_SHAPES["qwen2.5-7b"], gpu, topology, setup_of(rebuilt))
         assert again.peak_bytes == candidate.peak_bytes and again.seconds == pytest.approx(candidate.seconds)
-        assert any(c.kind == "fsdp_all_reduce" and c.crosses_nodes for c in candidate.collectives)  # HSDP 2 x 4
+        hsdp = candidate.setup.fsdp_size == 4  # HSDP 2 x 4: only the all-reduce crosses nodes
+        assert {c.kind for c in candidate.collectives if c.crosses_nodes} == ({"fsdp_all_reduce"} if hsdp else
+                                                                           {"all_gather", "reduce_scatter"})
+    assert {candidate.setup.fsdp_size for candidate in candidates} == {4, -1}  # both shardings searched
