@@ -13,36 +13,20 @@ This module owns its Ray session (a local instance is not a cluster other raylet
 from __future__ import annotations
 
 import pytest
-import ray
-from ray.cluster_utils import Cluster
+from simulated_cluster import simulated_nodes
 from test_async_training import N, assert_same_runs, trained_each_prompt_once
 
 from hybridrl.config import load_config
-from hybridrl.config.ray import RayConfig
-from hybridrl.runtime import start_ray
 from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tiny_model import save_tiny_model
 from hybridrl.utils.tracking import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.long, pytest.mark.timeout(900)]
 
-NODE_ARGS = {"num_cpus": 1, "object_store_memory": 100 * 2**20}
-
-
 @pytest.fixture(scope="module")
 def cluster_address():
-    if ray.is_initialized():  # the shared local instance of earlier modules cannot take a second raylet
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args=NODE_ARGS)
-    cluster.add_node(**NODE_ARGS)
-    cluster.wait_for_nodes()
-    runtime = start_ray(RayConfig(address=cluster.address))
-    try:
-        assert [node["Resources"].get("CPU") for node in ray.nodes() if node["Alive"]] == [1.0, 1.0]
-        yield cluster.address
-    finally:
-        runtime.shutdown()
-        cluster.shutdown()
+    with simulated_nodes(2, cpus_per_node=1) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")

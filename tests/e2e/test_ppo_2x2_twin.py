@@ -11,37 +11,22 @@ raylets can join)."""
 from __future__ import annotations
 
 import pytest
-import ray
-from ray.cluster_utils import Cluster
+from simulated_cluster import simulated_nodes
 from transformers import AutoModelForSequenceClassification, DebertaV2Config
 
 from hybridrl.config import load_config
-from hybridrl.config.ray import RayConfig
 from hybridrl.planner.comm_plan import LINKS, Topology, plan_communication
 from hybridrl.planner.report import shapes_of
-from hybridrl.runtime import start_ray
 from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tiny_model import DEFAULT_CHARACTERS, build_char_tokenizer, save_tiny_model
 from hybridrl.utils.tracking import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.long, pytest.mark.timeout(900)]
 
-NODE_ARGS = {"num_cpus": 2, "object_store_memory": 100 * 2**20}
-
-
 @pytest.fixture(scope="module")
 def cluster_address():
-    if ray.is_initialized():  # the shared local instance of earlier modules cannot take a second raylet
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args=NODE_ARGS)
-    cluster.add_node(**NODE_ARGS)
-    cluster.wait_for_nodes()
-    runtime = start_ray(RayConfig(address=cluster.address))
-    try:
-        yield cluster.address
-    finally:
-        runtime.shutdown()
-        cluster.shutdown()
+    with simulated_nodes(2, cpus_per_node=2) as address:
+        yield address
 
 
 def save_deberta_reward_model(directory):
@@ -76,9 +61,9 @@ def test_ppo_with_critic_and_another_tokenizers_reward_model_on_two_nodes(cluste
     ])
     trainer = RLTrainer(config)
     assert trainer.fit().global_step == 2
-    assert trainer.actor.world_size == 4
-    nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
-    assert len(nodes) == 2
+    for group in (trainer.actor, trainer.critic):  # node by node: ranks 0-1 on one raylet, 2-3 on the other
+        nodes = [location.node_id for location in group.locations]
+        assert len(nodes) == 4 and nodes[0] == nodes[1] != nodes[2] == nodes[3]
     rows = read_metrics(tmp_path / "run")
     planned = plan_communication(config, shapes_of(config), Topology(2, 2, LINKS["pcie"], LINKS["1gbe"]),
                                  compute={}).plan
