@@ -33,7 +33,7 @@ communication; what communication adds beyond compute is the phase's exposed tim
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from hybridrl.autotune.decoder_shape import DecoderShape, tensor_elements
@@ -149,7 +149,6 @@ class CommPlan:
 
     topology: Topology
     collectives: list[Collective]
-    exposed_seconds: dict[str, float] = field(default_factory=dict)
 
     def phase_bytes(self, phase: str, kind: Optional[str] = None) -> int:
         return sum(c.total_bytes for c in self.collectives if c.phase == phase and kind in (None, c.kind))
@@ -262,6 +261,8 @@ class StepComm:
     layouts: dict[str, ShardLayout]
     phases: dict[str, float]
     compute: dict[str, float]
+    forward_gathers: int = 1
+    """All-gathers of one forward-only pass of the policy (its micro-batches, or 1 with ``gather_once``)."""
 
     def exposed(self, phase: str) -> float:
         """What communication adds to ``phase`` beyond its compute."""
@@ -302,7 +303,7 @@ def plan_communication(config: TrainConfig, shapes, topology: Topology, compute:
             phases[phase] = overlapped_seconds(compute[phase], layout, update)
     if "log_probs" in phases:  # forward-only passes: the all-gathers run under the forwards' compute
         phases["log_probs"] = max(compute["log_probs"], plan.phase_seconds("log_probs"))
-    return StepComm(plan, layouts, phases, dict(compute))
+    return StepComm(plan, layouts, phases, dict(compute), 1 if forward.gather_once else forward.micro_batches)
 
 
 def tensor_parallel_collectives(config: TrainConfig, shape: DecoderShape, topology: Topology) -> list[Collective]:

@@ -9,8 +9,9 @@ from typing import Optional
 
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import role_plan
-from hybridrl.planner.comm_plan import Link, StepComm, Topology, plan_communication
+from hybridrl.planner.comm_plan import DEFAULT_NETWORK, LINKS, Collective, Link, StepComm, Topology, plan_communication
 from hybridrl.planner.memory_plan import Setup, Shapes, plan_memory
+from hybridrl.planner.search import with_shard_groups
 
 GIB = 2**30
 ACCUMULATION_STEPS = (1, 8, 32)
@@ -37,8 +38,21 @@ class Variant:
         return sum(c.total_bytes for c in self.comm.plan.collectives if c.crosses_nodes)
 
 
-def topology_of(config: TrainConfig, node_link: Link, network: Link) -> Topology:
+def topology_of(config, node_link: Link, network: Link) -> Topology:
+    """The job's nodes and links (any trainer's config: ``trainer.nnodes`` × ``trainer.n_gpus_per_node``)."""
     return Topology(config.trainer.nnodes, config.trainer.n_gpus_per_node, node_link, network)
+
+
+def assumed_network(config, network: Optional[Link]) -> Optional[str]:
+    """The default network's name when a job of several nodes was planned without ``--network``, else ``None``."""
+    return LINKS[DEFAULT_NETWORK].name if network is None and config.trainer.nnodes > 1 else None
+
+
+def collective_line(c: Collective) -> str:
+    """One collective of a step: phase, kind, calls × payload, ranks, where, seconds."""
+    where = "crosses nodes" if c.crosses_nodes else "in a node"
+    return (f"  {c.phase:<20}{c.kind:<16}{c.calls:>5} x {c.payload_bytes / GIB:7.3f} GiB over {c.ranks} ranks "
+            f"({where}): {c.seconds:8.2f} s")
 
 
 def accumulation_variants(config: TrainConfig, shapes: Shapes, topology: Topology, compute: dict[str, float],
@@ -52,7 +66,7 @@ def accumulation_variants(config: TrainConfig, shapes: Shapes, topology: Topolog
             local = role_plan(config, role).local_mini_batch_sequences
             if local % steps == 0:
                 sizes[f"{role}_micro_batch"] = local // steps
-        if "actor_micro_batch" not in sizes or getattr(config, "actor").use_dynamic_bsz:
+        if "actor_micro_batch" not in sizes or config.actor.use_dynamic_bsz:
             continue
         varied = dataclasses.replace(setup, **sizes)
         fits = plan_memory(config, shapes, device_bytes, varied).fits(headroom)
@@ -70,17 +84,10 @@ def sharding_variants(config: TrainConfig, shapes: Shapes, topology: Topology, c
     variants = []
     for size, label in ((config.trainer.n_gpus_per_node, "HSDP: shard in a node, replicate across"),
                         (-1, "full shard over every rank")):
-        varied = with_shard_group(config, size)
+        varied = with_shard_groups(config, size, size)
         fits = plan_memory(varied, shapes, device_bytes, setup).fits(headroom)
         variants.append(Variant(label, plan_communication(varied, shapes, topology, compute, setup), fits))
     return variants
-
-
-def with_shard_group(config: TrainConfig, size: int) -> TrainConfig:
-    """``config`` with the actor's and the critic's ``fsdp.fsdp_size`` set to ``size``."""
-    replace = dataclasses.replace
-    return replace(config, actor=replace(config.actor, fsdp=replace(config.actor.fsdp, fsdp_size=size)),
-                   critic=replace(config.critic, fsdp=replace(config.critic.fsdp, fsdp_size=size)))
 
 
 def collective_lines(comm: StepComm) -> list[str]:
@@ -91,10 +98,7 @@ def collective_lines(comm: StepComm) -> list[str]:
              f"{topology.inter.name} {topology.inter.bytes_per_second / 1e9:.3g} GB/s per node):"]
     if not comm.plan.collectives:
         return lines + ["  none: one rank shards nothing"]
-    for c in comm.plan.collectives:
-        where = "crosses nodes" if c.crosses_nodes else "in a node"
-        lines.append(f"  {c.phase:<14}{c.kind:<16}{c.calls:>5} x {c.payload_bytes / GIB:7.3f} GiB over {c.ranks} "
-                     f"ranks ({where}): {c.seconds:8.2f} s")
+    lines += [collective_line(c) for c in comm.plan.collectives]
     exposed = ", ".join(f"{phase} +{comm.exposed(phase):.2f} s" for phase in comm.phases
                         if comm.exposed(phase) > 0.005)
     lines.append("  beyond compute (overlapped as FSDP2 does): " + (exposed or "nothing"))

@@ -49,7 +49,8 @@ NCCL_BUFFER_BYTES = GIB // 2  # NCCL's communication buffers when more than one 
 class RoleMemory:
     """One role's bytes on one device. ``activations``: the peak of one micro-batch of its own phase (training or
     forward-only); ``buffers``: gathered parameters/gradients in flight, sync buckets, fixed runtime reserves;
-    ``offloaded``: bytes kept in host memory by offload settings (not counted on the device)."""
+    ``offloaded``: bytes kept in host memory by offload settings (not counted on the device), ``host_parameters`` the
+    parameters' part of them (what an offloaded model copies in for each all-gather)."""
 
     role: str
     parameters: int = 0
@@ -60,6 +61,7 @@ class RoleMemory:
     buffers: int = 0
     offloaded: int = 0
     note: str = ""
+    host_parameters: int = 0
 
     @property
     def resident(self) -> int:
@@ -198,6 +200,7 @@ def trained_role(name: str, shape: DecoderShape, layout: ForwardLayout, *, world
         return RoleMemory(name, gradients=states.accumulated_gradients + states.gathered_gradients + pending,
                           activations=activations,
                           buffers=states.gathered, offloaded=states.parameters + states.gradients + states.optimizer,
+                          host_parameters=states.parameters,
                           note="; ".join(filter(None, ("FSDP2 param_offload: states on the host", held))))
     return RoleMemory(name, parameters=states.parameters, gradients=gradients, optimizer=states.optimizer,
                       activations=activations, buffers=states.gathered, note=held)
@@ -210,7 +213,8 @@ def frozen_role(name: str, shape: DecoderShape, layout: ForwardLayout, *, world:
     gathered = compute_bytes * (shape.root_parameters() + 2 * shape.layer_parameters()) if world > 1 else 0
     activations = forward_only_bytes(head_output_shape(name, shape), layout, compute_bytes)
     if offload:
-        return RoleMemory(name, activations=activations, buffers=gathered, offloaded=sharded, note="offloaded")
+        return RoleMemory(name, activations=activations, buffers=gathered, offloaded=sharded, note="offloaded",
+                          host_parameters=sharded)
     return RoleMemory(name, parameters=sharded, activations=activations, buffers=gathered)
 
 

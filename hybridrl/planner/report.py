@@ -7,16 +7,14 @@ from typing import Optional
 
 from hybridrl.config.precision import standard_modes
 from hybridrl.config.schema import TrainConfig
-from hybridrl.config.sizes import world_size
 from hybridrl.planner.comm_plan import DEFAULT_NETWORK, LINKS, Link, StepComm, plan_communication
-from hybridrl.planner.comm_report import comm_section, topology_of
+from hybridrl.planner.comm_report import assumed_network, comm_section, topology_of
 from hybridrl.planner.hardware import GpuSpec
 from hybridrl.planner.known_models import model_shape
 from hybridrl.planner.memory_plan import MemoryPlan, Setup, Shapes, plan_memory
 from hybridrl.planner.recommendation import Recommendation, recommend
 from hybridrl.planner.search import Candidate, search
 from hybridrl.planner.time_plan import StepTime, generation_waves, job_devices, roofline_step_time, run_cost
-from hybridrl.autotune.memory_sizing import DecoderShape
 
 GIB = 2**30
 COLUMNS = ("parameters", "gradients", "optimizer", "activations", "kv_cache", "buffers")
@@ -85,7 +83,7 @@ def plan_job(config: TrainConfig, gpu: GpuSpec, *, shapes: Optional[Shapes] = No
     time. ``keep_layout``: search savers and micro-batches only, in the configured TP size and sharding."""
     shapes = shapes or shapes_of(config)
     as_configured = plan_memory(config, shapes, gpu.memory_bytes)
-    assumed = LINKS[DEFAULT_NETWORK].name if network is None and config.trainer.nnodes > 1 else None
+    assumed = assumed_network(config, network)
     topology = topology_of(config, node_link or LINKS[gpu.node_link], network or LINKS[DEFAULT_NETWORK])
     candidates = search(config, shapes, gpu, topology, headroom=headroom, efficiency=efficiency,
                         keep_layout=keep_layout)

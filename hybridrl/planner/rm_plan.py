@@ -65,8 +65,13 @@ class RMPlan:
         return self.role.total + self.fixed_bytes
 
 
+def rm_world(config) -> int:
+    """The job's ranks: ``trainer.nnodes × trainer.n_gpus_per_node``."""
+    return config.trainer.nnodes * config.trainer.n_gpus_per_node
+
+
 def setup_of(config) -> RMSetup:
-    world = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    world = rm_world(config)
     return RMSetup(config.data.micro_batch_size_per_gpu, config.model.enable_gradient_checkpointing,
                    config.fsdp.grad_sync, gathers_once(config.fsdp.gather_once, "cuda", world),
                    config.fsdp.param_offload, config.fsdp.defer_all_reduce, config.fsdp.fsdp_size)
@@ -75,7 +80,7 @@ def setup_of(config) -> RMSetup:
 def plan_rm(config, shape: DecoderShape, gpu: GpuSpec, topology: Topology, setup: RMSetup,
             efficiency: float = 0.4) -> RMPlan:
     """Memory and step time of ``config``'s reward-model job with ``setup``."""
-    world = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    world = rm_world(config)
     group = shard_group_ranks(setup.fsdp_size, world)
     local_pairs = config.data.train_batch_size // world
     seq_len = config.data.max_prompt_length + config.data.max_response_length
@@ -108,10 +113,11 @@ def search_rm(config, shape: DecoderShape, gpu: GpuSpec, topology: Topology, hea
               efficiency: float = 0.4) -> list[RMPlan]:
     """Every saver combination, in each sharding (the configured one; on several nodes also HSDP within a node and
     full sharding), at its largest fitting micro-batch (a divisor of the per-rank pairs), fastest first."""
-    world = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    world = rm_world(config)
     local = config.data.train_batch_size // world
+    configured = -1 if config.fsdp.fsdp_size == world else config.fsdp.fsdp_size  # the same layout
     sizes = [config.fsdp.fsdp_size] + ([size for size in (config.trainer.n_gpus_per_node, -1)
-                                        if size != config.fsdp.fsdp_size] if config.trainer.nnodes > 1 else [])
+                                        if size != configured] if config.trainer.nnodes > 1 else [])
     found = []
     for fsdp_size in sizes:
         base = dataclasses.replace(setup_of(config), checkpointing=False, grad_sync="step", param_offload=False,

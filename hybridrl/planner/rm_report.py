@@ -8,7 +8,8 @@ from typing import Optional
 from hybridrl.autotune.decoder_shape import DecoderShape
 from hybridrl.planner.comm_plan import Topology
 from hybridrl.planner.hardware import GpuSpec
-from hybridrl.planner.rm_plan import RMPlan, overrides, plan_rm, search_rm, setup_of
+from hybridrl.planner.comm_report import ACCUMULATION_STEPS, assumed_network, collective_line, topology_of
+from hybridrl.planner.rm_plan import RMPlan, overrides, plan_rm, rm_world, search_rm, setup_of
 
 GIB = 2**30
 
@@ -30,9 +31,8 @@ def _role_lines(plan: RMPlan, device_bytes: int, headroom: float) -> list[str]:
 def format_rm_plan(config, shape: DecoderShape, gpu: GpuSpec, topology: Topology, *, headroom: float = 0.15,
                    efficiency: float = 0.4, network_assumed: Optional[str] = None) -> tuple[str, bool]:
     """The report and whether a setup fits."""
-    world = config.trainer.nnodes * config.trainer.n_gpus_per_node
     configured = setup_of(config)
-    lines = [f"hybridrl plan (reward model): {world} x {gpu.name} ({gpu.memory_bytes / GIB:.1f} GiB each), "
+    lines = [f"hybridrl plan (reward model): {rm_world(config)} x {gpu.name} ({gpu.memory_bytes / GIB:.1f} GiB each), "
              f"{config.data.train_batch_size} pairs per optimizer step, {shape.num_parameters() / 1e9:.2f} B "
              f"parameters, headroom {headroom:.0%}", "as configured:"]
     lines += _role_lines(plan_rm(config, shape, gpu, topology, configured, efficiency), gpu.memory_bytes, headroom)
@@ -60,11 +60,7 @@ def format_rm_plan(config, shape: DecoderShape, gpu: GpuSpec, topology: Topology
 def _collective_lines(plan: RMPlan, topology: Topology, network_assumed: Optional[str]) -> list[str]:
     lines = [f"communication (in a node {topology.intra.name}, between nodes {topology.inter.name}"
              + (", assumed: pass --network" if network_assumed else "") + "):"]
-    for c in plan.collectives:
-        where = "crosses nodes" if c.crosses_nodes else "in a node"
-        lines.append(f"  {c.kind:<16}{c.calls:>5} x {c.payload_bytes / GIB:7.3f} GiB over {c.ranks} ranks ({where}): "
-                     f"{c.seconds:8.2f} s")
-    return lines or ["  none: one rank shards nothing"]
+    return lines + ([collective_line(c) for c in plan.collectives] or ["  none: one rank shards nothing"])
 
 
 def _sharding_lines(config, shape, gpu, topology, best: RMPlan, efficiency: float, headroom: float) -> list[str]:
@@ -82,10 +78,9 @@ def _sharding_lines(config, shape, gpu, topology, best: RMPlan, efficiency: floa
 
 
 def _accumulation_lines(config, shape, gpu, topology, best: RMPlan, efficiency: float, headroom: float) -> list[str]:
-    world = config.trainer.nnodes * config.trainer.n_gpus_per_node
-    local = config.data.train_batch_size // world
+    local = config.data.train_batch_size // rm_world(config)
     lines = ["accumulation (the same global batch, the chosen savers):"]
-    for steps in (1, 2, 8, 32):
+    for steps in ACCUMULATION_STEPS:
         if local % steps:
             continue
         plan = plan_rm(config, shape, gpu, topology, dataclasses.replace(best.setup, micro_batch=local // steps),
@@ -110,10 +105,11 @@ def plan_other_trainer(config, args, by_flags, links: dict) -> int:
     gpu = gpu_spec(args.gpu)
     shape = by_flags[0] if by_flags else model_shape(config.model.path, "model.path", config.model.trust_remote_code)
     network = links.get("network")
-    topology = Topology(config.trainer.nnodes, config.trainer.n_gpus_per_node,
-                        links.get("node_link") or LINKS[gpu.node_link], network or LINKS[DEFAULT_NETWORK])
-    assumed = LINKS[DEFAULT_NETWORK].name if network is None and config.trainer.nnodes > 1 else None
+    topology = topology_of(config, links.get("node_link") or LINKS[gpu.node_link], network or LINKS[DEFAULT_NETWORK])
     text, fits = format_rm_plan(config, shape, gpu, topology, headroom=args.headroom, efficiency=args.efficiency,
-                                network_assumed=assumed)
+                                network_assumed=assumed_network(config, network))
+    if by_flags:
+        print(f"model shape from flags: {shape.num_parameters() / 1e9:.2f} B parameters; assumed "
+              + ("; ".join(by_flags[1]) or "nothing"))
     print(text)
     return 0 if fits else 1

@@ -11,9 +11,9 @@ What it varies:
 - the micro-batch of each trained role: the largest that fits (:func:`~hybridrl.planner.recommendation.fit_setup`),
   which sets the accumulation steps, and vLLM's memory share where it must shrink.
 
-A saver only ever costs time, so only the *smallest* sets of savers that fit are timed (a set that fits makes its
-supersets pointless). Each is timed as the roofline compute (checkpointing's recompute included), the
-communication of its layout (:mod:`hybridrl.planner.comm_plan`) and its host copies (:func:`host_seconds`); the
+Every set of savers that fits is timed (more savers can be faster: checkpointing's recompute may buy a micro-batch
+large enough to save more communication than it costs): the roofline compute (checkpointing's recompute included),
+the communication of its layout (:mod:`hybridrl.planner.comm_plan`) and its host copies (:func:`host_seconds`); the
 fastest wins. 8-bit optimizer states change the optimisation a little, so they are searched only when no exact
 layout fits. LoRA changes what is trained and is not searched.
 """
@@ -27,7 +27,9 @@ from typing import Optional
 
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import world_size
+from hybridrl.config.validation import critic_enabled
 from hybridrl.planner.comm_plan import LINKS, Collective, ShardLayout, StepComm, Topology, plan_communication
+from hybridrl.autotune.decoder_shape import DecoderShape
 from hybridrl.planner.hardware import GpuSpec
 from hybridrl.planner.memory_plan import MemoryPlan, RoleMemory, Setup, Shapes, plan_memory, setup_from
 from hybridrl.planner.recommendation import SAVERS, SETUP_KEYS, Fitted, fit_setup
@@ -85,28 +87,50 @@ class Candidate:
         return f"fastest layout that fits: {self.layout}; {savers}"
 
 
-def layouts(config: TrainConfig, keep_layout: bool = False) -> list[tuple[str, TrainConfig, list[str]]]:
-    """The layouts searched: (label, config, overrides) for each vLLM TP size and, on several nodes, HSDP and full
-    sharding; the configured layout first (alone with ``keep_layout``)."""
+def splits_heads(shape: DecoderShape, tp: int) -> bool:
+    """Whether vLLM can split ``shape``'s attention over ``tp`` ranks: the heads evenly, the KV heads evenly or into
+    whole replicas (as the config check of ``rollout.tensor_model_parallel_size`` requires)."""
+    return shape.num_heads % tp == 0 and (shape.num_kv_heads % tp == 0 or tp % shape.num_kv_heads == 0)
+
+
+def with_shard_groups(config: TrainConfig, actor: int, critic: int) -> TrainConfig:
+    """``config`` with the actor's and the critic's ``fsdp.fsdp_size``."""
     replace = dataclasses.replace
+    return replace(config, actor=replace(config.actor, fsdp=replace(config.actor.fsdp, fsdp_size=actor)),
+                   critic=replace(config.critic, fsdp=replace(config.critic.fsdp, fsdp_size=critic)))
+
+
+def layouts(config: TrainConfig, shape: DecoderShape,
+            keep_layout: bool = False) -> list[tuple[str, TrainConfig, list[str]]]:
+    """The layouts searched: (label, config, overrides) for each vLLM TP size that splits ``shape``'s heads and, on
+    several nodes, HSDP within a node and full sharding (both roles alike); the configured layout first (alone with
+    ``keep_layout``)."""
+    world, per_node = world_size(config), config.trainer.n_gpus_per_node
     tp_sizes = [config.rollout.tensor_model_parallel_size]
     if config.rollout.name == "vllm" and not config.rollout.n_gpus and not keep_layout:
-        tp_sizes += [tp for tp in (1, 2, 4, 8) if config.trainer.n_gpus_per_node % tp == 0 and tp not in tp_sizes]
-    shard_sizes = [config.actor.fsdp.fsdp_size]
+        tp_sizes += [tp for tp in (1, 2, 4, 8) if per_node % tp == 0 and tp not in tp_sizes and splits_heads(shape, tp)]
+    group = lambda size: world if size == -1 else size  # noqa: E731  (-1 and the world size are one layout)
+    configured = (group(config.actor.fsdp.fsdp_size), group(config.critic.fsdp.fsdp_size))
+    groups = [configured]
     if config.trainer.nnodes > 1 and not keep_layout:
-        shard_sizes += [size for size in (config.trainer.n_gpus_per_node, -1) if size not in shard_sizes]
+        groups += [(size, size) for size in (per_node, world) if (size, size) not in groups]
     found = []
-    for tp, shard in itertools.product(tp_sizes, shard_sizes):
-        varied = replace(config, rollout=replace(config.rollout, tensor_model_parallel_size=tp),
-                         actor=replace(config.actor, fsdp=replace(config.actor.fsdp, fsdp_size=shard)),
-                         critic=replace(config.critic, fsdp=replace(config.critic.fsdp, fsdp_size=shard)))
+    for tp, (actor, critic) in itertools.product(tp_sizes, groups):
+        varied = dataclasses.replace(with_shard_groups(config, *((actor, critic) if (actor, critic) != configured else
+                                                                (config.actor.fsdp.fsdp_size,
+                                                                 config.critic.fsdp.fsdp_size))),
+                                     rollout=dataclasses.replace(config.rollout, tensor_model_parallel_size=tp))
         overrides = [f"rollout.tensor_model_parallel_size={tp}"] if tp != tp_sizes[0] else []
-        if shard != shard_sizes[0]:
-            overrides += [f"actor.fsdp.fsdp_size={shard}", f"critic.fsdp.fsdp_size={shard}"]
-        world = world_size(config)
-        sharding = "full shard" if shard in (-1, world) else f"HSDP {world // shard} x {shard}"
-        found.append((f"rollout TP {tp}, {sharding}", varied, overrides))
+        for role, size, was in (("actor", actor, configured[0]), ("critic", critic, configured[1])):
+            if size != was and (role == "actor" or critic_enabled(config)):
+                overrides.append(f"{role}.fsdp.fsdp_size={-1 if size == world else size}")
+        found.append((f"rollout TP {tp}, {_sharding_label(actor, world)}"
+                      + ("" if critic == actor else f" (critic {_sharding_label(critic, world)})"), varied, overrides))
     return found
+
+
+def _sharding_label(group: int, world: int) -> str:
+    return "full shard" if group == world else f"HSDP {world // group} x {group}"
 
 
 SAVERS_OFF = dict(actor_grad_sync="step", critic_grad_sync="step", actor_defer_all_reduce=True,
@@ -131,9 +155,11 @@ def applicable_savers(config: TrainConfig, setup: Setup, roles: set[str], savers
 
 
 def hsdp(config: TrainConfig) -> bool:
+    """Whether the actor or the critic is sharded in groups smaller than the world (HSDP)."""
     from hybridrl.config.sizes import shard_group_ranks
 
-    return shard_group_ranks(config.actor.fsdp.fsdp_size, world_size(config)) < world_size(config)
+    world = world_size(config)
+    return any(shard_group_ranks(role.fsdp.fsdp_size, world) < world for role in (config.actor, config.critic))
 
 
 def _for_roles(changes: dict, roles: set[str]) -> dict:
@@ -167,7 +193,7 @@ def offloaded_update_seconds(role: RoleMemory, layout: ShardLayout, update: list
     """Host seconds of an FSDP2 ``param_offload`` role's updates: its fp32 parameter shard copied in for every
     all-gather, its gradient shard out after every reduction, and each optimizer step run on the host."""
     gathers = sum(c.calls for c in update if c.kind == "all_gather") or layout.optimizer_steps
-    shard = role.offloaded / 4  # fp32 master + grad + 2 moments: 16 bytes a parameter
+    shard = role.host_parameters  # fp32: the gradient shard coming out is as large
     reductions = layout.optimizer_steps * (layout.micro_batches if layout.grad_sync == "micro_batch" else 1)
     return ((gathers + reductions) * shard / HOST_LINK.bytes_per_second
             + layout.optimizer_steps * 2 * shard / HOST_ADAM_BYTES_PER_SECOND)
@@ -186,8 +212,8 @@ def host_seconds(plan: MemoryPlan, setup: Setup, comm: StepComm) -> float:
         if offloaded and role in roles:
             update = [c for c in comm.plan.collectives if c.phase == f"update_{role}"]
             seconds += offloaded_update_seconds(roles[role], comm.layouts[role], update)
-    if setup.ref_param_offload and "ref" in roles:
-        seconds += roles["ref"].offloaded / HOST_LINK.bytes_per_second  # once per log-prob pass
+    if setup.ref_param_offload and "ref" in roles:  # copied in for every all-gather of its pass
+        seconds += comm.forward_gathers * roles["ref"].host_parameters / HOST_LINK.bytes_per_second
     return seconds
 
 
@@ -218,9 +244,11 @@ def _search(config, shapes, gpu, topology, headroom, efficiency, savers: dict, e
             keep_layout: bool) -> list[Candidate]:
     found = []
     device = gpu.memory_bytes
-    for label, varied, layout_overrides in layouts(config, keep_layout):
+    for label, varied, layout_overrides in layouts(config, shapes.policy, keep_layout):
         configured = setup_from(varied)
-        base = dataclasses.replace(configured, **SAVERS_OFF)  # the configured savers are searched like the others
+        off = {field: value for field, value in SAVERS_OFF.items()  # HSDP's all-reduce setting matters under HSDP only
+               if hsdp(varied) or not field.endswith("defer_all_reduce")}
+        base = dataclasses.replace(configured, **off)  # the configured savers are searched like the others
         roles = set(plan_memory(varied, shapes, device, base).roles)
         names = applicable_savers(varied, base, roles, savers)
         for size in range(len(names) + 1):

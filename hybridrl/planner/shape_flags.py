@@ -52,6 +52,10 @@ def shape_from_flags(args: argparse.Namespace) -> Optional[tuple[DecoderShape, l
     if hidden % heads:
         raise ValueError(f"--hidden={hidden} is not a multiple of --heads={heads}")
     kv_heads = given["kv_heads"] or _assume(assumed, "kv-heads", heads, "no grouped-query attention")
+    if heads % kv_heads:
+        raise ValueError(f"--kv-heads={kv_heads} must divide --heads={heads}")
+    if given["params"] is not None and given["intermediate"] is not None:
+        raise ValueError("give --params or --intermediate, not both (--params solves the MLP width)")
     vocab = given["vocab"] or _assume(assumed, "vocab", 32000, "Llama 2's vocabulary")
     tie = bool(getattr(args, "tie_embeddings", False))
     if not tie:

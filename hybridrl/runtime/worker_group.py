@@ -242,8 +242,9 @@ class GroupFuture(Generic[G]):
         self._deadline = time.monotonic() + timeout_s
         self._results: dict[int, Any] = {}
         self.worker_seconds: dict[int, float] = {}
-        self.worker_bytes: dict[int, dict[str, int]] = {}
         """Per rank, the seconds the method ran inside the worker (filled as ranks finish)."""
+        self.worker_bytes: dict[int, dict[str, int]] = {}
+        """Per rank, the bytes of the method's collectives by kind (filled as ranks finish)."""
         self._value: Any = None
         self._error: Optional[BaseException] = None
         self._settled_once = False  # the value or the error is final

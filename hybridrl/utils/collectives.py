@@ -156,9 +156,12 @@ def _tensor_bytes(value: Optional[object]) -> int:
 
 
 def _issuer_kind(kind: str, caller) -> str:
-    """``fsdp_all_reduce`` for an all-reduce FSDP2 itself issued (the frame calling the collective lives in
-    ``torch.distributed.fsdp``), ``kind`` otherwise."""
-    if kind == "all_reduce" and caller.f_globals.get("__name__", "").startswith("torch.distributed.fsdp"):
+    """``fsdp_all_reduce`` for an all-reduce FSDP2 itself issued (the first calling frame outside this module — an
+    inner counter's wrapper is skipped — lives in ``torch.distributed.fsdp``), ``kind`` otherwise."""
+    while caller is not None and caller.f_globals.get("__name__") == __name__:
+        caller = caller.f_back
+    if kind == "all_reduce" and caller is not None and \
+            caller.f_globals.get("__name__", "").startswith("torch.distributed.fsdp"):
         return "fsdp_all_reduce"
     return kind
 

@@ -85,7 +85,9 @@ class ActorRolloutRefWorker(Worker):
         scheduler = build_scheduler(optimizer, config.actor.optim, optimizer_steps)
         self.actor = TrainingEngine(actor_model, dp=dp, optimizer=optimizer, scheduler=scheduler,
                                     grad_clip=config.actor.grad_clip)
-        self.optimizer_offload = OptimizerOffload(optimizer, self.device, config.actor.fsdp.optimizer_offload)
+        # with param_offload FSDP2 keeps the state on the host already (and steps there)
+        self.optimizer_offload = OptimizerOffload(
+            optimizer, self.device, config.actor.fsdp.optimizer_offload and not config.actor.fsdp.param_offload)
         self.lora = lora_enabled(config.model.lora)
         self.with_reference = with_reference
         frozen = sharding_options(config.model.dtype, config.actor.fsdp, param_offload=config.ref.param_offload,

@@ -48,7 +48,8 @@ class CriticWorker(EngineCheckpoints, Worker):
         self.forward = SequenceForward(packed=config.model.use_remove_padding, share_prompts=config.model.share_prompts)
         self.engine = TrainingEngine(model, dp=dp, optimizer=optimizer, scheduler=scheduler, grad_clip=critic.grad_clip)
         # critic.fsdp.optimizer_offload: Adam's moments on the host outside the critic's own updates
-        self.optimizer_offload = OptimizerOffload(optimizer, self.device, critic.fsdp.optimizer_offload)
+        self.optimizer_offload = OptimizerOffload(optimizer, self.device,
+                                                  critic.fsdp.optimizer_offload and not critic.fsdp.param_offload)
         self.plan, self.micro_batch_sizing = resolve_plan(config, "critic", model, self.plan, dp=dp,
                                                           device=self.device, optimizer=optimizer)
         self.engine.micro_batching = training_micro_batching(critic, self.plan.micro_batch_size_per_gpu,

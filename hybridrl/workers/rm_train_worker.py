@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from hybridrl.config.rm_schema import RMConfig
+from hybridrl.config.sizes import gathers_once
 from hybridrl.engines.base import TrainingEngine
 from hybridrl.engines.checkpoint import export_hf
 from hybridrl.engines.losses import BradleyTerryLoss
@@ -43,15 +44,17 @@ class RewardModelTrainWorker(EngineCheckpoints, Worker):
         torch.manual_seed(config.trainer.seed)
         self.config = config
         model, self.tokenizer = build_reward_model(config, self.device)
-        shard_model(model, self.dp_mesh, sharding_options(config.model.dtype, config.fsdp, keep_gathered=False))
+        gather_once = gathers_once(config.fsdp.gather_once, self.device.type, self.world_size)
+        shard_model(model, self.dp_mesh, sharding_options(config.model.dtype, config.fsdp, keep_gathered=gather_once))
         optimizer = build_optimizer(model, config.optim)
         scheduler = build_scheduler(optimizer, config.optim, config.trainer.total_training_steps)
         dp = data_parallel_group(self)
         micro_batch_size = config.data.micro_batch_size_per_gpu
         self.engine = TrainingEngine(model, dp=dp, optimizer=optimizer, scheduler=scheduler,
                                      grad_clip=config.loss.grad_clip,
-                                     micro_batching=MicroBatching(micro_batch_size=micro_batch_size,
-                                                                  grad_sync=config.fsdp.grad_sync),
+                                     micro_batching=MicroBatching(
+                                         micro_batch_size=micro_batch_size, grad_sync=config.fsdp.grad_sync,
+                                         gather_once=gather_once, defer_all_reduce=config.fsdp.defer_all_reduce),
                                      hooks=[NoiseScaleMonitor(model, dp)] if config.loss.log_grad_noise_scale else [])
         self.loss = BradleyTerryLoss(packed=config.model.use_remove_padding, loss=config.loss)
 

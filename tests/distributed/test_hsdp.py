@@ -80,7 +80,7 @@ def accumulate_both_ways(rank, world, model_dir, out_path):
     (``grad_sync=step``) against HSDP reduce-scattering after each (``micro_batch``) with its all-reduce across the
     groups deferred to the last; float64 reductions, so any order gives the same sum."""
     from hybridrl.modeling.fsdp import set_gradient_sync, syncs_gradients
-    from hybridrl.utils.collectives import CollectiveTimer
+    from hybridrl.utils.collectives import CollectiveCounter, CollectiveTimer
 
     generator = torch.Generator().manual_seed(200 + rank)
     micro_batches = [torch.randint(4, 60, (1, 12), generator=generator) for _ in range(2)]
@@ -90,13 +90,13 @@ def accumulate_both_ways(rank, world, model_dir, out_path):
         model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor")
         shard_model(model, init_device_mesh("cpu", (world,)),
                     ShardingOptions(reduce_dtype=torch.float64, shard_group_size=fsdp_size))
-        with CollectiveTimer() as comm:
+        with CollectiveCounter() as outer, CollectiveTimer() as comm:  # nested, as a worker call around an update
             for index, ids in enumerate(micro_batches):
                 set_gradient_sync(model, syncs_gradients(grad_sync, index, 2), all_reduce=index == 1)
                 (model(input_ids=ids, labels=ids, use_cache=False).loss * world).backward()
         results[fsdp_size] = dict(gradients={name: full_tensor(param.grad).clone()
                                              for name, param in model.named_parameters()},
-                                  reduced=dict(comm.payload_bytes))
+                                  reduced=dict(comm.payload_bytes), outer=dict(outer.payload_bytes))
     if rank == 0:
         torch.save(results, out_path)
 
@@ -107,6 +107,7 @@ def test_hsdp_all_reduces_once_per_step_when_it_reduce_scatters_every_micro_batc
     for name, grad in results[-1]["gradients"].items():
         assert torch.equal(grad, results[2]["gradients"][name]), name
     plain, hsdp = results[-1]["reduced"], results[2]["reduced"]
+    assert results[2]["outer"] == hsdp  # the outer counter sees FSDP2's all-reduce through the inner wrapper
     assert hsdp["reduce_scatter"] == 2 * plain["reduce_scatter"]  # every micro-batch, over half as many ranks...
     assert hsdp["fsdp_all_reduce"] == plain["reduce_scatter"] // 2  # ...and one all-reduce of the half-size shards
 

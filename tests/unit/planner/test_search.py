@@ -135,3 +135,21 @@ def test_reward_model_search_times_each_setup_and_its_overrides_rebuild_it():
         assert {c.kind for c in candidate.collectives if c.crosses_nodes} == ({"fsdp_all_reduce"} if hsdp else
                                                                            {"all_gather", "reduce_scatter"})
     assert {candidate.setup.fsdp_size for candidate in candidates} == {4, -1}  # both shardings searched
+
+
+def test_the_search_keeps_what_the_config_says_where_it_does_not_vary_it():
+    # a critic sharded otherwise than the actor keeps its own layout; no HSDP, no all-reduce setting printed
+    kept = plan_job(issue_job("critic.fsdp.fsdp_size=-1", "actor.fsdp.fsdp_size=2", "trainer.nnodes=1",
+                              "trainer.n_gpus_per_node=4", "actor.fsdp.defer_all_reduce=false"),
+                    gpu_spec("a100-80"), shapes=QWEN_7B, keep_layout=True)
+    assert all(candidate.comm.layouts["critic"].shard_group == 4 for candidate in kept.candidates)
+    assert all(candidate.comm.layouts["actor"].shard_group == 2 for candidate in kept.candidates)
+    single = plan_job(issue_job("trainer.nnodes=1", "trainer.n_gpus_per_node=4", "actor.fsdp.defer_all_reduce=false"),
+                      gpu_spec("a100-80"), shapes=QWEN_7B, keep_layout=True)
+    assert not any("defer_all_reduce" in override for c in single.candidates for override in c.overrides)
+
+
+def test_only_tensor_parallel_sizes_that_split_the_heads_are_searched():
+    job = plan_job(issue_job("trainer.nnodes=1", "trainer.n_gpus_per_node=8"), gpu_spec("a100-80"), shapes=QWEN_7B)
+    sizes = {candidate.config.rollout.tensor_model_parallel_size for candidate in job.candidates}
+    assert 8 not in sizes and sizes <= {1, 2, 4}  # 28 heads over 4 KV heads: 8 does not divide them
