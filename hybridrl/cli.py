@@ -134,7 +134,8 @@ def plan(args: argparse.Namespace) -> int:
 
     links = {name: None if value is None else parse_link(value)
              for name, value in (("network", args.network), ("node_link", args.node_link))}
-    from hybridrl.planner.shape_flags import shape_from_flags, shapes_with_flags
+    from hybridrl.planner.report import shapes_of
+    from hybridrl.planner.shape_flags import shape_from_flags
 
     by_flags = shape_from_flags(args)
     config = load_from_args(args, **({"check_paths": False} if by_flags else {}))  # no model to find on disk
@@ -144,7 +145,7 @@ def plan(args: argparse.Namespace) -> int:
         return plan_other_trainer(config, args, by_flags, links)
     job = plan_job(config, gpu_spec(args.gpu), headroom=args.headroom, efficiency=args.efficiency,
                    price_per_gpu_hour=args.price_per_gpu_hour, total_steps=args.steps,
-                   keep_layout=args.keep_layout, shapes=shapes_with_flags(config, by_flags), **links)
+                   keep_layout=args.keep_layout, shapes=shapes_of(config, by_flags[0]) if by_flags else None, **links)
     if by_flags:
         print(f"model shape from flags: {by_flags[0].num_parameters() / 1e9:.2f} B parameters; assumed "
               + ("; ".join(by_flags[1]) or "nothing"))

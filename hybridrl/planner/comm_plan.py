@@ -38,8 +38,10 @@ from typing import Optional
 
 from hybridrl.autotune.decoder_shape import DecoderShape, tensor_elements
 from hybridrl.config.precision import DTYPE_BYTES
+from hybridrl.config.rollout_placement import generation_devices
 from hybridrl.config.schema import TrainConfig
-from hybridrl.config.sizes import role_plan, shard_group_ranks, world_size
+from hybridrl.config.sizes import gathers_once, reuses_update_log_probs, role_plan, shard_group_ranks, world_size
+from hybridrl.config.validation import critic_enabled
 
 GBIT = 1e9 / 8
 
@@ -208,8 +210,6 @@ def shard_layout(config: TrainConfig, role: str, *, micro_batch: Optional[int] =
                  defer_all_reduce: Optional[bool] = None) -> ShardLayout:
     """``role``'s (``actor`` / ``critic``) sharding and stepping from ``config``, with the planner's varied settings
     overriding it (a token budget counts ``⌈tokens ÷ budget⌉`` micro-batches of full-length rows)."""
-    from hybridrl.config.sizes import gathers_once
-
     role_config, world = getattr(config, role), world_size(config)
     plan = role_plan(config, role)
     local = plan.local_mini_batch_sequences
@@ -274,9 +274,6 @@ def plan_communication(config: TrainConfig, shapes, topology: Topology, compute:
     """The collectives of one step of ``config`` (``shapes``: the planner's :class:`~hybridrl.planner.memory_plan.
     Shapes`; ``setup``: its varied settings, else the config's) and each phase's seconds once ``compute`` (the
     roofline's seconds per phase) is overlapped with them."""
-    from hybridrl.config.validation import critic_enabled
-    from hybridrl.config.sizes import reuses_update_log_probs
-
     layouts = {"actor": _setup_layout(config, "actor", setup)}
     collectives = update_collectives("update_actor", shapes.policy, layouts["actor"], topology)
     forward = forward_layout(config, "actor", layouts["actor"])
@@ -313,8 +310,6 @@ def tensor_parallel_collectives(config: TrainConfig, shape: DecoderShape, topolo
     tp = config.rollout.tensor_model_parallel_size
     if tp <= 1 or config.rollout.name != "vllm":
         return []
-    from hybridrl.config.rollout_placement import generation_devices
-
     rows = -(-config.data.train_batch_size * config.rollout.n * tp // generation_devices(config))
     per_row = shape.hidden_size * DTYPE_BYTES[config.model.dtype]
     calls = 2 * shape.num_layers

@@ -9,6 +9,7 @@ from hybridrl.config.precision import standard_modes
 from hybridrl.config.schema import TrainConfig
 from hybridrl.planner.comm_plan import DEFAULT_NETWORK, LINKS, Link, StepComm, plan_communication
 from hybridrl.planner.comm_report import assumed_network, comm_section, topology_of
+from hybridrl.autotune.decoder_shape import DecoderShape
 from hybridrl.planner.hardware import GpuSpec
 from hybridrl.planner.known_models import model_shape
 from hybridrl.planner.memory_plan import MemoryPlan, Setup, Shapes, plan_memory
@@ -46,24 +47,19 @@ class JobPlan:
 
     num_devices: int = 1
     shapes: Optional[Shapes] = None
-    config: Optional[TrainConfig] = None
+    timed_config: Optional[TrainConfig] = None
+    """The config of the layout the step was timed for (the recommendation's TP size and sharding, or the config as
+    given when nothing fits), with ``timed_setup`` its varied settings."""
+    timed_setup: Optional[Setup] = None
     candidates: list[Candidate] = field(default_factory=list)
 
-    @property
-    def comm_setup(self) -> Setup:
-        return timed_setup(self.recommendation, self.as_configured)
 
-
-def timed_setup(advice: Recommendation, as_configured: MemoryPlan) -> Setup:
-    """The settings the step is timed for: the recommendation's, or the config's when no layout fits."""
-    return advice.plan.setup if advice.fits else as_configured.setup
-
-
-def shapes_of(config: TrainConfig) -> Shapes:
+def shapes_of(config: TrainConfig, policy: Optional[DecoderShape] = None) -> Shapes:
     """Model shapes from the local ``config.json`` of each of the job's models (no weights are read, nothing is
-    downloaded), or a known model's published shape (:mod:`hybridrl.planner.known_models`)."""
+    downloaded), or a known model's published shape (:mod:`hybridrl.planner.known_models`); ``policy``: the policy's
+    given instead (``hybridrl plan --layers …``)."""
     remote = config.model.trust_remote_code
-    return Shapes(policy=model_shape(config.model.path, "model.path", remote),
+    return Shapes(policy=policy or model_shape(config.model.path, "model.path", remote),
                   critic=model_shape(config.critic.model_path, "critic.model_path", remote),
                   reward_model=model_shape(config.reward_model.model_path if config.reward_model.enable else None,
                                            "reward_model.model_path", remote),
@@ -90,17 +86,18 @@ def plan_job(config: TrainConfig, gpu: GpuSpec, *, shapes: Optional[Shapes] = No
     if candidates:
         best = candidates[0]
         advice = Recommendation(True, best.memory, best.overrides, best.fitted.decisions, best.reason)
-        comm, phases, timed_config = best.comm, best.phases, best.config
+        comm, phases, timed_config, setup = best.comm, best.phases, best.config, best.memory.setup
     else:
         advice = recommend(config, shapes, gpu.memory_bytes, headroom)
         compute = roofline_step_time(config, shapes.policy, gpu, efficiency=efficiency,
                                      waves=generation_waves(config, shapes.policy, as_configured))
         comm = plan_communication(config, shapes, topology, compute.phases, as_configured.setup)
-        phases, timed_config = comm.phases, config
+        phases, timed_config, setup = comm.phases, config, as_configured.setup
     return JobPlan(gpu=gpu, as_configured=as_configured, recommendation=advice,
                    step_time=StepTime(phases, efficiency), total_steps=total_steps or config.trainer.total_training_steps,
                    headroom=headroom, price_per_gpu_hour=price_per_gpu_hour, num_devices=job_devices(config),
-                   comm=comm, network_assumed=assumed, shapes=shapes, config=timed_config, candidates=candidates)
+                   comm=comm, network_assumed=assumed, shapes=shapes, timed_config=timed_config,
+                   timed_setup=setup, candidates=candidates)
 
 
 def _gib(value: float) -> str:
@@ -144,8 +141,8 @@ def format_plan(job: JobPlan) -> str:
         lines += memory_table(advice.plan)
     lines += why_lines(job.candidates)
     lines += time_lines(job)
-    if job.comm is not None and job.shapes is not None and job.config is not None:
-        lines += comm_section(job.config, job.shapes, job.comm, job.comm_setup, gpu.memory_bytes,
+    if job.comm is not None and job.shapes is not None and job.timed_config is not None:
+        lines += comm_section(job.timed_config, job.shapes, job.comm, job.timed_setup, gpu.memory_bytes,
                               job.headroom, job.network_assumed)
     return "\n".join(lines)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hybridrl.config.schema import TrainConfig
-from hybridrl.config.sizes import world_size
+from hybridrl.config.sizes import shard_group_ranks, world_size
 from hybridrl.config.validation import critic_enabled
 from hybridrl.planner.comm_plan import LINKS, Collective, ShardLayout, StepComm, Topology, plan_communication
 from hybridrl.autotune.decoder_shape import DecoderShape
@@ -116,9 +116,9 @@ def layouts(config: TrainConfig, shape: DecoderShape,
         groups += [(size, size) for size in (per_node, world) if (size, size) not in groups]
     found = []
     for tp, (actor, critic) in itertools.product(tp_sizes, groups):
-        varied = dataclasses.replace(with_shard_groups(config, *((actor, critic) if (actor, critic) != configured else
-                                                                (config.actor.fsdp.fsdp_size,
-                                                                 config.critic.fsdp.fsdp_size))),
+        shards = (config.actor.fsdp.fsdp_size, config.critic.fsdp.fsdp_size) if (actor, critic) == configured else \
+            (actor, critic)  # the configured layout keeps its own spelling (-1 or the world size)
+        varied = dataclasses.replace(with_shard_groups(config, *shards),
                                      rollout=dataclasses.replace(config.rollout, tensor_model_parallel_size=tp))
         overrides = [f"rollout.tensor_model_parallel_size={tp}"] if tp != tp_sizes[0] else []
         for role, size, was in (("actor", actor, configured[0]), ("critic", critic, configured[1])):
@@ -156,8 +156,6 @@ def applicable_savers(config: TrainConfig, setup: Setup, roles: set[str], savers
 
 def hsdp(config: TrainConfig) -> bool:
     """Whether the actor or the critic is sharded in groups smaller than the world (HSDP)."""
-    from hybridrl.config.sizes import shard_group_ranks
-
     world = world_size(config)
     return any(shard_group_ranks(role.fsdp.fsdp_size, world) < world for role in (config.actor, config.critic))
 

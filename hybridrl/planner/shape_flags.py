@@ -86,18 +86,3 @@ def _width_for(base: DecoderShape, params: int) -> int:
                          "embeddings alone at these --layers/--hidden/--vocab")
     return max(256, round((params - without_mlp) / per_unit / 256) * 256)
 
-
-def shapes_with_flags(config, by_flags: Optional[tuple[DecoderShape, list[str]]]):
-    """The job's shapes with the policy's from the flags (critic, reward model and teacher as the config says, by
-    default the policy's); ``None`` without flags (the planner reads them from the config)."""
-    if by_flags is None:
-        return None
-    from hybridrl.planner.known_models import model_shape
-    from hybridrl.planner.memory_plan import Shapes
-
-    remote = config.model.trust_remote_code
-    return Shapes(policy=by_flags[0], critic=model_shape(config.critic.model_path, "critic.model_path", remote),
-                  reward_model=model_shape(config.reward_model.model_path if config.reward_model.enable else None,
-                                           "reward_model.model_path", remote),
-                  teacher=model_shape(config.algorithm.distillation.teacher_path,
-                                      "algorithm.distillation.teacher_path", remote))

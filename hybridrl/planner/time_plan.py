@@ -19,6 +19,7 @@ from hybridrl.config.rollout_placement import generation_devices
 from hybridrl.config.sizes import trained_rows_per_prompt, world_size
 from hybridrl.config.validation import critic_enabled
 from hybridrl.planner.hardware import GpuSpec
+from hybridrl.planner.memory_plan import MemoryPlan, kv_bytes_per_token
 from hybridrl.autotune.memory_sizing import DecoderShape
 
 DEFAULT_EFFICIENCY = 0.4
@@ -110,11 +111,9 @@ def run_cost(hours: float, num_devices: int, price_per_gpu_hour: float) -> float
     return price_per_gpu_hour * num_devices * hours
 
 
-def generation_waves(config: TrainConfig, shape: DecoderShape, plan) -> int:
+def generation_waves(config: TrainConfig, shape: DecoderShape, plan: MemoryPlan) -> int:
     """How many passes vLLM needs because its KV cache (``plan``: a :class:`~hybridrl.planner.memory_plan.
     MemoryPlan`) holds only part of this device's sequences (1 for HF, whose cache is sized for the whole batch)."""
-    from hybridrl.planner.memory_plan import kv_bytes_per_token
-
     rollout = plan.roles["rollout"]
     if config.rollout.name != "vllm":
         return 1

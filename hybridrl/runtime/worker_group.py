@@ -114,6 +114,15 @@ class WorkerGroup(Generic[W]):
         if seconds:
             self._worker_seconds[method] = self._worker_seconds.get(method, 0.0) + max(seconds.values())
 
+    def pop_call_metrics(self) -> dict[str, float]:
+        """Both, as step metrics: ``timing_worker/<method>`` (a phase's ``timing/`` wall time minus its methods' is
+        the controller's dispatch cost) and ``comm_bytes/<method>/<kind>`` (the planner's figures), since the last
+        pop."""
+        metrics = {f"timing_worker/{method}": seconds for method, seconds in self.pop_worker_seconds().items()}
+        metrics.update({f"comm_bytes/{method}/{kind}": float(moved) for method, kinds in self.pop_worker_bytes().items()
+                        for kind, moved in kinds.items() if moved})
+        return metrics
+
     def pop_worker_bytes(self) -> dict[str, dict[str, int]]:
         """Bytes of the collectives each method issued since the last pop, by kind: the largest rank's per call,
         summed over calls (what the planner predicts per rank, :mod:`hybridrl.planner.comm_plan`)."""

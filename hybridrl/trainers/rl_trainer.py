@@ -187,7 +187,7 @@ class RLTrainer:
         groups (dynamic sampling), and trains on it."""
         assert self.queue is not None
         timer = PhaseTimer()
-        self._pop_worker_seconds()  # calls made since the last step (validation, a resume) are not this step's
+        self._pop_worker_metrics()  # calls made since the last step (validation, a resume) are not this step's
         with timer.phase("generate"):
             entry, queue_metrics = self.queue.take(self.global_step)
         with timer.phase("reward"):
@@ -235,7 +235,7 @@ class RLTrainer:
                                                                **{g.name: g for g in self.rollout_replicas}})
         metrics.update(self._update_actor_and_sync(actor_batch, temperature, timer))
         for extras in (extra, correction_metrics, trained_batch_metrics(batch, self.global_step), timer.metrics(),
-                       self._pop_worker_seconds()):
+                       self._pop_worker_metrics()):
             metrics.update(extras)
         metrics["perf/throughput_tokens_per_s"] = float(batch[Fields.ATTENTION_MASK].sum()) / max(
             timer.total(), 1e-9)
@@ -458,17 +458,11 @@ class RLTrainer:
             self.scoring.load_state_dict(state.get("reward_fusion", {}))
         self.global_step = int(state["global_step"])
 
-    def _pop_worker_seconds(self) -> dict[str, float]:
-        """``timing_worker/<method>``: seconds inside the workers (slowest rank per call, summed over calls) since the
-        last pop. A phase's ``timing/`` wall time minus its methods' worker time is the controller's dispatch cost."""
-        groups = [group for group in (self.actor, self.critic) if group is not None]
-        metrics = {f"timing_worker/{method}": seconds for group in groups
-                   for method, seconds in group.pop_worker_seconds().items()}
-        # comm_bytes/<method>/<kind>: what each call's collectives moved on the busiest rank (the planner's figures)
-        metrics.update({f"comm_bytes/{method}/{kind}": float(moved) for group in groups
-                        for method, kinds in group.pop_worker_bytes().items() for kind, moved in kinds.items()
-                        if moved})
-        return metrics
+    def _pop_worker_metrics(self) -> dict[str, float]:
+        """The actor's and critic's ``timing_worker/*`` and ``comm_bytes/*`` since the last pop
+        (:meth:`~hybridrl.runtime.WorkerGroup.pop_call_metrics`)."""
+        return {key: value for group in (self.actor, self.critic) if group is not None
+                for key, value in group.pop_call_metrics().items()}
 
     def _generation(self) -> Generation:
         if self.generation is None:
