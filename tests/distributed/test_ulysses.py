@@ -1,0 +1,137 @@
+"""Ulysses sequence parallelism (``hybridrl.modeling.ulysses``): ranks that split every sequence between them train
+exactly as one rank holding whole sequences.
+
+SP = 2 on 2 gloo ranks (and SP = 2 × DP = 2 on 4), FSDP2 over all ranks, through the training engine with micro-batches:
+the actor's PPO loss (entropy bonus, KL loss) and the critic's value loss, padded and packed rows, with and without
+activation checkpointing — every gradient compared with the plain single-process reference of
+``test_grad_accum_invariance`` (relative error ≤ 1e-5: only the order of fp32 sums differs). Each case also checks that
+the split really ran (attention saw half the positions) and that a forward with a KV cache (generation) is not split.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gloo_spawn import run_on_gloo
+from test_grad_accum_invariance import (BATCH, OPTIM, PROMPT, RESPONSE, loss_for, make_data, reference_gradients,
+                                        reference_log_probs, relative_error)
+from torch.distributed.device_mesh import init_device_mesh
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+from hybridrl.config.schema import ModelConfig
+from hybridrl.engines.base import TrainingEngine
+from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
+from hybridrl.engines.optim import build_optimizer
+from hybridrl.modeling.fsdp import ShardingOptions, shard_model
+from hybridrl.modeling.model_builder import build_model
+from hybridrl.modeling.ulysses import check_heads, install_ulysses, sequence_parallel_layout
+from hybridrl.protocol import Batch
+from hybridrl.utils.distributed import full_tensor
+from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
+
+pytestmark = pytest.mark.distributed
+
+# (role, loss_agg_mode, layout, activation checkpointing)
+CASES = [("actor", "token-mean", "padded", False), ("actor", "seq-mean-token-mean", "packed", False),
+         ("actor", "token-mean", "packed", True), ("critic", "token-mean", "padded", False),
+         ("critic", "seq-mean-token-sum", "packed", True)]
+WIDE_CASES = [("actor", "token-mean", "packed", False), ("critic", "token-mean", "padded", True)]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ulysses")
+    # 4 query heads over 2 KV heads: SP = 2 splits both; the default tiny model's single KV head is repeated (below)
+    actor_dir = save_tiny_model(root / "actor", TinyModelSpec(hidden_size=128, num_heads=4, num_kv_heads=2))
+    critic = AutoModelForTokenClassification.from_pretrained(actor_dir, num_labels=1)
+    critic.save_pretrained(root / "critic")
+    data = make_data()
+    with torch.no_grad():
+        current = reference_log_probs(AutoModelForCausalLM.from_pretrained(actor_dir), data)
+    data["old_log_probs"] = (current + data.pop("log_prob_noise")) * data["response_mask"]
+    data["ref_log_probs"] = (current + data.pop("ref_noise")) * data["response_mask"]
+    return {"actor": actor_dir, "critic": root / "critic"}, data
+
+
+def run_cases(rank, world, sp_size, dirs, data, cases, out_path):
+    layout = sequence_parallel_layout(sp_size)
+    rows = BATCH // layout.dp_size
+    batch = Batch(tensors={name: tensor[layout.dp_rank * rows:(layout.dp_rank + 1) * rows]
+                           for name, tensor in data.items()})
+    results = {}
+    for case in cases:
+        role, mode, layout_name, checkpointing = case
+        config = ModelConfig(path=str(dirs[role]), dtype="float32", enable_gradient_checkpointing=checkpointing)
+        model = build_model(config, role)
+        shard_model(model, init_device_mesh("cpu", (world,)), ShardingOptions())
+        install_ulysses(model, layout.sp)
+        model.train()
+        lengths, row_lengths = [], []  # what attention saw; the rows' lengths as the model was called
+        model.model.register_forward_pre_hook(
+            lambda module, args, kwargs: row_lengths.append((args[0] if args else kwargs["input_ids"]).shape[1]),
+            with_kwargs=True,
+            prepend=True)
+        model.model.layers[0].self_attn.register_forward_hook(
+            lambda module, args, kwargs, output: lengths.append(kwargs["hidden_states"].shape[1]), with_kwargs=True)
+        engine = TrainingEngine(model, dp=DataParallelGroup(layout.dp_group, layout.dp_rank, layout.dp_size),
+                                micro_batching=MicroBatching(micro_batch_size=2),
+                                optimizer=build_optimizer(model, OPTIM))
+        engine.accumulate_gradients(batch, loss_for(role, mode, layout_name))
+        split = (sorted(set(row_lengths)), sorted(set(lengths)))  # checkpointing reruns layers, not the model
+        lengths.clear()
+        model.eval()
+        with torch.no_grad():  # a cached forward (generation) runs whole rows
+            model(input_ids=batch["input_ids"][:2], use_cache=True)
+        results[case] = dict(gradients={name: full_tensor(param.grad) for name, param in model.named_parameters()},
+                             split=split, cached_lengths=list(lengths))
+    if rank == 0:
+        torch.save(results, out_path)
+
+
+def run_and_check(setup, tmp_path, world, sp_size, cases):
+    dirs, data = setup
+    out = tmp_path / "results.pt"
+    run_on_gloo(world, run_cases, sp_size, dirs, data, cases, out)
+    results = torch.load(out, weights_only=False)
+    for case in cases:
+        role, mode, layout, _ = case
+        _, reference = reference_gradients(role, dirs[role], data, mode)
+        result = results[case]
+        assert relative_error(result["gradients"], reference) <= 1e-5, case
+        # each forward's attention saw half of its rows' positions (rounded up: the rows are padded to an even length)
+        rows, seen = result["split"]
+        assert seen == sorted({-(-row // sp_size) for row in rows}), (case, result["split"])
+        assert result["cached_lengths"] == [PROMPT + RESPONSE], case
+
+
+def test_sequence_parallel_gradients_equal_whole_sequences(setup, tmp_path):
+    run_and_check(setup, tmp_path, world=2, sp_size=2, cases=CASES)
+
+
+@pytest.mark.long
+def test_sequence_parallel_times_data_parallel(setup, tmp_path):
+    run_and_check(setup, tmp_path, world=4, sp_size=2, cases=WIDE_CASES)
+
+
+def test_a_single_kv_head_is_repeated_for_the_split(tmp_path):
+    """The default tiny model (2 heads over 1 KV head): SP = 2 repeats the KV head so each rank has one."""
+    model_dir = save_tiny_model(tmp_path / "model")
+    run_on_gloo(2, _single_kv_head_case, model_dir)
+
+
+def _single_kv_head_case(rank, world, model_dir):
+    layout = sequence_parallel_layout(2)
+    reference = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor")
+    model = build_model(ModelConfig(path=str(model_dir), dtype="float32"), "actor")
+    install_ulysses(model, layout.sp)
+    ids = torch.randint(4, 60, (2, 9), generator=torch.Generator().manual_seed(3))
+    expected = reference(input_ids=ids, use_cache=False).logits
+    got = model(input_ids=ids, use_cache=False).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_heads_not_divisible_is_refused(tmp_path):
+    config = AutoModelForCausalLM.from_pretrained(save_tiny_model(tmp_path / "model")).config  # 2 heads
+    check_heads(config, 2)
+    with pytest.raises(ValueError, match=r"ulysses_sequence_parallel_size=3 must divide the model's 2 attention"):
+        check_heads(config, 3)
