@@ -202,6 +202,13 @@ class ActorConfig(FreezableConfig):
     """Form micro-batches by a token budget (``ppo_max_token_len_per_gpu``) instead of a fixed sequence count."""
     ppo_max_token_len_per_gpu: int = 16384
     """Token budget of one micro-batch on one device when ``use_dynamic_bsz`` is true."""
+    ulysses_sequence_parallel_size: int = 1
+    """Ranks that split every sequence between them (Ulysses sequence parallelism, verl's key): between layers each
+    holds ``1/SP`` of the positions, and attention exchanges positions for heads with an all-to-all, so activations
+    shrink ``SP`` times and long responses fit. Must divide the actor's ranks and the model's attention heads. The
+    data-parallel size becomes ``ranks / SP`` (``ppo_mini_batch_size`` and the micro-batch identity use it), and a
+    token budget (``ppo_max_token_len_per_gpu``) counts the whole sequences of ``SP`` ranks, ``SP ×`` the budget.
+    The reference policy splits as the actor does. Exact: the gradients are those of whole sequences."""
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     """Sequences per forward in ``compute_log_prob`` (no gradients, so it can be larger); ``null`` = the PPO micro-batch."""
     ppo_epochs: int = 1
@@ -273,6 +280,8 @@ class CriticConfig(FreezableConfig):
     """Token-budget micro-batches for the critic."""
     ppo_max_token_len_per_gpu: int = 16384
     """Critic token budget per micro-batch when ``use_dynamic_bsz`` is true."""
+    ulysses_sequence_parallel_size: int = 1
+    """Ranks that split every sequence between them for the critic (as ``actor.ulysses_sequence_parallel_size``)."""
     ppo_epochs: int = 1
     """Passes over the rollout batch per critic update."""
     cliprange_value: float = 0.5

@@ -141,8 +141,16 @@ def role_plan(config: TrainConfig, role: str) -> BatchPlan:
         ppo_mini_batch_size=role_config.ppo_mini_batch_size,
         ppo_micro_batch_size_per_gpu=role_config.ppo_micro_batch_size_per_gpu,
         use_dynamic_bsz=role_config.use_dynamic_bsz,
-        num_data_parallel_ranks=world_size(config),
+        num_data_parallel_ranks=data_parallel_size(config, role),
     )
+
+
+def data_parallel_size(config: TrainConfig, role: str) -> int:
+    """Ranks of ``role`` (``"actor"`` or ``"critic"``) that hold different rows: the world over the ranks that split
+    each sequence (``ulysses_sequence_parallel_size``; one that does not divide the world is refused by validation
+    and counts as 1 here)."""
+    world, sp = world_size(config), getattr(config, role).ulysses_sequence_parallel_size
+    return world // sp if sp >= 1 and world % sp == 0 else world
 
 
 def reuses_update_log_probs(config: TrainConfig) -> bool:

@@ -308,6 +308,7 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
     if devices % tp and config.rollout.n_gpus == 0:  # a standalone pool's replicas divide its own devices
         error.add("rollout.tensor_model_parallel_size", tp,
                   f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node)")
+    _check_sequence_parallel(config, error)
     _check_weight_sync_method(config, error)
     check_rollout_pool(config, error)
     check_multi_turn(config, error)
@@ -317,6 +318,19 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
     check_off_policy_correction(config, error)
     if config.trainer.device == "cpu":
         _check_cpu_limits(config, error)
+
+
+def _check_sequence_parallel(config: TrainConfig, error: ConfigError) -> None:
+    """``*.ulysses_sequence_parallel_size`` must divide the devices (the heads are checked against the model's config
+    with the other machine checks)."""
+    devices = world_size(config)
+    for role in ("actor", "critic"):
+        key, sp = f"{role}.ulysses_sequence_parallel_size", getattr(config, role).ulysses_sequence_parallel_size
+        if not isinstance(sp, int) or sp < 1:
+            error.add(key, sp, "must be a whole number ≥ 1 (1: each rank holds whole sequences)")
+        elif devices % sp:
+            error.add(key, sp, f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node): the "
+                               "ranks of a sequence-parallel group split the same rows")
 
 
 def _check_weight_sync_method(config: TrainConfig, error: ConfigError) -> None:

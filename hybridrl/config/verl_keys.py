@@ -59,8 +59,8 @@ class Unsupported:
 
 Rule = Union[Moved, NoEffect, Unsupported]
 
-_SP = ("Ulysses sequence parallelism is not implemented: keep it at 1 (each rank holds whole sequences); "
-       "shorten data.max_response_length or use a token budget (use_dynamic_bsz)")
+_SP = ("the reward model scores whole sequences on each rank (sequence parallelism is for the actor, reference and "
+       "critic): keep it at 1, and lower reward_model.micro_batch_size_per_gpu if its passes do not fit")
 _PROFILER = "hybridrl logs a per-phase step-time breakdown (timing/*) and prints it at the end; no verl profiler"
 _CHECKPOINT = "hybridrl checkpoints model, optimizer and trainer state together, always"
 _FUSED_OPTIONS = ("hybridrl's fused head is one implementation (chunked torch matmuls, forward and backward), so "
@@ -114,8 +114,8 @@ RULES: tuple[Rule, ...] = (
     NoEffect(ARR + "actor.fsdp_config.entropy_from_logits_with_chunking", "memory only: entropy is computed from the "
              "whole logits"),
     NoEffect(ARR + "actor.fsdp_config.entropy_checkpointing", "memory only: entropy is not recomputed in backward"),
-    NoEffect(ARR + "actor.fsdp_config.ulysses_sequence_parallel_size", _SP, ("1",)),
-    NoEffect(ARR + "actor.ulysses_sequence_parallel_size", _SP, ("1",)),
+    Moved(ARR + "actor.fsdp_config.ulysses_sequence_parallel_size", "actor.ulysses_sequence_parallel_size"),
+    Moved(ARR + "actor.ulysses_sequence_parallel_size", "actor.ulysses_sequence_parallel_size"),
     Moved(ARR + "actor.use_fused_kernels", "model.use_fused_kernels"),
     NoEffect(ARR + "actor.use_torch_compile", "verl compiles its entropy function; hybridrl's compile switch is "
              "model.use_torch_compile (decoder layers)"),
@@ -147,7 +147,8 @@ RULES: tuple[Rule, ...] = (
     NoEffect(ARR + "ref.log_prob_use_dynamic_bsz", "reference passes form micro-batches like the actor "
              "(actor.use_dynamic_bsz)"),
     NoEffect(ARR + "ref.log_prob_max_token_len_per_gpu", "memory only: reference passes use the actor's token budget"),
-    NoEffect(ARR + "ref.ulysses_sequence_parallel_size", _SP, ("1",)),
+    NoEffect(ARR + "ref.ulysses_sequence_parallel_size", "the reference runs in the actor's workers and splits "
+             "sequences as the actor does (actor.ulysses_sequence_parallel_size)"),
     NoEffect(ARR + "ref.strategy", "FSDP2 is the only backend", ("fsdp", "fsdp2")),
     NoEffect(ARR + "ref.use_torch_compile", "hybridrl's compile switch is model.use_torch_compile"),
     NoEffect(ARR + "ref.entropy_from_logits_with_chunking", "the reference computes no entropy"),
@@ -256,7 +257,6 @@ RULES: tuple[Rule, ...] = (
     NoEffect("critic.model.tiled_mlp.", "tiled MLPs are not implemented", ("false", "4")),
     NoEffect("critic.forward_micro_batch_size_per_gpu", "value passes use critic.ppo_micro_batch_size_per_gpu"),
     NoEffect("critic.forward_max_token_len_per_gpu", "memory only: value passes use critic.ppo_max_token_len_per_gpu"),
-    NoEffect("critic.ulysses_sequence_parallel_size", _SP, ("1",)),
     NoEffect("critic.data_loader_seed", "mini-batch shuffling is seeded by trainer.seed and the step"),
     NoEffect("critic.checkpoint.", _CHECKPOINT),
     NoEffect("critic.profiler.", _PROFILER),

@@ -18,7 +18,9 @@ Modes (``world`` = ranks in the group, ``tp`` = the group's rollout tensor-paral
 - ``ONE_TO_ALL``: every rank gets the same arguments; gathered as ``[result_rank0, ...]`` (or rank 0's result with
   ``one_to_all(collect="first")`` — every rank still runs, e.g. a collective save).
 - ``DP_SPLIT``: each ``Batch`` argument is padded to a multiple of ``world`` (rows repeated cyclically from the start),
-  chunked, rank ``r`` gets chunk ``r``; other arguments are broadcast. ``Batch`` results are concatenated and the
+  chunked, rank ``r`` gets chunk ``r``; other arguments are broadcast. In a group whose ranks split each sequence
+  (``sp`` > 1, Ulysses sequence parallelism) the split is over ``world // sp`` and the ``sp`` peers of chunk ``d``
+  (ranks ``d*sp .. d*sp+sp-1``) all receive it; only the first one's results are gathered. ``Batch`` results are concatenated and the
   padding removed (so a method must return one row per input row); other results come back as a per-rank list.
   ``dp_split(pad=False)`` refuses a batch that does not divide evenly (for updates, where a repeated row would count
   twice in the gradient); its ``Batch`` arguments may differ in length (each is chunked on its own, e.g. an RL batch
@@ -192,8 +194,9 @@ class CallPlan:
 
 
 def plan_call(method: DispatchedMethod[Any, Any, Any, Any], world_size: int, tp_size: int,
-              args: tuple[Any, ...], kwargs: dict[str, Any], share: Callable[[Any], Any]) -> CallPlan:
+              args: tuple[Any, ...], kwargs: dict[str, Any], share: Callable[[Any], Any], sp_size: int = 1) -> CallPlan:
     """Plan one call. ``share(value)`` stores a value once for several ranks (``ray.put``) and returns what to pass.
+    ``sp_size``: ranks that split each sequence (``DP_SPLIT`` gives them the same chunk and gathers their leader's).
 
     A value bound for one rank only is passed as it is: Ray sends a small one inside the task and stores a large one
     itself, while an explicit ``ray.put`` costs milliseconds even for a few bytes (a one-rank group's every call)."""
@@ -204,7 +207,7 @@ def plan_call(method: DispatchedMethod[Any, Any, Any, Any], world_size: int, tp_
         shared = _share_all(args, kwargs, _sharing(share, world_size))
         collect = (lambda results: results[0]) if spec.collect_first else _in_rank_order
         return CallPlan({rank: shared for rank in range(world_size)}, collect)
-    tp = tp_size if spec.mode is Dispatch.DP_LEADERS else 1
+    tp = tp_size if spec.mode is Dispatch.DP_LEADERS else sp_size
     dp_size = world_size // tp
     per_dp, rows_per_rank, pad_count = _split_args(method, dp_size, args, kwargs, _sharing(share, tp),
                                                    _sharing(share, world_size))

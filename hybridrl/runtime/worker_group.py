@@ -55,18 +55,23 @@ class WorkerGroup(Generic[W]):
         pool: where the ranks run (a local-mode pool runs them in this process, see ``executors``).
         name: the role(s) this group plays, e.g. ``"actor_rollout_ref"``; errors name it.
         tp_size: rollout tensor-parallel size; ranks form a row-major ``[world // tp_size, tp_size]`` layout.
+        sp_size: ranks that split each sequence (Ulysses); ``dp_split`` calls give a row-major ``[world // sp_size,
+            sp_size]`` layout's peers the same rows.
         bundle_share: fraction of each bundle a rank takes (``0.5`` lets two groups share a pool's devices).
         call_timeout_s / startup_timeout_s: default to ``trainer.ray.call_timeout_s`` / ``startup_timeout_s``.
     """
 
     def __init__(self, worker_cls: type[W], pool: ResourcePool, *, name: str, args: tuple[Any, ...] = (),
-                 kwargs: Optional[dict[str, Any]] = None, tp_size: int = 1, bundle_share: float = 1.0,
+                 kwargs: Optional[dict[str, Any]] = None, tp_size: int = 1, sp_size: int = 1,
+                 bundle_share: float = 1.0,
                  call_timeout_s: Optional[float] = None, startup_timeout_s: Optional[float] = None) -> None:
         if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
             raise TypeError(f"worker_cls must be a subclass of hybridrl.runtime.Worker, got {worker_cls!r}")
         check_tp_size(pool.world_size, tp_size)
+        check_tp_size(pool.world_size, sp_size, "sp_size")
         config = pool.runtime.config
         self.worker_cls, self.pool, self.name, self.tp_size = worker_cls, pool, name, tp_size
+        self.sp_size = sp_size
         self.call_timeout_s = config.call_timeout_s if call_timeout_s is None else call_timeout_s
         self.failure_grace_s = config.failure_grace_s
         self.locations: list[RankLocation] = []
@@ -98,7 +103,7 @@ class WorkerGroup(Generic[W]):
                    **kwargs: P.kwargs) -> GroupFuture[G]:
         """Start ``method`` and return at once; ``.result()`` (or ``gather``) waits and gathers."""
         self._check_method(method)
-        plan = plan_call(method, self.world_size, self.tp_size, args, kwargs, self._executor.share)
+        plan = plan_call(method, self.world_size, self.tp_size, args, kwargs, self._executor.share, self.sp_size)
         handles = {rank: self._executor.submit_execute(rank, method.name, rank_args, rank_kwargs)
                    for rank, (rank_args, rank_kwargs) in plan.rank_args.items()}
         return GroupFuture(self, method.name, handles, plan.collect, self.call_timeout_s)

@@ -237,7 +237,8 @@ def start_generation(config: "TrainConfig", pools: "ResourcePoolManager", *, tot
     try:
         actor = WorkerGroup(ActorRolloutRefWorker, pools.pool_for("actor"), name="actor_rollout_ref",
                             bundle_share=share, args=(config, total_steps, with_reference),
-                            tp_size=1 if replicas_apart(config) else tp)
+                            tp_size=1 if replicas_apart(config) else tp,
+                            sp_size=config.actor.ulysses_sequence_parallel_size)
         started.append(actor)
         for index, (pool, bundle_share) in enumerate(_replica_pools(config, pools, share)):
             started.append(WorkerGroup(RolloutWorker, pool, name=f"rollout{index}", args=(config,), tp_size=tp,

@@ -101,20 +101,23 @@ class CollectiveTimer(_PatchedCollectives):
 
         @functools.wraps(function)
         def timed(*args, **kwargs):
-            self.payload_bytes[_issuer_kind(kind, sys._getframe(1))] += payload_bytes(name, args, kwargs)
+            issuer = _issuer_kind(kind, sys._getframe(1))
+            self.payload_bytes[issuer] += payload_bytes(name, args, kwargs)
+            # seconds by kind, sequence parallelism's apart (FSDP2's all-reduces stay in all_reduce's time)
+            timed_kind = issuer if issuer == SEQUENCE_PARALLEL else kind
             if kwargs.get("async_op"):
-                self.untimed[kind] += 1
+                self.untimed[timed_kind] += 1
                 return function(*args, **kwargs)
             if _on_cuda(args, kwargs):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 result = function(*args, **kwargs)
                 end.record()
-                self._cuda_events.append((kind, start, end))
+                self._cuda_events.append((timed_kind, start, end))
                 return result
             began = time.perf_counter()
             result = function(*args, **kwargs)
-            self._cpu_seconds[kind] += time.perf_counter() - began
+            self._cpu_seconds[timed_kind] += time.perf_counter() - began
             return result
 
         return timed
@@ -155,13 +158,21 @@ def _tensor_bytes(value: Optional[object]) -> int:
     return 0
 
 
+SEQUENCE_PARALLEL = "sequence_parallel"
+"""The kind of every collective Ulysses sequence parallelism issues (its all-to-alls, and the gather of the positions
+with its backward all-reduce): activations, not parameters or gradients."""
+
+
 def _issuer_kind(kind: str, caller) -> str:
-    """``fsdp_all_reduce`` for an all-reduce FSDP2 itself issued (the first calling frame outside this module — an
-    inner counter's wrapper is skipped — lives in ``torch.distributed.fsdp``), ``kind`` otherwise."""
+    """Who issued the call (the first calling frame outside this module — an inner counter's wrapper is skipped):
+    ``fsdp_all_reduce`` for an all-reduce FSDP2 itself issued (``torch.distributed.fsdp``), :data:`SEQUENCE_PARALLEL`
+    for any collective of ``hybridrl.modeling.ulysses``, ``kind`` otherwise."""
     while caller is not None and caller.f_globals.get("__name__") == __name__:
         caller = caller.f_back
-    if kind == "all_reduce" and caller is not None and \
-            caller.f_globals.get("__name__", "").startswith("torch.distributed.fsdp"):
+    module = caller.f_globals.get("__name__", "") if caller is not None else ""
+    if module == "hybridrl.modeling.ulysses":
+        return SEQUENCE_PARALLEL
+    if kind == "all_reduce" and module.startswith("torch.distributed.fsdp"):
         return "fsdp_all_reduce"
     return kind
 

@@ -179,9 +179,9 @@ def sharding_mesh(dp_mesh: DeviceMesh, shard_group_size: int) -> DeviceMesh:
     return _SHARDING_MESHES[key]
 
 
-def check_tp_size(world_size: int, tp_size: int) -> None:
+def check_tp_size(world_size: int, tp_size: int, name: str = "tp_size") -> None:
     if tp_size < 1 or world_size % tp_size:
-        raise ValueError(f"tp_size={tp_size} must be >= 1 and divide the group's world size {world_size}")
+        raise ValueError(f"{name}={tp_size} must be >= 1 and divide the group's world size {world_size}")
 
 
 def dp_tp_coordinates(rank: int, tp_size: int) -> tuple[int, int]:

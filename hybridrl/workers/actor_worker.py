@@ -45,7 +45,7 @@ from hybridrl.utils.distributed import full_tensor
 from hybridrl.utils.seeding import derive_seed
 from hybridrl.workers.agent_rollout import engine_context_length, episode_runner
 from hybridrl.workers.building import (data_parallel_group, frozen_engine, log_prob_micro_batching, sharding_options,
-                                       training_micro_batching)
+                                       split_sequences, training_micro_batching)
 from hybridrl.workers.engine_weights import EngineWeights
 from hybridrl.workers.step_metrics import update_resource_metrics
 
@@ -71,13 +71,15 @@ class ActorRolloutRefWorker(Worker):
         torch.manual_seed(config.trainer.seed)
         self.config = config
         self.plan = role_plan(config, "actor")
-        dp = data_parallel_group(self)
+        sp_size = config.actor.ulysses_sequence_parallel_size
+        dp = data_parallel_group(self, sp_size)
         device_type = self.device.type
         keep_gathered = gathers_once(config.actor.fsdp.gather_once, device_type, self.world_size)
         self.tokenizer = load_tokenizer(config.model)
         self.forward = SequenceForward(packed=config.model.use_remove_padding, share_prompts=config.model.share_prompts,
                                        fused_head=config.model.use_fused_kernels)
         actor_model = build_model(config.model, "actor", device_type=device_type).to(self.device)
+        split_sequences(self, actor_model, sp_size)
         shard_model(actor_model, self.dp_mesh, sharding_options(config.model.dtype, config.actor.fsdp,
                                                                 keep_gathered=keep_gathered))
         optimizer = build_optimizer(actor_model, config.actor.optim)
@@ -95,6 +97,8 @@ class ActorRolloutRefWorker(Worker):
         self.reference = frozen_engine(self, config.model, config.model.path if with_reference and not self.lora
                                        else None, frozen, dp)
         self.teacher = frozen_engine(self, config.model, config.algorithm.distillation.teacher_path, frozen, dp)
+        for frozen_model in (self.reference, self.teacher):
+            split_sequences(self, frozen_model and frozen_model.model, sp_size)
         self.episodes = episode_runner(config, self.tokenizer)
         self.rollout = self._build_rollout(actor_model, dp)
         # Sized last, so that on a GPU the budget sees what the reference and the rollout engine already hold.

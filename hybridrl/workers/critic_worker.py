@@ -22,7 +22,8 @@ from hybridrl.modeling.model_builder import build_model
 from hybridrl.protocol import Batch
 from hybridrl.runtime import Worker, dp_split, one_to_all
 from hybridrl.utils.collectives import CollectiveTimer
-from hybridrl.workers.building import data_parallel_group, sharding_options, training_micro_batching
+from hybridrl.workers.building import (data_parallel_group, sharding_options, split_sequences,
+                                       training_micro_batching)
 from hybridrl.workers.engine_checkpoints import EngineCheckpoints
 from hybridrl.workers.step_metrics import update_resource_metrics
 
@@ -38,13 +39,14 @@ class CriticWorker(EngineCheckpoints, Worker):
         self.plan = role_plan(config, "critic")
         model = build_model(config.model, "critic", path=critic.model_path or config.model.path,
                             device_type=self.device.type).to(self.device)
+        split_sequences(self, model, critic.ulysses_sequence_parallel_size)
         shard_model(model, self.dp_mesh, sharding_options(
             config.model.dtype, critic.fsdp,
             keep_gathered=gathers_once(critic.fsdp.gather_once, self.device.type, self.world_size)))
         optimizer = build_optimizer(model, critic.optim)
         scheduler = build_scheduler(optimizer, critic.optim,
                                     total_training_steps * self.plan.num_mini_batches * critic.ppo_epochs)
-        dp = data_parallel_group(self)
+        dp = data_parallel_group(self, critic.ulysses_sequence_parallel_size)
         self.forward = SequenceForward(packed=config.model.use_remove_padding, share_prompts=config.model.share_prompts)
         self.engine = TrainingEngine(model, dp=dp, optimizer=optimizer, scheduler=scheduler, grad_clip=critic.grad_clip)
         # critic.fsdp.optimizer_offload: Adam's moments on the host outside the critic's own updates

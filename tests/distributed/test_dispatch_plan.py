@@ -13,7 +13,7 @@ from hybridrl.runtime.dispatch import plan_call
 from hybridrl.protocol import Batch
 
 
-def plan(method, world_size, args=(), kwargs=None, tp_size=1, shared=None):
+def plan(method, world_size, args=(), kwargs=None, tp_size=1, shared=None, sp_size=1):
     """Plan with a recording ``share`` so tests see what would be stored once in the object store."""
     store = shared if shared is not None else []
 
@@ -21,7 +21,7 @@ def plan(method, world_size, args=(), kwargs=None, tp_size=1, shared=None):
         store.append(value)
         return value
 
-    return plan_call(method, world_size, tp_size, tuple(args), dict(kwargs or {}), share)
+    return plan_call(method, world_size, tp_size, tuple(args), dict(kwargs or {}), share, sp_size)
 
 
 def test_decorated_method_is_the_plain_method_on_an_instance_and_the_descriptor_on_the_class():
@@ -132,6 +132,18 @@ def test_dp_leaders_gives_tp_peers_the_same_chunk_and_gathers_leaders_only():
     assert len(shared) == 2  # one stored copy per DP replica, not per rank
     gathered = call.collect({0: chunks[0], 2: chunks[2]})
     assert torch.equal(gathered["ids"], batch["ids"])
+
+
+def test_dp_split_gives_sequence_parallel_peers_the_same_rows_and_gathers_leaders_only():
+    """Ranks that split each sequence (``sp_size``, Ulysses) get the same rows; a tensor-parallel size does not change
+    a ``dp_split`` call (it is the rollout's layout, not the trainer's)."""
+    batch = make_batch(6)
+    call = plan(EchoWorker.add_offset, 4, (batch,), tp_size=4, sp_size=2)
+    chunks = {rank: args[0] for rank, (args, _) in call.rank_args.items()}
+    assert chunks[0] is chunks[1] and chunks[2] is chunks[3] and len(chunks[0]) == 3
+    assert torch.equal(call.collect({0: chunks[0], 1: "follower", 2: chunks[2], 3: "follower"})["ids"], batch["ids"])
+    whole = plan(EchoWorker.add_offset, 4, (batch,), tp_size=4)
+    assert [len(args[0]) for args, _ in whole.rank_args.values()] == [2, 2, 2, 2]
 
 
 def test_one_to_all_stores_large_arguments_once_and_inlines_scalars():

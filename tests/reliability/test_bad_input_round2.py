@@ -49,6 +49,10 @@ VALUE_CASES = {  # overrides -> phrases the one message must hold
     "negative_ptx": (["actor.ptx.coef=-0.1"], ["actor.ptx.coef=-0.1", ">= 0"]),
     "replay_fraction_above_one": (["data.replay.enable=true", "data.replay.fraction=1.5"],
                                   ["data.replay.fraction=1.5", "(0, 1)"]),
+    "sequence_parallel_not_dividing_the_ranks": (["critic.ulysses_sequence_parallel_size=3", "algorithm=gae"],
+                                                ["critic.ulysses_sequence_parallel_size=3", "must divide the 2 devices"]),
+    "sequence_parallel_zero": (["actor.ulysses_sequence_parallel_size=0"],
+                               ["actor.ulysses_sequence_parallel_size=0", "whole number ≥ 1"]),
     "token_budget_below_a_sequence": (["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=8"],
                                       ["actor.ppo_max_token_len_per_gpu=8", "must hold one whole sequence"]),
     "grpo_with_one_response": (["rollout.n=1"], ["rollout.n=1", "needs rollout.n >= 2"]),
@@ -167,6 +171,12 @@ def tensor_parallel_not_fitting_the_kv_heads(tmp, model):
         "rollout.tensor_model_parallel_size=2", "must divide the model's 3 KV heads"]
 
 
+def sequence_parallel_not_dividing_the_heads(tmp, model):
+    path = _with_heads(tmp, model, num_attention_heads=3, num_key_value_heads=1)
+    return [f"model.path={path}", "trainer.n_gpus_per_node=2", "actor.ulysses_sequence_parallel_size=2"], [
+        "actor.ulysses_sequence_parallel_size=2", "must divide the model's 3 attention heads"]
+
+
 def tokenizer_path_not_a_directory(tmp, model):
     return [f"model.tokenizer_path={tmp / 'nope'}"], ["model.tokenizer_path", "is not a directory"]
 
@@ -206,7 +216,7 @@ def run_dir_under_a_file(tmp, model):
         "trainer.default_local_dir", "cannot be created", "run_file is a regular file"]
 
 
-FILE_CASES = [plugin_missing, plugin_raises, plugin_module_missing, unknown_model_type, truncated_weights,
+FILE_CASES = [plugin_missing, sequence_parallel_not_dividing_the_heads, plugin_raises, plugin_module_missing, unknown_model_type, truncated_weights,
               weights_not_safetensors, vocabulary_smaller_than_the_tokenizer, tensor_parallel_not_dividing_the_heads,
               tensor_parallel_not_fitting_the_kv_heads, tokenizer_path_not_a_directory,
               critic_model_missing, prompt_with_an_unknown_character,

@@ -151,16 +151,23 @@ def test_all_unknown_keys_at_once_with_suggestions_across_the_verl_prefix():
 
 
 def test_keys_without_effect_accept_only_the_values_that_describe_hybridrl():
-    accepted = translate_overrides(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
+    accepted = translate_overrides(["reward_model.ulysses_sequence_parallel_size=1",
                                     "trainer.use_legacy_worker_impl=disable"], TrainConfig)
     assert not accepted.problems and [key for key, _, _ in accepted.no_effect] == [
-        "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "trainer.use_legacy_worker_impl"]
-    message = problems_of(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "reward_model.ulysses_sequence_parallel_size", "trainer.use_legacy_worker_impl"]
+    message = problems_of(["reward_model.ulysses_sequence_parallel_size=2",
                            "actor_rollout_ref.rollout.multi_turn.interaction_config_path=interaction.yaml",
                            "trainer.default_hdfs_dir=/x"])
-    assert "Ulysses sequence parallelism is not implemented" in message and "(accepted: 1)" in message
+    assert "the reward model scores whole sequences on each rank" in message and "(accepted: 1)" in message
     assert "verl's interaction_config_path files and user turns are not read" in message
     assert "verl key hybridrl has no equivalent for: checkpoints go to trainer.default_local_dir" in message
+
+
+def test_verl_sequence_parallel_keys_set_the_actors_and_critics():
+    config = load(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                   "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2",
+                   "trainer.n_gpus_per_node=2"])
+    assert config.actor.ulysses_sequence_parallel_size == config.critic.ulysses_sequence_parallel_size == 2
 
 
 def test_two_verl_keys_that_are_one_hybridrl_key_must_agree():

@@ -1,0 +1,45 @@
+"""Ulysses sequence parallelism in a whole run: PPO with a critic, a KL loss against the reference, on 2 CPU ranks
+(gloo), once with every rank holding whole sequences (DP = 2) and once with both ranks splitting every sequence
+(``actor.ulysses_sequence_parallel_size=2``, same for the critic: DP = 1). The rollouts are the same (generation is
+never split), so the first step's losses, gradient norms and log-probs must agree to fp32 reduction order — one
+optimizer step over the whole batch, so the mini-batches hold the same rows both ways."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridrl.config import load_config
+from hybridrl.trainers.rl_trainer import RLTrainer
+from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
+from hybridrl.utils.tracking import read_metrics
+
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
+
+COMPARED = ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy", "critic/vf_loss",
+            "critic/grad_norm", "rollout/log_prob_diff_max")
+
+
+def run(model_dir, run_dir, sp_size):
+    config = load_config([
+        f"model.path={model_dir}", "model.dtype=float32", f"trainer.default_local_dir={run_dir}",
+        "trainer.total_training_steps=1", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
+        "trainer.save_at_end=false", "trainer.ray.num_cpus=4", "trainer.n_gpus_per_node=2",
+        "data.synthetic_task_kwargs={max_digits: 1, operators: '+', num_val: 8}", "data.max_response_length=6",
+        "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size_per_gpu=1",
+        "actor.old_log_prob=recompute", "actor.use_kl_loss=true", "algorithm=gae", "trainer.critic_warmup=0",
+        "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=2",
+        f"actor.ulysses_sequence_parallel_size={sp_size}", f"critic.ulysses_sequence_parallel_size={sp_size}"])
+    RLTrainer(config).fit()
+    return next(row for row in read_metrics(run_dir) if "actor/pg_loss" in row)
+
+
+def test_split_sequences_train_as_whole_ones(tmp_path):
+    model_dir = save_tiny_model(tmp_path / "model", TinyModelSpec(hidden_size=128, num_heads=4, num_kv_heads=2))
+    whole = run(model_dir, tmp_path / "whole", 1)
+    split = run(model_dir, tmp_path / "split", 2)
+    for name in COMPARED:
+        assert split[name] == pytest.approx(whole[name], rel=1e-4, abs=1e-6), name
+    assert whole["actor/grad_norm"] > 0 and whole["critic/grad_norm"] > 0
+    for role in ("actor", "critic"):  # the split ran, and its activations are counted apart from the parameters
+        assert whole[f"{role}/comm/sequence_parallel_bytes"] == 0 < split[f"{role}/comm/sequence_parallel_bytes"]
+        assert split[f"{role}/comm/param_gather_bytes"] == whole[f"{role}/comm/param_gather_bytes"] > 0, role
