@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 
@@ -90,6 +90,10 @@ class ForwardLayout:
     head_positions: Optional[int] = None
     gathers: bool = True
     direct_attention: bool = False
+    sequence_parallel: int = 1
+    """Ranks that split each row's positions (Ulysses): each holds ``1/SP`` of every per-token activation and of the
+    attention scores (``1/SP`` of the heads over whole rows); the mask, the gathered hidden states after the layers
+    and the logits stay whole on every rank."""
 
     @classmethod
     def padded(cls, micro_batch_size: int, seq_len: int, response_length: Optional[int] = None, *,
@@ -112,6 +116,24 @@ class ForwardLayout:
     @property
     def num_tokens(self) -> int:
         return self.num_rows * self.row_length
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens this rank holds between the layers: ``num_tokens / SP``, rounded up (rows are padded to a
+        multiple of SP)."""
+        return self.num_rows * -(-self.row_length // self.sequence_parallel)
+
+    def split(self, sequence_parallel: int) -> "ForwardLayout":
+        """This layout with its rows' positions split over ``sequence_parallel`` ranks."""
+        return replace(self, sequence_parallel=sequence_parallel)
+
+    def head_share(self) -> "ForwardLayout":
+        """What one rank's LM head runs on: all of it, or split over SP ranks its share of the scored rows (the
+        scored-head path, :mod:`hybridrl.modeling.scored_head`: no gather, the head on those rows only)."""
+        if self.sequence_parallel == 1:
+            return self
+        share = -(-self.num_loss_tokens // self.sequence_parallel)
+        return replace(self, num_loss_tokens=share, head_positions=share, gathers=False, response_width=0)
 
     @property
     def num_head_positions(self) -> int:
@@ -153,13 +175,18 @@ def layer_bytes_per_token(shape: DecoderShape, compute_bytes: int, masked: bool)
 def attention_layer_bytes(shape: DecoderShape, layout: ForwardLayout, compute_bytes: int) -> int:
     """Bytes one decoder layer saves for ``layout`` without checkpointing: the per-token terms plus the attention's
     per-row terms (sdpa: a float copy of an explicit mask; the direct CPU kernel: the softmax in fp32 and in the
-    compute dtype, and a causal ``[T, T]`` boolean mask when none is given)."""
-    c, rows, length, n = compute_bytes, layout.num_rows, layout.row_length, layout.num_tokens
+    compute dtype, and a causal ``[T, T]`` boolean mask when none is given). Split over SP ranks, each holds
+    ``1/SP`` of the tokens' terms and of the scores (``1/SP`` of the heads), and the whole mask."""
+    c, rows, length, n = compute_bytes, layout.num_rows, layout.row_length, layout.local_tokens
     if not layout.direct_attention:
         mask = c * rows * length ** 2 if layout.masked else 0
-        return n * layer_bytes_per_token(shape, c, layout.masked) + mask
+        # split, the o-projection's input is the second all-to-all's output, not sdpa's saved output (without a mask
+        # sdpa keeps its own; with one, transformers' repeat already made them two)
+        exchanged = c * shape.q_width if layout.sequence_parallel > 1 and not layout.masked else 0
+        return n * (layer_bytes_per_token(shape, c, layout.masked) + exchanged) + mask
     softmax_copy = c if c != FP32 else 0  # in fp32 the weights are the softmax output itself
-    scores = (FP32 + softmax_copy) * rows * shape.num_heads * length ** 2
+    heads = shape.num_heads // layout.sequence_parallel
+    scores = (FP32 + softmax_copy) * rows * heads * length ** 2
     causal = 0 if layout.masked else length ** 2
     # the query heads are folded into their KV head's rows: k and v are not repeated
     return n * (layer_bytes_per_token(shape, c, masked=False) - FP32 * shape.num_heads) + scores + causal
@@ -196,22 +223,27 @@ def logits_bytes_peaks(shape: DecoderShape, layout: ForwardLayout, *, compute_by
 def activation_bytes(shape: DecoderShape, layout: ForwardLayout, *, compute_bytes: int = FP32,
                      logits_bytes: int = FP32, checkpointing: bool = False) -> ActivationBytes:
     """The analytic activation memory of one forward+backward of ``layout`` (formulas in the module docstring).
+    With ``layout.sequence_parallel`` > 1 the layers' terms and the logits are this rank's share; what follows the
+    layers (the gathered hidden states, final norm, head input) and the rope tables are whole.
 
     ``logits_bytes``: the dtype the loss sees the logits in (4 under FSDP2's ``output_dtype=float32``; a plain bf16
     model hands bf16 logits to the loss).
     """
-    c, h, n = compute_bytes, shape.hidden_size, layout.num_tokens
+    c, h, n, local = compute_bytes, shape.hidden_size, layout.num_tokens, layout.local_tokens
     full_layer = attention_layer_bytes(shape, layout, c)
-    per_layer = shape.num_layers * (n * c * h if checkpointing else full_layer)
+    per_layer = shape.num_layers * (local * c * h if checkpointing else full_layer)
+    if checkpointing and layout.sequence_parallel > 1:
+        per_layer += (n - local) * c * h  # the first layer's checkpoint holds the whole embedding output it slices
     final = n * (FP32 * h + FP32 + c * h) + layout.num_head_positions * c * h  # final norm; LM-head input
     rope = n * 2 * shape.head_dim * c
     shared = n * 8 + (0 if checkpointing else rope)  # checkpointed layers hold the rope tables, they do not save them
     if layout.direct_attention and layout.masked:
         shared += layout.num_rows * layout.row_length ** 2  # the boolean mask every layer references
-    logits_forward, logits_backward = logits_bytes_peaks(shape, layout, compute_bytes=c, logits_bytes=logits_bytes)
+    logits_forward, logits_backward = logits_bytes_peaks(shape, layout.head_share(), compute_bytes=c,
+                                                         logits_bytes=logits_bytes)
     # While a checkpointed layer is recomputed: its full saved set, the held rope tables, and the gradient
     # temporaries of its backward (one [N, I], two [N, h]).
-    recompute = full_layer + rope + n * c * (shape.active_intermediate_size + 2 * h) if checkpointing else 0
+    recompute = full_layer + rope + local * c * (shape.active_intermediate_size + 2 * h) if checkpointing else 0
     return ActivationBytes(per_layer=per_layer, final=final, shared=shared, logits_forward=logits_forward,
                            logits_backward=logits_backward, recompute=recompute)
 

@@ -28,9 +28,15 @@ def batch_plan_report(config: TrainConfig, include_critic: bool) -> str:
             f"# {role}: {config.data.train_batch_size} prompts × {_per_prompt_words(config, per_prompt)} = {sequences_per_step} "
             "sequences per step"
             f" → {plan.num_mini_batches} optimizer step(s) per epoch of {plan.mini_batch_sequences} sequences;"
-            f" per rank ({plan.num_data_parallel_ranks} ranks) {plan.local_mini_batch_sequences} = {per_rank}"
+            f" per rank ({plan.num_data_parallel_ranks} ranks{_split_words(config, role)}) "
+            f"{plan.local_mini_batch_sequences} = {per_rank}"
         )
     return "\n".join(lines)
+
+
+def _split_words(config: Any, role: str) -> str:
+    sp = getattr(config, role).ulysses_sequence_parallel_size
+    return f", each a group of {sp} devices splitting its sequences" if sp > 1 else ""
 
 
 def job_plan_report(config: Any, unit: str) -> str:

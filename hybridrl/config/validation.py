@@ -238,9 +238,13 @@ def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
     longest_sequence = config.data.max_prompt_length + config.data.max_response_length
     for role in ("actor", "critic"):
         role_config = getattr(config, role)
-        if role_config.use_dynamic_bsz and role_config.ppo_max_token_len_per_gpu < longest_sequence:
+        sp = role_config.ulysses_sequence_parallel_size
+        sp = sp if isinstance(sp, int) and sp >= 1 else 1  # a bad value is refused by the layout checks
+        if role_config.use_dynamic_bsz and role_config.ppo_max_token_len_per_gpu * sp < longest_sequence:
+            split = f" (× {role}.ulysses_sequence_parallel_size={sp}: a group's devices share it)" if sp > 1 else ""
             error.add(f"{role}.ppo_max_token_len_per_gpu", role_config.ppo_max_token_len_per_gpu,
-                      f"must hold one whole sequence: data.max_prompt_length + data.max_response_length = {longest_sequence}")
+                      f"must hold one whole sequence{split}: data.max_prompt_length + data.max_response_length = "
+                      f"{longest_sequence}")
     if config.trainer.critic_warmup > 0 and not critic_enabled(config):
         error.add("trainer.critic_warmup", config.trainer.critic_warmup,
                   "warms up a critic, but this run has none: the actor would silently not train for those steps")

@@ -20,6 +20,10 @@ same way back. Two variants:
   head fused with the log-softmax chunk by chunk, so no ``[tokens, vocab]`` logits exist (memory for a second head
   matmul in backward).
 
+Under sequence parallelism (:mod:`hybridrl.modeling.ulysses`) each rank of a group runs the head on its share of
+the ``M`` rows and the log-probs are gathered: the ``[M, V]`` logits, what long responses at a large vocabulary
+overflow on, are split ``SP`` ways.
+
 Both need the model's forward to return its head's output unchanged: a bias-free ``nn.Linear`` head and a model type
 whose forward does not rescale or soft-cap the logits after the head (Gemma-2's ``final_logit_softcapping``,
 Cohere's ``logit_scale``, Granite's ``logits_scaling`` do). :data:`PASS_THROUGH_MODEL_TYPES` lists the types checked.
@@ -36,6 +40,7 @@ from torch import nn
 
 from hybridrl.algorithms.logits import token_log_probs_and_entropy
 from hybridrl.algorithms.token_head import token_log_probs_from_hidden
+from hybridrl.modeling.ulysses import gather_rows, rows_of_rank, sequence_parallel_of
 
 __all__ = ["PASS_THROUGH_MODEL_TYPES", "fused_output_head", "runs_head_on_scored_positions", "scored_head_log_probs"]
 
@@ -119,16 +124,23 @@ def scored_head_log_probs(model: nn.Module, inputs: dict, select: Callable[[torc
         raise ValueError(f"the LM head on the scored positions needs a bias-free nn.Linear head; "
                          f"{type(model).__name__} has none (see runs_head_on_scored_positions)")
 
+    sp = sequence_parallel_of(model)
+
     def log_probs_head(hidden: torch.Tensor) -> torch.Tensor:
+        rows, scored = select(hidden), targets
+        if sp is not None:  # each rank of a sequence-parallel group scores its share of the rows
+            rows, scored = rows_of_rank(rows, sp), rows_of_rank(targets, sp)
         if fused:
-            log_probs, entropy = token_log_probs_from_hidden(select(hidden), head.weight, targets,
+            log_probs, entropy = token_log_probs_from_hidden(rows, head.weight, scored,
                                                              temperature=temperature, with_entropy=with_entropy)
         else:
-            log_probs, entropy = _selected_head(select(hidden), head.weight, targets, temperature=temperature,
+            log_probs, entropy = _selected_head(rows, head.weight, scored, temperature=temperature,
                                                 with_entropy=with_entropy, entropy_grad=entropy_grad)
         if entropy is None:
-            return log_probs.unsqueeze(-1)
-        return torch.stack([log_probs, entropy if entropy_grad else entropy.detach()], dim=-1)
+            outputs = log_probs.unsqueeze(-1)
+        else:
+            outputs = torch.stack([log_probs, entropy if entropy_grad else entropy.detach()], dim=-1)
+        return outputs if sp is None else gather_rows(outputs, sp, len(targets))
 
     with _forward_replaced(head, log_probs_head):
         outputs = model(**inputs).logits  # [M, 1 or 2]: the model passes its head's output through

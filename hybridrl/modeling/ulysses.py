@@ -198,11 +198,11 @@ def _layer_pre_hook(module: nn.Module, args: tuple, kwargs: dict, *, first: bool
     call: Optional[UlyssesCall] = kwargs.get(CALL_KEYWORD)
     if call is None:
         return None
-    if first:
+    if first:  # a copy, so that what the layer saves for backward does not keep every position's embedding alive
         if args:
-            args = (call.local(args[0]), *args[1:])
+            args = (call.local(args[0]).clone(), *args[1:])
         else:
-            kwargs["hidden_states"] = call.local(kwargs["hidden_states"])
+            kwargs["hidden_states"] = call.local(kwargs["hidden_states"]).clone()
     embeddings = kwargs.get("position_embeddings")
     if embeddings is not None:
         kwargs["position_embeddings"] = _local_positions(embeddings, call)
@@ -230,7 +230,29 @@ def _last_layer_hook(module: nn.Module, args: tuple, kwargs: dict, output: Any):
 def gather_positions(hidden: torch.Tensor, call: UlyssesCall) -> torch.Tensor:
     """``[B, L/SP, D]`` slices of the group → ``[B, L, D]`` on every rank; the backward sums the group's gradients
     and keeps this rank's slice."""
-    return _GatherPositions.apply(hidden, call.sp.group, call.sp.size, call.sp.rank)
+    return _Gather.apply(hidden, call.sp.group, call.sp.size, call.sp.rank, 1)
+
+
+def sequence_parallel_of(model: nn.Module) -> Optional[SequenceParallelGroup]:
+    """The group ``model``'s forwards split sequences over (:func:`install_ulysses`), or ``None``."""
+    return getattr(model, "_hybridrl_ulysses", None)
+
+
+def rows_of_rank(rows: torch.Tensor, sp: SequenceParallelGroup) -> torch.Tensor:
+    """This rank's share of ``rows [M, ...]``: the ``r``-th of ``SP`` chunks of ``ceil(M / SP)`` rows, zero rows
+    appended to the last ones so every rank has as many (:func:`gather_rows` drops them)."""
+    chunk = -(-rows.shape[0] // sp.size)
+    start = min(sp.rank * chunk, rows.shape[0])
+    mine = rows[start:start + chunk]
+    if mine.shape[0] < chunk:
+        mine = torch.cat([mine, mine.new_zeros((chunk - mine.shape[0], *rows.shape[1:]))])
+    return mine
+
+
+def gather_rows(mine: torch.Tensor, sp: SequenceParallelGroup, total: int) -> torch.Tensor:
+    """Every rank's :func:`rows_of_rank` share back into the ``[total, ...]`` rows, on every rank (the backward sums
+    the group's gradients and keeps this rank's share, as :func:`gather_positions`)."""
+    return _Gather.apply(mine, sp.group, sp.size, sp.rank, 0)[:total]
 
 
 def ulysses_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -327,20 +349,20 @@ def _exchange(send: torch.Tensor, group) -> torch.Tensor:
     return received
 
 
-class _GatherPositions(torch.autograd.Function):
-    """``[B, L/SP, D]`` → ``[B, L, D]`` (the group's slices in rank order); the backward sums the gradients of the
-    group (an all-reduce: gloo has no reduce-scatter) and keeps this rank's slice."""
+class _Gather(torch.autograd.Function):
+    """Equal slices of the group along ``dim`` → the whole tensor (slices in rank order); the backward sums the
+    gradients of the group (an all-reduce: gloo has no reduce-scatter) and keeps this rank's slice."""
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, group, size: int, rank: int) -> torch.Tensor:
-        ctx.group, ctx.rank, ctx.local = group, rank, hidden.shape[1]
-        hidden = hidden.contiguous()
-        parts = [torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) for _ in range(size)]
-        dist.all_gather(parts, hidden, group=group)
-        return torch.cat(parts, dim=1)
+    def forward(ctx, part: torch.Tensor, group, size: int, rank: int, dim: int) -> torch.Tensor:
+        ctx.group, ctx.rank, ctx.dim, ctx.local = group, rank, dim, part.shape[dim]
+        part = part.contiguous()
+        parts = [torch.empty(part.shape, dtype=part.dtype, device=part.device) for _ in range(size)]
+        dist.all_gather(parts, part, group=group)
+        return torch.cat(parts, dim=dim)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous()
         dist.all_reduce(grad, group=ctx.group)
-        return grad.narrow(1, ctx.rank * ctx.local, ctx.local).contiguous(), None, None, None
+        return grad.narrow(ctx.dim, ctx.rank * ctx.local, ctx.local).contiguous(), None, None, None, None

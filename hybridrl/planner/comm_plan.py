@@ -215,7 +215,8 @@ def shard_layout(config: TrainConfig, role: str, *, micro_batch: Optional[int] =
     local = plan.local_mini_batch_sequences
     if role_config.use_dynamic_bsz:
         seq_len = config.data.max_prompt_length + config.data.max_response_length
-        micro_batches = max(1, -(-local * seq_len // role_config.ppo_max_token_len_per_gpu))
+        budget = role_config.ppo_max_token_len_per_gpu * role_config.ulysses_sequence_parallel_size  # a SP group's
+        micro_batches = max(1, -(-local * seq_len // budget))
     else:
         size = micro_batch or plan.micro_batch_size_per_gpu or 1
         micro_batches = max(1, local // size)

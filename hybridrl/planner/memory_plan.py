@@ -138,29 +138,32 @@ class MemoryPlan:
 
 # ------------------------------------------------------------------------------------------------------ role models
 def training_layout(config: TrainConfig, role: str, micro_batch: int) -> ForwardLayout:
-    """The worst-case micro-batch of ``role``: full-length rows (max prompt + max response), responses scored.
+    """The worst-case micro-batch of ``role``: full-length rows (max prompt + max response), responses scored,
+    split over the role's ``ulysses_sequence_parallel_size`` ranks.
 
     ``model.share_prompts`` is not modelled: it replaces padded rows only when that costs fewer FLOPs and holds at
     most twice their attention scores (``hybridrl.modeling.shared_prompts.grouping_pays``), with fewer rows through
     every other activation."""
     role_config = getattr(config, role)
+    sp = role_config.ulysses_sequence_parallel_size
     seq_len = config.data.max_prompt_length + config.data.max_response_length
     attention = config.model.attn_implementation
-    if role_config.use_dynamic_bsz:
-        return ForwardLayout.packed(role_config.ppo_max_token_len_per_gpu, attention=attention)
+    if role_config.use_dynamic_bsz:  # a budget per device: a group of SP ranks shares SP × that
+        return ForwardLayout.packed(role_config.ppo_max_token_len_per_gpu * sp, attention=attention).split(sp)
     if config.model.use_remove_padding:
         return ForwardLayout.packed(micro_batch * seq_len, micro_batch * config.data.max_response_length,
-                                    attention=attention)
+                                    attention=attention).split(sp)
     return ForwardLayout.padded(micro_batch, seq_len, config.data.max_response_length,
-                                masked=attention != "flash_attention_2")
+                                masked=attention != "flash_attention_2").split(sp)
 
 
 def forward_only_bytes(shape: DecoderShape, layout: ForwardLayout, compute_bytes: int) -> int:
     """Peak of a no-grad forward (log-probs, values, scores): fp32 logits ``[N, V]`` and their compute-dtype source,
-    one layer's transients (normed input, q/k/v, attention output, the gated MLP's ``[N, I]`` pair) and the mask."""
+    one layer's transients (normed input, q/k/v, attention output, the gated MLP's ``[N, I]`` pair; this rank's share
+    of the positions under sequence parallelism) and the mask."""
     c, n = compute_bytes, layout.num_tokens
     logits = n * shape.vocab_size * (c + FP32)
-    layer = n * c * (3 * shape.hidden_size + 2 * shape.q_width + 2 * shape.kv_width
+    layer = layout.local_tokens * c * (3 * shape.hidden_size + 2 * shape.q_width + 2 * shape.kv_width
                      + 2 * shape.active_intermediate_size)
     mask = c * layout.num_rows * layout.row_length ** 2 if layout.masked else 0
     return logits + layer + mask

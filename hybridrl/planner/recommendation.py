@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from hybridrl.config.schema import TrainConfig
-from hybridrl.config.sizes import role_plan, world_size
+from hybridrl.config.sizes import data_parallel_size, role_plan, world_size
 from hybridrl.planner.memory_plan import MemoryPlan, Setup, Shapes, plan_memory, setup_from
 from hybridrl.autotune.memory_sizing import MicroBatchDecision, choose_micro_batch_size
 
@@ -99,7 +99,7 @@ def _largest_micro_batch(config: TrainConfig, shapes: Shapes, device_bytes: int,
     local = role_plan(config, role).local_mini_batch_sequences
     try:
         return choose_micro_batch_size(device_bytes, seq_len=seq_len, local_mini_batch_size=local,
-                                       measure_fn=measure, headroom=headroom, world_size=world_size(config),
+                                       measure_fn=measure, headroom=headroom, world_size=data_parallel_size(config, role),
                                        log=False)  # the report prints the decision
     except ValueError:
         return None

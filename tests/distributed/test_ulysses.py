@@ -1,11 +1,15 @@
 """Ulysses sequence parallelism (``hybridrl.modeling.ulysses``): ranks that split every sequence between them train
-exactly as one rank holding whole sequences.
+exactly as one rank holding whole sequences, and hold what the memory model says they hold.
 
 SP = 2 on 2 gloo ranks (and SP = 2 × DP = 2 on 4), FSDP2 over all ranks, through the training engine with micro-batches:
 the actor's PPO loss (entropy bonus, KL loss) and the critic's value loss, padded and packed rows, with and without
 activation checkpointing — every gradient compared with the plain single-process reference of
 ``test_grad_accum_invariance`` (relative error ≤ 1e-5: only the order of fp32 sums differs). Each case also checks that
 the split really ran (attention saw half the positions) and that a forward with a KV cache (generation) is not split.
+
+Memory: what autograd saves on each rank of a split and the peak of a forward + backward (``SavedTensorBytes``,
+``LiveTensorPeak``) against the analytic model the planner uses (``ForwardLayout.split``); and a long row that does
+not fit a per-device budget whole but fits split in two, as the model predicts.
 """
 
 from __future__ import annotations
@@ -18,7 +22,11 @@ from test_grad_accum_invariance import (BATCH, OPTIM, PROMPT, RESPONSE, loss_for
 from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
+from hybridrl.autotune.decoder_shape import DecoderShape
+from hybridrl.autotune.memory_sizing import ForwardLayout, LiveTensorPeak, SavedTensorBytes, activation_bytes
 from hybridrl.config.schema import ModelConfig
+from hybridrl.modeling.attention import attention_implementation
+from hybridrl.modeling.sequences import response_log_probs
 from hybridrl.engines.base import TrainingEngine
 from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
 from hybridrl.engines.optim import build_optimizer
@@ -27,12 +35,13 @@ from hybridrl.modeling.model_builder import build_model
 from hybridrl.modeling.ulysses import check_heads, install_ulysses, sequence_parallel_layout
 from hybridrl.protocol import Batch
 from hybridrl.utils.distributed import full_tensor
-from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
+from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model, save_tiny_model
 
 pytestmark = pytest.mark.distributed
 
 # (role, loss_agg_mode, layout, activation checkpointing)
 CASES = [("actor", "token-mean", "padded", False), ("actor", "seq-mean-token-mean", "packed", False),
+         ("actor", "seq-mean-token-sum", "padded+fused", False),
          ("actor", "token-mean", "packed", True), ("critic", "token-mean", "padded", False),
          ("critic", "seq-mean-token-sum", "packed", True)]
 WIDE_CASES = [("actor", "token-mean", "packed", False), ("critic", "token-mean", "padded", True)]
@@ -135,3 +144,107 @@ def test_heads_not_divisible_is_refused(tmp_path):
     check_heads(config, 2)
     with pytest.raises(ValueError, match=r"ulysses_sequence_parallel_size=3 must divide the model's 2 attention"):
         check_heads(config, 3)
+
+
+# ------------------------------------------------------------------------------------------------ memory
+# name: (attention, dtype, checkpointing, rows, length, response, padded, packed)
+MEMORY_CASES = {
+    "sdpa-padded": ("sdpa", torch.float32, False, 4, 64, 32, True, False),
+    "sdpa-unpadded": ("sdpa", torch.float32, False, 4, 64, 32, False, False),
+    "sdpa-packed": ("sdpa", torch.float32, False, 4, 64, 32, False, True),
+    "checkpointing": ("sdpa", torch.float32, True, 8, 128, 64, True, False),
+    "cpu-kernel-bf16": ("auto", torch.bfloat16, False, 4, 128, 64, False, False),
+}
+SAVED_TOLERANCE, PEAK_TOLERANCE = 0.01, 0.10  # as the memory model's own tests (tests/unit/workers)
+
+
+def memory_model(attention, dtype, checkpointing, vocab=2048, num_layers=2):
+    spec = TinyModelSpec(hidden_size=128, num_layers=num_layers, num_heads=4, num_kv_heads=2, intermediate_size=320)
+    model = build_tiny_model(spec, vocab, pad_token_id=0, eos_token_id=1).to(dtype)
+    model.set_attn_implementation(attention_implementation(attention, "cpu"))
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train()
+
+
+def memory_batch(rows, length, padded, vocab):
+    input_ids = torch.randint(4, vocab, (rows, length), generator=torch.Generator().manual_seed(0))
+    attention_mask = torch.ones_like(input_ids)
+    if padded:
+        attention_mask[0, 0] = 0  # one pad token: an explicit mask
+    return input_ids, attention_mask
+
+
+def planned(model, case, sp_size, attention_mask):
+    attention, dtype, checkpointing, rows, length, response, padded, packed = case
+    kernel = attention_implementation(attention, "cpu")
+    layout = (ForwardLayout.packed(int(attention_mask.sum()), rows * response, attention=kernel) if packed
+              else ForwardLayout.padded(rows, length, response, masked=padded, attention=kernel)).split(sp_size)
+    compute = 2 if dtype == torch.bfloat16 else 4
+    estimate = activation_bytes(DecoderShape.from_hf_config(model.config), layout, compute_bytes=compute,
+                                logits_bytes=compute, checkpointing=checkpointing)
+    # the log-prob function also saves its [M, V] logits: on a split, this rank's share of the rows
+    return estimate, estimate.saved + layout.head_share().num_loss_tokens * model.config.vocab_size * compute
+
+
+def measure(model, case, sp_size, sp):
+    attention, dtype, checkpointing, rows, length, response, padded, packed = case
+    if sp_size > 1:
+        install_ulysses(model, sp)
+    input_ids, attention_mask = memory_batch(rows, length, padded, model.config.vocab_size)
+    with SavedTensorBytes(model) as saved:
+        response_log_probs(model, input_ids, attention_mask, response, packed=packed)
+    for param in model.parameters():  # steady state of accumulation: gradients already allocated
+        param.grad = torch.zeros_like(param)
+    with LiveTensorPeak() as tracker:
+        log_probs, _ = response_log_probs(model, input_ids, attention_mask, response, packed=packed)
+        (-log_probs.sum() / log_probs.numel()).backward()
+    return saved.bytes, tracker.peak_bytes, attention_mask
+
+
+def _memory_cases(rank, world, out_path):
+    sp = sequence_parallel_layout(2).sp
+    results = {}
+    for name, case in MEMORY_CASES.items():
+        for sp_size in (1, 2):
+            model = memory_model(*case[:3])
+            saved, peak, attention_mask = measure(model, case, sp_size, sp)
+            estimate, predicted_saved = planned(model, case, sp_size, attention_mask)
+            results[name, sp_size] = dict(saved=saved, peak=peak, predicted_saved=predicted_saved,
+                                          predicted_peak=estimate.peak)
+    if rank == 0:
+        torch.save(results, out_path)
+
+
+def test_split_activation_memory_is_what_the_model_counts(tmp_path):
+    run_on_gloo(2, _memory_cases, tmp_path / "memory.pt")
+    results = torch.load(tmp_path / "memory.pt")
+    for (name, sp_size), got in results.items():
+        assert got["saved"] == pytest.approx(got["predicted_saved"], rel=SAVED_TOLERANCE), (name, sp_size)
+        assert got["peak"] == pytest.approx(got["predicted_peak"], rel=PEAK_TOLERANCE), (name, sp_size)
+    for name in MEMORY_CASES:  # split in two, each rank holds well under what one whole-sequence rank holds
+        assert results[name, 2]["peak"] < 0.75 * results[name, 1]["peak"], name
+
+
+LONG_ROW = ("sdpa", torch.float32, False, 1, 1024, 512, False, False)
+
+
+def _long_row(rank, world, out_path):
+    sp = sequence_parallel_layout(2).sp
+    results = {}
+    for sp_size in (1, 2):
+        model = memory_model(*LONG_ROW[:3], vocab=4096, num_layers=4)
+        _, peak, attention_mask = measure(model, LONG_ROW, sp_size, sp)
+        results[sp_size] = (peak, planned(model, LONG_ROW, sp_size, attention_mask)[0].peak)
+    if rank == 0:
+        torch.save(results, out_path)
+
+
+def test_a_long_row_fits_a_budget_only_split(tmp_path):
+    """A budget set 10 % above the model's peak for the split row: the model says the whole row does not fit and the
+    split one does, and the measured peaks say the same."""
+    run_on_gloo(2, _long_row, tmp_path / "long.pt")
+    results = torch.load(tmp_path / "long.pt")
+    budget = 1.1 * results[2][1]
+    assert results[1][1] > budget and results[1][0] > budget  # whole: planned and measured over the budget
+    assert results[2][0] <= budget  # split: measured within it

@@ -11,6 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from hybridrl.cli import main
 from hybridrl.config import load_config
 from hybridrl.config.precision import precision_mode
+from hybridrl.config.sizes import role_plan
 from hybridrl.planner import Shapes, gpu_spec, plan_job, plan_memory, recommend, roofline_step_time
 from hybridrl.planner.memory_plan import trained_role
 from hybridrl.planner.time_plan import forward_flops, matmul_parameters
@@ -300,3 +301,23 @@ def test_a_distillation_teacher_is_held_like_the_reference_and_its_forward_can_b
     assert teacher.parameters == 4 * -(-QWEN_7B.num_parameters() // 8) and teacher.gradients == teacher.optimizer == 0
     assert taught.phases["update_actor"] - plain.phases["update_actor"] == teacher.resident
     assert taught.phases["log_probs"] - plain.phases["log_probs"] > teacher.resident  # the 7B's forward is the peak
+
+
+def test_sequence_parallelism_fits_long_responses_that_do_not_fit_whole():
+    """32k-token responses of a 7B model on 80 GB: whole sequences overflow, split over 2 ranks they fit. The split
+    halves the layers' activations and the logits (each rank scores its share of the rows); the mask-free flash
+    layout keeps nothing whole but what follows the layers."""
+    def plan(sp):
+        config = big_job("data.max_response_length=32768", "data.train_batch_size=16", "actor.ppo_mini_batch_size=16",
+                         "actor.ppo_micro_batch_size_per_gpu=1", "model.enable_gradient_checkpointing=true",
+                         "model.use_remove_padding=true", "model.attn_implementation=flash_attention_2",
+                         f"actor.ulysses_sequence_parallel_size={sp}")
+        return config, plan_memory(config, Shapes(QWEN_7B), gpu_spec("h100").memory_bytes)
+
+    (whole_config, whole), (split_config, split) = plan(1), plan(2)
+    assert not whole.fits(0.1) and split.fits(0.1)
+    assert split.roles["actor"].activations == pytest.approx(whole.roles["actor"].activations / 2, rel=0.05)
+    assert split.roles["actor"].parameters == whole.roles["actor"].parameters  # FSDP2 still shards over all 8
+    # 8 ranks in groups of 2 are 4 data-parallel ranks: each group's mini-batch holds twice the rows
+    assert role_plan(split_config, "actor").local_mini_batch_sequences == \
+        2 * role_plan(whole_config, "actor").local_mini_batch_sequences == 2 * 16 * 4 // 8
