@@ -74,13 +74,15 @@ class AutoMicroBatch:
 def sizing_options(config: TrainConfig, role: str, world_size: int, device_type: str = "cuda") -> dict:
     """Keyword options of the analytic model for ``role`` under ``config`` on ``device_type`` workers (dtypes,
     checkpointing, packing, whether FSDP2 holds unsharded gradients between micro-batches — ``fsdp.grad_sync=step``
-    — and the whole model's gathered parameters — ``fsdp.gather_once``)."""
+    — and the whole model's gathered parameters — ``fsdp.gather_once``; the ranks that split each sequence).
+    ``world_size``: the role's ranks (FSDP2 shards over all of them)."""
     model, fsdp = config.model, getattr(config, role).fsdp
     precision = Precision(compute_bytes=torch_dtype(model.dtype).itemsize,
                           grad_bytes=torch_dtype(fsdp.reduce_dtype).itemsize)
     # FSDP2's root returns fp32 outputs (hybridrl.modeling.fsdp), so the loss sees fp32 logits.
-    return dict(world_size=shard_group_ranks(fsdp.fsdp_size, world_size), precision=precision, checkpointing=model.enable_gradient_checkpointing,
-                packed=model.use_remove_padding,
+    return dict(world_size=shard_group_ranks(fsdp.fsdp_size, world_size), precision=precision,
+                checkpointing=model.enable_gradient_checkpointing, packed=model.use_remove_padding,
+                sequence_parallel=getattr(config, role).ulysses_sequence_parallel_size,
                 attention=attention_implementation(model.attn_implementation, device_type, torch_dtype(model.dtype)),
                 accumulating=fsdp.grad_sync == "step", logits_bytes=FP32,
                 gather_once=gathers_once(fsdp.gather_once, device_type, world_size))
@@ -129,7 +131,8 @@ def size_micro_batch(config: TrainConfig, role: str, model: nn.Module, plan: Bat
     sizing = getattr(config, role).micro_batch_sizing
     seq_len = config.data.max_prompt_length + config.data.max_response_length
     shape = DecoderShape.from_hf_config(model.config)
-    options = sizing_options(config, role, dp.size, device.type)
+    sp = getattr(config, role).ulysses_sequence_parallel_size
+    options = sizing_options(config, role, dp.size * sp, device.type)  # FSDP2 shards over every rank
     budget, source = memory_budget(sizing.memory_budget_mb, device, dp)
     if device.type == "cuda" and role == "actor":
         method = "measured on the device"

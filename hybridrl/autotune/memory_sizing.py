@@ -329,9 +329,9 @@ def estimate_micro_batch_bytes(shape: DecoderShape, micro_batch_size: int, seq_l
                                world_size: int = 1, precision: Precision = Precision(),
                                checkpointing: bool = False, packed: bool = False, attention: str = "sdpa",
                                accumulating: bool = True, logits_bytes: int = FP32,
-                               gather_once: bool = False) -> MemoryEstimate:
+                               gather_once: bool = False, sequence_parallel: int = 1) -> MemoryEstimate:
     """Worst case of ``micro_batch_size`` sequences of ``seq_len`` tokens, every token scored (padded: masked rows of
-    ``seq_len``; packed: one row of ``micro_batch_size · seq_len`` tokens)."""
+    ``seq_len``; packed: one row of ``micro_batch_size · seq_len`` tokens), split over ``sequence_parallel`` ranks."""
     if packed:
         layout = ForwardLayout.packed(micro_batch_size * seq_len, attention=attention)
     else:
@@ -340,7 +340,7 @@ def estimate_micro_batch_bytes(shape: DecoderShape, micro_batch_size: int, seq_l
     return MemoryEstimate(
         states=model_state_bytes(shape, world_size=world_size, precision=precision, accumulating=accumulating,
                                  gather_once=gather_once),
-        activations=activation_bytes(shape, layout, compute_bytes=precision.compute_bytes,
+        activations=activation_bytes(shape, layout.split(sequence_parallel), compute_bytes=precision.compute_bytes,
                                      logits_bytes=logits_bytes, checkpointing=checkpointing))
 
 

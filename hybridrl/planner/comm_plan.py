@@ -198,6 +198,39 @@ def forward_collectives(phase: str, shape: DecoderShape, layout: ShardLayout, pa
     return [_collective(phase, "all_gather", gathers, payload, layout.shard_group, 1, topology)]
 
 
+def sequence_parallel_payloads(shape: DecoderShape, rows: int, length: int, sp: int,
+                               compute_bytes: int) -> tuple[list[int], int]:
+    """One forward's Ulysses exchanges on a rank (:mod:`hybridrl.modeling.ulysses`): the payloads of each layer's
+    all-to-alls — queries, keys, values (KV heads repeated to a multiple of ``sp``) and the attention output, each
+    this rank's positions × all heads — and of the gather of the last layer's output (``rows`` rows padded to a
+    multiple of ``sp``, every position). The backward repeats each all-to-all and all-reduces the gather's size."""
+    local = rows * -(-length // sp)
+    kv_heads = shape.num_kv_heads * (sp // math.gcd(shape.num_kv_heads, sp))
+    q, kv = local * shape.q_width * compute_bytes, local * kv_heads * shape.head_dim * compute_bytes
+    return [q, kv, kv, q], rows * -(-length // sp) * sp * shape.hidden_size * compute_bytes
+
+
+def sequence_parallel_collectives(phase: str, shape: DecoderShape, *, rows: int, length: int, sp: int,
+                                  forwards: int, backwards: int, checkpointing: bool, compute_bytes: int,
+                                  topology: Topology) -> list[Collective]:
+    """The exchanges of ``forwards`` forward passes of ``rows × length`` tokens split over ``sp`` neighbouring ranks,
+    ``backwards`` of them with a backward (activation checkpointing recomputes each layer's forward, and with it
+    its all-to-alls, once more). Worst case: full-length rows; kind ``sequence_parallel``
+    as the engine's ``comm/sequence_parallel_bytes``."""
+    if sp <= 1 or forwards == 0:
+        return []
+    exchanges, gathered = sequence_parallel_payloads(shape, rows, length, sp, compute_bytes)
+    layer_forwards = forwards + (backwards if checkpointing else 0)
+    found = [_collective(phase, "sequence_parallel", (layer_forwards + backwards) * shape.num_layers, payload, sp, 1,
+                         topology) for payload in exchanges]
+    # the gather follows the last saved tensor of the last layer: a recomputation stops before it (torch's
+    # non-reentrant checkpoint recomputes only until it has what the backward needs)
+    found.append(_collective(phase, "sequence_parallel", forwards, gathered, sp, 1, topology))
+    if backwards:  # the gather's backward: an all-reduce of its gradient
+        found.append(_collective(phase, "sequence_parallel", backwards, gathered, sp, 1, topology, passes=2))
+    return found
+
+
 def _collective(phase: str, kind: str, calls: int, payload: int, ranks: int, stride: int, topology: Topology,
                 passes: int = 1) -> Collective:
     return Collective(phase, kind, calls, payload, ranks, stride,
@@ -247,10 +280,16 @@ def micro_batch_comm_seconds(layout: ShardLayout, update: list[Collective]) -> l
 
 def overlapped_seconds(compute: float, layout: ShardLayout, update: list[Collective]) -> float:
     """An update phase's seconds when each micro-batch costs the larger of its compute (``compute`` spread evenly
-    over the step's micro-batches) and its communication."""
+    over the step's micro-batches) and its communication; plus the exchanges nothing overlaps."""
     schedule = micro_batch_comm_seconds(layout, update)
     each = compute / (layout.optimizer_steps * len(schedule))
-    return layout.optimizer_steps * sum(max(each, comm) for comm in schedule)
+    return layout.optimizer_steps * sum(max(each, comm) for comm in schedule) + serial_seconds(update)
+
+
+def serial_seconds(collectives: list[Collective]) -> float:
+    """Seconds of the collectives that compute waits for: sequence parallelism's exchanges sit between a layer's
+    projections and its attention (and the gather between the layers and the head)."""
+    return sum(c.seconds for c in collectives if c.kind == "sequence_parallel")
 
 
 @dataclass(frozen=True)
@@ -287,6 +326,7 @@ def plan_communication(config: TrainConfig, shapes, topology: Topology, compute:
         collectives += update_collectives("update_critic", critic_shape, layouts["critic"], topology, head="value")
         collectives += forward_collectives("log_probs", critic_shape, forward_layout(config, "critic", layouts["critic"]),
                                            1, topology, head="value")
+    collectives += split_sequence_collectives(config, shapes, layouts, passes, topology)
     collectives += tensor_parallel_collectives(config, shapes.policy, topology)
     if config.rollout.name == "hf":  # HF generate on the actor's own module: gathered once per call
         collectives += forward_collectives("generate", shapes.policy, replace(forward, gather_once=True), 1, topology)
@@ -300,8 +340,48 @@ def plan_communication(config: TrainConfig, shapes, topology: Topology, compute:
             update = [c for c in collectives if c.phase == phase]
             phases[phase] = overlapped_seconds(compute[phase], layout, update)
     if "log_probs" in phases:  # forward-only passes: the all-gathers run under the forwards' compute
-        phases["log_probs"] = max(compute["log_probs"], plan.phase_seconds("log_probs"))
+        passes = [c for c in collectives if c.phase == "log_probs"]
+        serial = serial_seconds(passes)
+        phases["log_probs"] = max(compute["log_probs"], plan.phase_seconds("log_probs") - serial) + serial
     return StepComm(plan, layouts, phases, dict(compute), 1 if forward.gather_once else forward.micro_batches)
+
+
+def split_sequence_collectives(config: TrainConfig, shapes, layouts: dict[str, ShardLayout], actor_passes: int,
+                               topology: Topology) -> list[Collective]:
+    """The Ulysses exchanges of the roles that split sequences (``*.ulysses_sequence_parallel_size``): their updates
+    and their forward-only passes (``actor_passes`` of the actor's: old log-probs, reference; one of the critic's)."""
+    found = []
+    for role, layout in layouts.items():
+        sp = getattr(config, role).ulysses_sequence_parallel_size
+        if sp <= 1:
+            continue
+        shape = (shapes.critic or shapes.policy) if role == "critic" else shapes.policy
+        plan = role_plan(config, role)
+        common = dict(sp=sp, compute_bytes=layout.compute_bytes, topology=topology)
+        steps = layout.optimizer_steps * layout.micro_batches
+        found += sequence_parallel_collectives(
+            f"update_{role}", shape, **_micro_batch_rows(config, role, plan.local_mini_batch_sequences, layout),
+            forwards=steps, backwards=steps, checkpointing=config.model.enable_gradient_checkpointing, **common)
+        forward = forward_layout(config, role, layout)
+        passes = actor_passes if role == "actor" else 1
+        found += sequence_parallel_collectives(
+            "log_probs", shape, **_micro_batch_rows(config, role, plan.local_mini_batch_sequences * plan.num_mini_batches,
+                                                    forward),
+            forwards=passes * forward.micro_batches, backwards=0, checkpointing=False, **common)
+    return found
+
+
+def _micro_batch_rows(config: TrainConfig, role: str, rows: int, layout: ShardLayout) -> dict[str, int]:
+    """The worst-case ``rows × length`` a micro-batch of ``role`` runs: its share of ``rows`` full-length rows, one
+    packed row of them (``model.use_remove_padding``), or a full token budget (SP × the per-device budget)."""
+    role_config = getattr(config, role)
+    seq_len = config.data.max_prompt_length + config.data.max_response_length
+    if role_config.use_dynamic_bsz:
+        return dict(rows=1, length=role_config.ppo_max_token_len_per_gpu * role_config.ulysses_sequence_parallel_size)
+    micro_rows = -(-rows // layout.micro_batches)
+    if config.model.use_remove_padding:
+        return dict(rows=1, length=micro_rows * seq_len)
+    return dict(rows=micro_rows, length=seq_len)
 
 
 def tensor_parallel_collectives(config: TrainConfig, shape: DecoderShape, topology: Topology) -> list[Collective]:

@@ -70,7 +70,12 @@ def make_data(seed: int = 0) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("accum")
-    actor_dir = save_tiny_model(root / "actor")
+    return models_and_data(root, save_tiny_model(root / "actor"))
+
+
+def models_and_data(root, actor_dir):
+    """``(actor_dir, critic_dir, data)``: a critic with the actor's backbone saved beside it, and :func:`make_data`
+    with old and reference log-probs near the actor's own."""
     critic = AutoModelForTokenClassification.from_pretrained(actor_dir, num_labels=1)  # head stored, so loads agree
     critic.save_pretrained(root / "critic")
     data = make_data()

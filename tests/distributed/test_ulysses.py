@@ -17,10 +17,10 @@ from __future__ import annotations
 import pytest
 import torch
 from gloo_spawn import run_on_gloo
-from test_grad_accum_invariance import (BATCH, OPTIM, PROMPT, RESPONSE, loss_for, make_data, reference_gradients,
-                                        reference_log_probs, relative_error)
+from test_grad_accum_invariance import (BATCH, OPTIM, PROMPT, RESPONSE, loss_for, models_and_data,
+                                        reference_gradients, relative_error)
 from torch.distributed.device_mesh import init_device_mesh
-from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+from transformers import AutoModelForCausalLM
 
 from hybridrl.autotune.decoder_shape import DecoderShape
 from hybridrl.autotune.memory_sizing import ForwardLayout, LiveTensorPeak, SavedTensorBytes, activation_bytes
@@ -33,6 +33,8 @@ from hybridrl.engines.optim import build_optimizer
 from hybridrl.modeling.fsdp import ShardingOptions, shard_model
 from hybridrl.modeling.model_builder import build_model
 from hybridrl.modeling.ulysses import check_heads, install_ulysses, sequence_parallel_layout
+from hybridrl.planner.comm_plan import LINKS, Topology, sequence_parallel_collectives
+from hybridrl.utils.collectives import CollectiveCounter
 from hybridrl.protocol import Batch
 from hybridrl.utils.distributed import full_tensor
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model, save_tiny_model
@@ -51,15 +53,9 @@ WIDE_CASES = [("actor", "token-mean", "packed", False), ("critic", "token-mean",
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("ulysses")
     # 4 query heads over 2 KV heads: SP = 2 splits both; the default tiny model's single KV head is repeated (below)
-    actor_dir = save_tiny_model(root / "actor", TinyModelSpec(hidden_size=128, num_heads=4, num_kv_heads=2))
-    critic = AutoModelForTokenClassification.from_pretrained(actor_dir, num_labels=1)
-    critic.save_pretrained(root / "critic")
-    data = make_data()
-    with torch.no_grad():
-        current = reference_log_probs(AutoModelForCausalLM.from_pretrained(actor_dir), data)
-    data["old_log_probs"] = (current + data.pop("log_prob_noise")) * data["response_mask"]
-    data["ref_log_probs"] = (current + data.pop("ref_noise")) * data["response_mask"]
-    return {"actor": actor_dir, "critic": root / "critic"}, data
+    actor_dir, critic_dir, data = models_and_data(
+        root, save_tiny_model(root / "actor", TinyModelSpec(hidden_size=128, num_heads=4, num_kv_heads=2)))
+    return {"actor": actor_dir, "critic": critic_dir}, data
 
 
 def run_cases(rank, world, sp_size, dirs, data, cases, out_path):
@@ -248,3 +244,36 @@ def test_a_long_row_fits_a_budget_only_split(tmp_path):
     budget = 1.1 * results[2][1]
     assert results[1][1] > budget and results[1][0] > budget  # whole: planned and measured over the budget
     assert results[2][0] <= budget  # split: measured within it
+
+
+def _exchanged_bytes(rank, world, out_path):
+    sp = sequence_parallel_layout(2).sp
+    results = {}
+    for checkpointing in (False, True):
+        model = memory_model("sdpa", torch.float32, checkpointing)
+        install_ulysses(model, sp)
+        input_ids = torch.randint(4, 2048, (2, 11), generator=torch.Generator().manual_seed(0))
+        with CollectiveCounter() as counter:
+            log_probs, _ = response_log_probs(model, input_ids, torch.ones_like(input_ids), 5)
+            log_probs.sum().backward()
+        results[checkpointing] = counter.payload_bytes["sequence_parallel"]
+    if rank == 0:
+        torch.save(results, out_path)
+
+
+def test_the_planner_counts_the_exchanged_bytes(tmp_path):
+    """Two unpadded rows of 11 tokens (padded to 12 for the split), forward and backward, with and without
+    checkpointing: the bytes the engine's exchanges move (``comm/sequence_parallel_bytes``) are the planner's
+    (``sequence_parallel_collectives``) plus the gather of the 10 scored log-probs (5 a rank, fp32) and its
+    backward."""
+    run_on_gloo(2, _exchanged_bytes, tmp_path / "bytes.pt")
+    measured = torch.load(tmp_path / "bytes.pt")
+    shape = DecoderShape.from_hf_config(memory_model("sdpa", torch.float32, False).config)
+    topology = Topology(1, 2, LINKS["pcie"], LINKS["1gbe"])
+    head_rows = 2 * (5 * 2 * 4)  # the log-probs' gather and its all-reduce: 2 ranks × 5 rows × fp32
+    for checkpointing, got in measured.items():
+        planned = sequence_parallel_collectives("update_actor", shape, rows=2, length=11, sp=2, forwards=1,
+                                                backwards=1, checkpointing=checkpointing, compute_bytes=4,
+                                                topology=topology)
+        assert got == sum(c.total_bytes for c in planned) + head_rows, checkpointing
+    assert measured[True] > measured[False] > 0

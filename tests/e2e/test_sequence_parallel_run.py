@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 
 from hybridrl.config import load_config
+from hybridrl.planner.comm_plan import LINKS, Topology, plan_communication
+from hybridrl.planner.report import shapes_of
 from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
 from hybridrl.utils.tracking import read_metrics
@@ -30,16 +32,21 @@ def run(model_dir, run_dir, sp_size):
         "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=2",
         f"actor.ulysses_sequence_parallel_size={sp_size}", f"critic.ulysses_sequence_parallel_size={sp_size}"])
     RLTrainer(config).fit()
-    return next(row for row in read_metrics(run_dir) if "actor/pg_loss" in row)
+    return config, next(row for row in read_metrics(run_dir) if "actor/pg_loss" in row)
 
 
 def test_split_sequences_train_as_whole_ones(tmp_path):
     model_dir = save_tiny_model(tmp_path / "model", TinyModelSpec(hidden_size=128, num_heads=4, num_kv_heads=2))
-    whole = run(model_dir, tmp_path / "whole", 1)
-    split = run(model_dir, tmp_path / "split", 2)
+    _, whole = run(model_dir, tmp_path / "whole", 1)
+    config, split = run(model_dir, tmp_path / "split", 2)
     for name in COMPARED:
         assert split[name] == pytest.approx(whole[name], rel=1e-4, abs=1e-6), name
     assert whole["actor/grad_norm"] > 0 and whole["critic/grad_norm"] > 0
     for role in ("actor", "critic"):  # the split ran, and its activations are counted apart from the parameters
         assert whole[f"{role}/comm/sequence_parallel_bytes"] == 0 < split[f"{role}/comm/sequence_parallel_bytes"]
         assert split[f"{role}/comm/param_gather_bytes"] == whole[f"{role}/comm/param_gather_bytes"] > 0, role
+    # the planner's exchanges are a worst case (full-length rows): the run's rows are shorter
+    planned = plan_communication(config, shapes_of(config), Topology(1, 2, LINKS["pcie"], LINKS["1gbe"]), compute={})
+    for role in ("actor", "critic"):
+        assert 0 < split[f"{role}/comm/sequence_parallel_bytes"] <= \
+            planned.plan.phase_bytes(f"update_{role}", "sequence_parallel"), role

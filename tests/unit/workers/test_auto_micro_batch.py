@@ -77,9 +77,11 @@ def test_options_follow_the_config():
     config = auto_config(64, enable_gradient_checkpointing=True, use_remove_padding=True, attn_implementation="eager")
     config.model.dtype = "bfloat16"
     config.actor.fsdp = FSDPConfig(reduce_dtype="bfloat16")
+    config.actor.ulysses_sequence_parallel_size = 2
     options = sizing_options(config, "actor", world_size=4)
     assert options == dict(world_size=4, precision=Precision(compute_bytes=2, grad_bytes=2), checkpointing=True,
-                           packed=True, attention="eager", accumulating=True, logits_bytes=4, gather_once=False)
+                           packed=True, attention="eager", accumulating=True, logits_bytes=4, gather_once=False,
+                           sequence_parallel=2)
     assert sizing_options(config, "actor", world_size=4, device_type="cpu")["gather_once"]  # fsdp.gather_once=auto
     assert sizing_options(config, "actor", world_size=1)["gather_once"]  # ... and on one GPU
 
@@ -104,3 +106,23 @@ def test_with_micro_batch_size_keeps_the_identity():
     assert plan.with_micro_batch_size(2).grad_accum_steps == 8
     with pytest.raises(ValueError, match="does not divide the per-rank mini-batch of 16"):
         plan.with_micro_batch_size(3)
+
+
+def test_a_split_sequence_fits_a_larger_micro_batch(model):
+    """A group of 2 ranks splitting each sequence (the data-parallel size stays 1): each holds half of each
+    sequence's layer activations (the attention mask stays whole) and half of the states, so at a budget that holds
+    8 split sequences one rank holding them whole fits only 4."""
+    split_bytes = estimate_micro_batch_bytes(DecoderShape.from_hf_config(model.config), 8, PROMPT + RESPONSE,
+                                             world_size=2, precision=Precision(), attention="sdpa",
+                                             sequence_parallel=2).total
+    budget_mb = math.ceil(split_bytes / 0.85 / 2**20)
+    whole = auto_config(budget_mb)
+    split = auto_config(budget_mb)
+    split.trainer.n_gpus_per_node, split.actor.ulysses_sequence_parallel_size = 2, 2
+    sizes = {}
+    for name, config in (("whole", whole), ("split", split)):
+        plan = role_plan(config, "actor")
+        assert plan.local_mini_batch_sequences == 16  # one data-parallel rank either way
+        resolved, _ = resolve_plan(config, "actor", model, plan, dp=DataParallelGroup(), device=CPU)
+        sizes[name] = resolved.micro_batch_size_per_gpu
+    assert sizes == {"whole": 4, "split": 8}
