@@ -335,6 +335,11 @@ def _check_sequence_parallel(config: TrainConfig, error: ConfigError) -> None:
         elif devices % sp:
             error.add(key, sp, f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node): the "
                                "ranks of a sequence-parallel group split the same rows")
+    actor = config.actor
+    if actor.ulysses_sequence_parallel_size != 1 and (actor.log_grad_noise_scale or actor.adaptive_accumulation.enable):
+        key = "actor.log_grad_noise_scale" if actor.log_grad_noise_scale else "actor.adaptive_accumulation.enable"
+        error.add(key, True, "measures each rank's micro-batch gradients, which are partial sums when ranks split "
+                             "sequences (actor.ulysses_sequence_parallel_size > 1): turn one of them off")
 
 
 def _check_weight_sync_method(config: TrainConfig, error: ConfigError) -> None:

@@ -64,7 +64,8 @@ class PtxHook(StepHook):
 
 class EWCRegularizer(StepHook):
     """Elastic weight consolidation against the weights at construction time (see the module docstring); as a hook it
-    adds its gradient before every clip."""
+    adds its gradient before every clip. ``dp``: the ranks the model's shards are spread over (FSDP2's, all of them
+    also when groups of them split sequences), over which the penalty is summed."""
 
     def __init__(self, model: nn.Module, coef: float, dp: DataParallelGroup) -> None:
         self.coef, self.dp = coef, dp

@@ -73,6 +73,7 @@ class ActorRolloutRefWorker(Worker):
         self.plan = role_plan(config, "actor")
         sp_size = config.actor.ulysses_sequence_parallel_size
         dp = data_parallel_group(self, sp_size)
+        self.all_ranks = data_parallel_group(self)  # FSDP2 shards over every rank, sequence-parallel or not
         device_type = self.device.type
         keep_gathered = gathers_once(config.actor.fsdp.gather_once, device_type, self.world_size)
         self.tokenizer = load_tokenizer(config.model)
@@ -100,7 +101,7 @@ class ActorRolloutRefWorker(Worker):
         for frozen_model in (self.reference, self.teacher):
             split_sequences(self, frozen_model and frozen_model.model, sp_size)
         self.episodes = episode_runner(config, self.tokenizer)
-        self.rollout = self._build_rollout(actor_model, dp)
+        self.rollout = self._build_rollout(actor_model, self.all_ranks)
         # Sized last, so that on a GPU the budget sees what the reference and the rollout engine already hold.
         self.plan, self.micro_batch_sizing = resolve_plan(config, "actor", actor_model, self.plan, dp=dp,
                                                           device=self.device, optimizer=optimizer)
@@ -125,7 +126,7 @@ class ActorRolloutRefWorker(Worker):
         control.attach(self.actor)
         return control
 
-    def _build_rollout(self, actor_model, dp) -> Optional[RolloutEngine]:
+    def _build_rollout(self, actor_model, ranks) -> Optional[RolloutEngine]:
         """The generation engine: ``hf`` shares ``actor_model``; ``vllm`` holds its own copy, fed by a resharder.
         With replicas in processes of their own (a standalone pool, or ``rollout.engine_process=own``) there is
         none here: the weights are published for them instead (``publish_weights``)."""
@@ -133,7 +134,7 @@ class ActorRolloutRefWorker(Worker):
         self.publisher: Optional[WeightPublisher] = None
         if replicas_apart(config):
             self.publisher = WeightPublisher(actor_model, tp_size=config.rollout.tensor_model_parallel_size,
-                                             dtype=torch_dtype(config.model.dtype), group=dp.group,
+                                             dtype=torch_dtype(config.model.dtype), group=ranks.group,
                                              source=MergedLoraWeights(actor_model) if self.lora else None,
                                              transport=resolved_weight_transport(config))
             self.engine_weights = EngineWeights(None, verify=False, loaded_current=True)
@@ -141,7 +142,7 @@ class ActorRolloutRefWorker(Worker):
         resharder = None
         if holds_own_weights(config.rollout.name):
             resharder = WeightResharder(actor_model, tp_size=config.rollout.tensor_model_parallel_size,
-                                        group=dp.group,
+                                        group=ranks.group,
                                         bucket_bytes=bucket_bytes_from_mb(config.rollout.weight_sync_bucket_mb),
                                         dtype=torch_dtype(config.model.dtype),
                                         method=config.rollout.weight_sync_method,
@@ -310,7 +311,7 @@ class ActorRolloutRefWorker(Worker):
         ewc_config = self.config.actor.ewc
         parts = ewc_config.fisher_batches
         self.actor.model.train()
-        ewc = EWCRegularizer(self.actor.model, ewc_config.coef, self.actor.dp)
+        ewc = EWCRegularizer(self.actor.model, ewc_config.coef, self.all_ranks)
         ewc.estimate_fisher(self.actor, batch.split([len(batch) // parts] * parts), SFTLoss(self.forward))
         self._use_ewc(ewc)
 
@@ -353,7 +354,7 @@ class ActorRolloutRefWorker(Worker):
         self.engine_weights.actor_changed()
         if self.config.actor.ewc.coef > 0 and (Path(directory) / EWC_DIR).is_dir():  # else: anchored at next update
             self._use_ewc(EWCRegularizer.load(Path(directory) / EWC_DIR, self.actor.model,
-                                              self.config.actor.ewc.coef, self.actor.dp))
+                                              self.config.actor.ewc.coef, self.all_ranks))
         return directory
 
     @one_to_all(collect="first")
