@@ -335,6 +335,10 @@ def _check_sequence_parallel(config: TrainConfig, error: ConfigError) -> None:
         elif devices % sp:
             error.add(key, sp, f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node): the "
                                "ranks of a sequence-parallel group split the same rows")
+    splits = [role for role in ("actor", "critic") if getattr(config, role).ulysses_sequence_parallel_size != 1]
+    if splits and config.model.use_torch_compile:
+        error.add("model.use_torch_compile", True, f"is not combined with sequence parallelism yet "
+                  f"({splits[0]}.ulysses_sequence_parallel_size > 1): the two have not been checked together; turn one off")
     actor = config.actor
     if actor.ulysses_sequence_parallel_size != 1 and (actor.log_grad_noise_scale or actor.adaptive_accumulation.enable):
         key = "actor.log_grad_noise_scale" if actor.log_grad_noise_scale else "actor.adaptive_accumulation.enable"
