@@ -121,8 +121,8 @@ def cuda_measure_fn(model: nn.Module, shape: DecoderShape, options: dict, *, bud
 
 
 def size_micro_batch(config: TrainConfig, role: str, model: nn.Module, plan: BatchPlan, *,
-                     dp: DataParallelGroup, device: torch.device,
-                     optimizer: Optional[torch.optim.Optimizer] = None) -> AutoMicroBatch:
+                     dp: DataParallelGroup, device: torch.device, optimizer: Optional[torch.optim.Optimizer] = None,
+                     ranks: Optional[DataParallelGroup] = None) -> AutoMicroBatch:
     """Choose ``role``'s micro-batch for ``plan`` (an ``auto`` plan) on this rank; every rank must call it.
 
     Raises:
@@ -131,12 +131,12 @@ def size_micro_batch(config: TrainConfig, role: str, model: nn.Module, plan: Bat
     sizing = getattr(config, role).micro_batch_sizing
     seq_len = config.data.max_prompt_length + config.data.max_response_length
     shape = DecoderShape.from_hf_config(model.config)
-    sp = getattr(config, role).ulysses_sequence_parallel_size
-    options = sizing_options(config, role, dp.size * sp, device.type)  # FSDP2 shards over every rank
-    budget, source = memory_budget(sizing.memory_budget_mb, device, dp)
+    ranks = ranks or dp
+    options = sizing_options(config, role, ranks.size, device.type)  # FSDP2 shards over every rank
+    budget, source = memory_budget(sizing.memory_budget_mb, device, ranks)
     if device.type == "cuda" and role == "actor":
         method = "measured on the device"
-        measure = cuda_measure_fn(model, shape, options, budget_bytes=budget, dp=dp, optimizer=optimizer,
+        measure = cuda_measure_fn(model, shape, options, budget_bytes=budget, dp=ranks, optimizer=optimizer,
                                   grad_sync=getattr(config, role).fsdp.grad_sync)
     else:
         method = "analytic model"
@@ -155,10 +155,12 @@ def size_micro_batch(config: TrainConfig, role: str, model: nn.Module, plan: Bat
 
 
 def resolve_plan(config: TrainConfig, role: str, model: nn.Module, plan: BatchPlan, *, dp: DataParallelGroup,
-                 device: torch.device,
-                 optimizer: Optional[torch.optim.Optimizer] = None) -> tuple[BatchPlan, Optional[AutoMicroBatch]]:
-    """``plan`` with an ``auto`` micro-batch sized (and the decision), or ``plan`` unchanged and ``None``."""
+                 device: torch.device, optimizer: Optional[torch.optim.Optimizer] = None,
+                 ranks: Optional[DataParallelGroup] = None) -> tuple[BatchPlan, Optional[AutoMicroBatch]]:
+    """``plan`` with an ``auto`` micro-batch sized (and the decision), or ``plan`` unchanged and ``None``.
+    ``ranks``: every rank of the role (default ``dp``), over which the budget and the measured peak are agreed — the
+    ranks of a sequence-parallel group must choose the same size."""
     if not plan.auto_micro_batch:
         return plan, None
-    sized = size_micro_batch(config, role, model, plan, dp=dp, device=device, optimizer=optimizer)
+    sized = size_micro_batch(config, role, model, plan, dp=dp, device=device, optimizer=optimizer, ranks=ranks)
     return plan.with_micro_batch_size(sized.decision.micro_batch_size), sized

@@ -129,7 +129,9 @@ class ForwardLayout:
 
     def head_share(self) -> "ForwardLayout":
         """What one rank's LM head runs on: all of it, or split over SP ranks its share of the scored rows (the
-        scored-head path, :mod:`hybridrl.modeling.scored_head`: no gather, the head on those rows only)."""
+        scored-head path, :mod:`hybridrl.modeling.scored_head`: no gather, the head on those rows only). A model type
+        whose logits are transformed after the head (soft-capped, rescaled: not in ``PASS_THROUGH_MODEL_TYPES``)
+        runs the whole head on every rank, which this under-counts."""
         if self.sequence_parallel == 1:
             return self
         share = -(-self.num_loss_tokens // self.sequence_parallel)

@@ -24,6 +24,7 @@ from hybridrl.config.dpo_schema import PREFERENCE_LOSSES, REFERENCE_MODES, DPOCo
 from hybridrl.config.rm_schema import SYNTHETIC_PREFERENCES, RMConfig
 from hybridrl.config.pool_checks import check_rollout_pool
 from hybridrl.config.schema import LR_SCALINGS, TrainConfig
+from hybridrl.config.sequence_parallel_checks import check_sequence_parallel
 from hybridrl.config.sft_schema import SFTConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH, role_plan, trained_rows_per_prompt, world_size
 from hybridrl.config.validation_machine import (DATA_FILE_SUFFIXES, _check_cpu_limits, _check_data_file,
@@ -312,7 +313,7 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
     if devices % tp and config.rollout.n_gpus == 0:  # a standalone pool's replicas divide its own devices
         error.add("rollout.tensor_model_parallel_size", tp,
                   f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node)")
-    _check_sequence_parallel(config, error)
+    check_sequence_parallel(config, error)
     _check_weight_sync_method(config, error)
     check_rollout_pool(config, error)
     check_multi_turn(config, error)
@@ -322,28 +323,6 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
     check_off_policy_correction(config, error)
     if config.trainer.device == "cpu":
         _check_cpu_limits(config, error)
-
-
-def _check_sequence_parallel(config: TrainConfig, error: ConfigError) -> None:
-    """``*.ulysses_sequence_parallel_size`` must divide the devices (the heads are checked against the model's config
-    with the other machine checks)."""
-    devices = world_size(config)
-    for role in ("actor", "critic"):
-        key, sp = f"{role}.ulysses_sequence_parallel_size", getattr(config, role).ulysses_sequence_parallel_size
-        if not isinstance(sp, int) or sp < 1:
-            error.add(key, sp, "must be a whole number ≥ 1 (1: each rank holds whole sequences)")
-        elif devices % sp:
-            error.add(key, sp, f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node): the "
-                               "ranks of a sequence-parallel group split the same rows")
-    splits = [role for role in ("actor", "critic") if getattr(config, role).ulysses_sequence_parallel_size != 1]
-    if splits and config.model.use_torch_compile:
-        error.add("model.use_torch_compile", True, f"is not combined with sequence parallelism yet "
-                  f"({splits[0]}.ulysses_sequence_parallel_size > 1): the two have not been checked together; turn one off")
-    actor = config.actor
-    if actor.ulysses_sequence_parallel_size != 1 and (actor.log_grad_noise_scale or actor.adaptive_accumulation.enable):
-        key = "actor.log_grad_noise_scale" if actor.log_grad_noise_scale else "actor.adaptive_accumulation.enable"
-        error.add(key, True, "measures each rank's micro-batch gradients, which are partial sums when ranks split "
-                             "sequences (actor.ulysses_sequence_parallel_size > 1): turn one of them off")
 
 
 def _check_weight_sync_method(config: TrainConfig, error: ConfigError) -> None:

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from hybridrl.config.sequence_parallel_checks import check_sequence_parallel_heads
 from hybridrl.config.checks import _require, critic_enabled
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.precision import check_precision_on_device
@@ -165,7 +166,7 @@ def _check_model_fits(config: TrainConfig, error: ConfigError) -> None:
                   f"has {positions} positions (max_position_embeddings); shorten one of them")
     vocab_size = model_config.get("vocab_size")
     _check_tensor_parallel_fits(config.rollout.tensor_model_parallel_size, model_config, error)
-    _check_sequence_parallel_fits(config, model_config, error)
+    check_sequence_parallel_heads(config, error)
     tokenizer_tokens = _tokenizer_size(config.model.tokenizer_path or config.model.path, config.model.trust_remote_code)
     if isinstance(vocab_size, int) and tokenizer_tokens is not None and tokenizer_tokens > vocab_size:
         error.add("model.path", config.model.path,
@@ -205,19 +206,6 @@ def _check_tensor_parallel_fits(tp: int, model_config: dict, error: ConfigError)
                            "them")
     elif isinstance(vocab, int) and (-(-vocab // 64) * 64) % tp:
         error.add(key, tp, f"must divide the model's vocabulary padded to a multiple of 64 ({-(-vocab // 64) * 64})")
-
-
-def _check_sequence_parallel_fits(config: TrainConfig, model_config: dict, error: ConfigError) -> None:
-    """Each rank of a sequence-parallel group attends with ``heads / SP`` heads: ``SP`` must divide them (the actor's,
-    and the critic's when it starts from the policy's backbone)."""
-    heads = model_config.get("num_attention_heads")
-    roles = ["actor"] + (["critic"] if not config.critic.model_path else [])
-    for role in roles:
-        sp = getattr(config, role).ulysses_sequence_parallel_size
-        if isinstance(sp, int) and sp > 1 and isinstance(heads, int) and heads % sp:
-            error.add(f"{role}.ulysses_sequence_parallel_size", sp,
-                      f"must divide the model's {heads} attention heads (num_attention_heads): each rank of a "
-                      "sequence-parallel group attends with heads / SP of them")
 
 
 def _tokenizer_size(path: str, trust_remote_code: bool) -> Optional[int]:

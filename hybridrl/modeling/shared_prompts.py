@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from hybridrl.modeling.positions import position_ids_from_mask
+from hybridrl.modeling.ulysses import sequence_parallel_of
 from hybridrl.protocol import Batch, Fields
 
 MASKED_ATTENTION = ("eager", "sdpa", "hybridrl_cpu")
@@ -165,7 +166,10 @@ def prompts_together(batch: Batch) -> Batch:
 
 
 def attention_takes_custom_mask(model: nn.Module) -> bool:
-    """Whether ``model``'s attention implementation honours a custom 4-D boolean mask (:data:`MASKED_ATTENTION`)."""
+    """Whether ``model``'s attention implementation honours a custom 4-D boolean mask (:data:`MASKED_ATTENTION`).
+    Never under sequence parallelism, which splits ``[B, L]`` rows (:mod:`hybridrl.modeling.ulysses`)."""
+    if sequence_parallel_of(model) is not None:
+        return False
     config = getattr(model, "config", None)
     return getattr(config, "_attn_implementation", None) in MASKED_ATTENTION
 

@@ -27,6 +27,7 @@ with ``dp`` the group of ranks holding different rows) gives exactly the gradien
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import math
@@ -159,9 +160,7 @@ def _mask_kind(inner: str) -> str:
 
 def _decoder_pre_hook(module: nn.Module, args: tuple, kwargs: dict, *, sp: SequenceParallelGroup):
     if args:  # e.g. a classifier passes input_ids positionally: name every argument
-        kwargs = dict(inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments)
-        kwargs.update(kwargs.pop("kwargs", {}))
-        args = ()
+        kwargs, args = _named_arguments(module.forward, args, kwargs), ()
     if kwargs.get("past_key_values") is not None or kwargs.get("use_cache"):
         return None  # a KV cache: a generation call, not split
     ids = kwargs.get("input_ids")
@@ -179,11 +178,24 @@ def _decoder_pre_hook(module: nn.Module, args: tuple, kwargs: dict, *, sp: Seque
         tail = torch.arange(extra, device=ids.device).expand(positions.shape[0], -1)
         positions = torch.cat([positions, tail.to(positions.dtype)], dim=1)
         mask = kwargs.get("attention_mask")
+        if mask is not None and mask.dim() != 2:
+            raise ValueError("sequence parallelism pads [B, L] attention masks; got a custom "
+                             f"{mask.dim()}-D mask (e.g. model.share_prompts' rows, which it does not use)")
         if mask is not None:
             kwargs["attention_mask"] = torch.nn.functional.pad(mask, (0, extra))
     kwargs["position_ids"] = positions
     kwargs[CALL_KEYWORD] = UlyssesCall(sp, padded, positions, length)
     return args, kwargs
+
+
+def _named_arguments(function, args: tuple, kwargs: dict) -> dict:
+    """``function``'s positional ``args`` and ``kwargs`` as one keyword dict (its ``**`` parameter's entries merged)."""
+    signature = inspect.signature(function)
+    named = dict(signature.bind_partial(*args, **kwargs).arguments)
+    for parameter in signature.parameters.values():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(named.pop(parameter.name, {}))
+    return named
 
 
 def _decoder_post_hook(module: nn.Module, args: tuple, kwargs: dict, output: Any):
@@ -215,7 +227,10 @@ def _local_positions(embeddings: Any, call: UlyssesCall) -> Any:
     """This rank's slice of rotary embeddings (``(cos, sin)`` of ``[B, L, d]``), which every layer receives whole."""
     if isinstance(embeddings, torch.Tensor):
         return call.local(embeddings, dim=-2) if embeddings.shape[-2] == call.length else embeddings
-    return type(embeddings)(_local_positions(part, call) for part in embeddings)
+    if isinstance(embeddings, (tuple, list)):
+        return type(embeddings)(_local_positions(part, call) for part in embeddings)
+    raise ValueError(f"sequence parallelism slices rotary embeddings given as tensors or (cos, sin) pairs; this "
+                     f"model passes its layers a {type(embeddings).__name__}")
 
 
 def _last_layer_hook(module: nn.Module, args: tuple, kwargs: dict, output: Any):
@@ -265,13 +280,13 @@ def ulysses_attention_forward(module: nn.Module, query: torch.Tensor, key: torch
     call: Optional[UlyssesCall] = kwargs.pop(CALL_KEYWORD, None)
     attend = _attention_function(module, inner)
     if call is None:
-        return attend(module, query, key, value, attention_mask, **kwargs)
+        return attend(_InnerView(module, inner), query, key, value, attention_mask, **kwargs)
     size, group = call.sp.size, call.sp.group
     key, value = _kv_heads_divisible(key, size), _kv_heads_divisible(value, size)
     query, key, value = (_heads_to_positions(tensor, size, group) for tensor in (query, key, value))
     if kwargs.get("position_ids") is not None:
         kwargs["position_ids"] = call.position_ids
-    view = _HeadShardView(module, query.shape[1] // key.shape[1])
+    view = _InnerView(module, inner, groups=query.shape[1] // key.shape[1])
     output, _ = attend(view, query, key, value, attention_mask, **kwargs)
     return _positions_to_heads(output, size, group), None
 
@@ -315,15 +330,31 @@ def _positions_to_heads(tensor: torch.Tensor, size: int, group) -> torch.Tensor:
     return received.permute(1, 2, 0, 3, 4).reshape(batch, local, size * heads, dim)
 
 
-class _HeadShardView:
-    """An attention module seen with this rank's share of heads: ``num_key_value_groups`` is the query heads per KV
-    head of the shard (repeats of KV heads change it); everything else is the module's."""
+class _InnerView:
+    """An attention module as its kernel ``inner`` must see it: a ``config`` naming ``inner`` as the attention
+    implementation (flash-attn's wrapper loads its kernel by that name, which the ``hybridrl_ulysses:`` one is not)
+    and, on a split, ``num_key_value_groups`` of this rank's share of heads (repeats of KV heads change it);
+    everything else is the module's."""
 
-    def __init__(self, module: nn.Module, groups: int) -> None:
-        self._module, self.num_key_value_groups = module, groups
+    def __init__(self, module: nn.Module, inner: str, groups: Optional[int] = None) -> None:
+        self._module = module
+        self.config = _config_naming(module, inner)
+        if groups is not None:
+            self.num_key_value_groups = groups
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._module, name)
+
+
+def _config_naming(module: nn.Module, inner: str):
+    """A shallow copy of ``module.config`` whose attention implementation is ``inner``, made once per module (kept
+    on the module, not the config, which would save it with the model)."""
+    cached = module.__dict__.get("_hybridrl_inner_config")
+    if cached is None or cached._attn_implementation != inner:
+        cached = copy.copy(module.config)
+        cached._attn_implementation = inner
+        module.__dict__["_hybridrl_inner_config"] = cached
+    return cached
 
 
 class _AllToAll(torch.autograd.Function):

@@ -158,11 +158,13 @@ def training_layout(config: TrainConfig, role: str, micro_batch: int) -> Forward
 
 
 def forward_only_bytes(shape: DecoderShape, layout: ForwardLayout, compute_bytes: int) -> int:
-    """Peak of a no-grad forward (log-probs, values, scores): fp32 logits ``[N, V]`` and their compute-dtype source,
+    """Peak of a no-grad forward (log-probs, values, scores): fp32 logits ``[N, V]`` (split: this rank's share of the
+    scored rows) and their compute-dtype source,
     one layer's transients (normed input, q/k/v, attention output, the gated MLP's ``[N, I]`` pair; this rank's share
     of the positions under sequence parallelism) and the mask."""
     c, n = compute_bytes, layout.num_tokens
-    logits = n * shape.vocab_size * (c + FP32)
+    head = layout.head_share().num_head_positions if layout.sequence_parallel > 1 else n
+    logits = head * shape.vocab_size * (c + FP32)
     layer = layout.local_tokens * c * (3 * shape.hidden_size + 2 * shape.q_width + 2 * shape.kv_width
                      + 2 * shape.active_intermediate_size)
     mask = c * layout.num_rows * layout.row_length ** 2 if layout.masked else 0

@@ -364,8 +364,7 @@ class RLTrainer:
                                   else None)
         if critic_enabled(config):
             self.critic = WorkerGroup(CriticWorker, pools.pool_for("critic"), name="critic", bundle_share=share,
-                                      args=(config, self.total_steps),
-                                      sp_size=config.critic.ulysses_sequence_parallel_size)
+                                      args=(config, self.total_steps), sp_size=config.critic.ulysses_sequence_parallel_size)
         if config.reward_model.enable:
             own_pool = pools.role_to_pool["reward_model"] != "global"
             self.reward_model = WorkerGroup(RewardModelWorker, pools.pool_for("reward_model"), name="reward_model",

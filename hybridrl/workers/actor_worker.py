@@ -104,7 +104,8 @@ class ActorRolloutRefWorker(Worker):
         self.rollout = self._build_rollout(actor_model, self.all_ranks)
         # Sized last, so that on a GPU the budget sees what the reference and the rollout engine already hold.
         self.plan, self.micro_batch_sizing = resolve_plan(config, "actor", actor_model, self.plan, dp=dp,
-                                                          device=self.device, optimizer=optimizer)
+                                                          device=self.device, optimizer=optimizer,
+                                                          ranks=self.all_ranks)
         self.actor.micro_batching = training_micro_batching(config.actor, self.plan.micro_batch_size_per_gpu,
                                                             device_type, self.world_size)
         self.ewc: Optional[EWCRegularizer] = None
@@ -304,7 +305,7 @@ class ActorRolloutRefWorker(Worker):
                                               shuffle=actor.shuffle, seed=self.config.trainer.seed * 100_003 + step,
                                               group_prompts=self.forward.groups_prompts, hooks=hooks)
         self.engine_weights.actor_changed()
-        return {**metrics, **update_resource_metrics(self.device, self.actor.dp, comm)}
+        return {**metrics, **update_resource_metrics(self.device, self.all_ranks, comm)}
 
     def _anchor_ewc(self, batch: Batch) -> None:
         """EWC anchored at the current weights, its Fisher from ``actor.ewc.fisher_batches`` parts of ``batch``."""

@@ -47,13 +47,15 @@ class CriticWorker(EngineCheckpoints, Worker):
         scheduler = build_scheduler(optimizer, critic.optim,
                                     total_training_steps * self.plan.num_mini_batches * critic.ppo_epochs)
         dp = data_parallel_group(self, critic.ulysses_sequence_parallel_size)
+        self.all_ranks = data_parallel_group(self)  # FSDP2 shards over every rank, sequence-parallel or not
         self.forward = SequenceForward(packed=config.model.use_remove_padding, share_prompts=config.model.share_prompts)
         self.engine = TrainingEngine(model, dp=dp, optimizer=optimizer, scheduler=scheduler, grad_clip=critic.grad_clip)
         # critic.fsdp.optimizer_offload: Adam's moments on the host outside the critic's own updates
         self.optimizer_offload = OptimizerOffload(optimizer, self.device,
                                                   critic.fsdp.optimizer_offload and not critic.fsdp.param_offload)
         self.plan, self.micro_batch_sizing = resolve_plan(config, "critic", model, self.plan, dp=dp,
-                                                          device=self.device, optimizer=optimizer)
+                                                          device=self.device, optimizer=optimizer,
+                                                          ranks=self.all_ranks)
         self.engine.micro_batching = training_micro_batching(critic, self.plan.micro_batch_size_per_gpu,
                                                              self.device.type, self.world_size)
         self.loss = ValueLoss.from_config(critic, config.data.max_response_length, forward=self.forward)
@@ -72,7 +74,7 @@ class CriticWorker(EngineCheckpoints, Worker):
                                                epochs=self.config.critic.ppo_epochs, shuffle=True,
                                                seed=self.config.trainer.seed * 100_019 + step,
                                                group_prompts=self.forward.groups_prompts)
-        return {**metrics, **update_resource_metrics(self.device, self.engine.dp, comm)}
+        return {**metrics, **update_resource_metrics(self.device, self.all_ranks, comm)}
 
     @one_to_all(collect="first")
     def save_checkpoint(self, directory: str) -> str:

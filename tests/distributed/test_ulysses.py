@@ -277,3 +277,35 @@ def test_the_planner_counts_the_exchanged_bytes(tmp_path):
                                                 topology=topology)
         assert got == sum(c.total_bytes for c in planned) + head_rows, checkpointing
     assert measured[True] > measured[False] > 0
+
+
+def _kernel_names(rank, world, model_dir, out_path):
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    seen = []
+
+    def recording_kernel(module, *args, **kwargs):
+        seen.append(module.config._attn_implementation)
+        return sdpa_attention_forward(module, *args, **kwargs)
+
+    AttentionInterface.register("recording_kernel", recording_kernel)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("recording_kernel", sdpa_mask)
+    model = build_model(ModelConfig(path=str(model_dir), dtype="float32", attn_implementation="recording_kernel"),
+                        "actor")
+    install_ulysses(model, sequence_parallel_layout(2).sp)
+    ids = torch.randint(4, 60, (2, 9), generator=torch.Generator().manual_seed(3))
+    model(input_ids=ids, use_cache=False)  # split
+    model(input_ids=ids, use_cache=True)  # generation: whole
+    if rank == 0:
+        torch.save((seen, model.config._attn_implementation), out_path)
+
+
+def test_the_inner_kernel_sees_its_own_name(tmp_path):
+    """flash-attn's wrapper loads its kernel by the config's attention name: the kernel under the all-to-alls (and on
+    a cached call) must see its own name, not ``hybridrl_ulysses:…``."""
+    run_on_gloo(2, _kernel_names, save_tiny_model(tmp_path / "model"), tmp_path / "names.pt")
+    seen, outer = torch.load(tmp_path / "names.pt")
+    assert outer == "hybridrl_ulysses:recording_kernel"
+    assert len(seen) == 4 and set(seen) == {"recording_kernel"}  # 2 layers × (split + cached)

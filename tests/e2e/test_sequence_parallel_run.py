@@ -43,7 +43,9 @@ def test_split_sequences_train_as_whole_ones(tmp_path):
     for name in COMPARED:
         assert split[name] == pytest.approx(whole[name], rel=1e-4, abs=1e-6), name
     assert whole["actor/grad_norm"] > 0 and whole["critic/grad_norm"] > 0
-    for role in ("actor", "critic"):  # the split ran, and its activations are counted apart from the parameters
+    # the split ran, and its activations are counted apart from the parameters (the gathers are equal both ways as
+    # parameters are gathered once per step on CPU, fsdp.gather_once=auto, whatever the micro-batches)
+    for role in ("actor", "critic"):
         assert whole[f"{role}/comm/sequence_parallel_bytes"] == 0 < split[f"{role}/comm/sequence_parallel_bytes"]
         assert split[f"{role}/comm/param_gather_bytes"] == whole[f"{role}/comm/param_gather_bytes"] > 0, role
     # the planner's exchanges are a worst case (full-length rows): the run's rows are shorter

@@ -180,7 +180,14 @@ def tensor_parallel_not_fitting_the_kv_heads(tmp, model):
 def sequence_parallel_not_dividing_the_heads(tmp, model):
     path = _with_heads(tmp, model, num_attention_heads=3, num_key_value_heads=1)
     return [f"model.path={path}", "trainer.n_gpus_per_node=2", "actor.ulysses_sequence_parallel_size=2"], [
-        "actor.ulysses_sequence_parallel_size=2", "must divide the model's 3 attention heads"]
+        "actor.ulysses_sequence_parallel_size=2", "must divide the 3 attention heads"]
+
+
+def sequence_parallel_not_dividing_a_critics_heads(tmp, model):
+    path = _with_heads(tmp, model, num_attention_heads=3, num_key_value_heads=1)  # the critic's own model
+    return ["algorithm=gae", f"critic.model_path={path}", "critic.ppo_micro_batch_size_per_gpu=2",
+            "trainer.n_gpus_per_node=2", "critic.ulysses_sequence_parallel_size=2"], [
+        "critic.ulysses_sequence_parallel_size=2", "must divide the 3 attention heads", str(path)]
 
 
 def tokenizer_path_not_a_directory(tmp, model):
@@ -222,9 +229,10 @@ def run_dir_under_a_file(tmp, model):
         "trainer.default_local_dir", "cannot be created", "run_file is a regular file"]
 
 
-FILE_CASES = [plugin_missing, sequence_parallel_not_dividing_the_heads, plugin_raises, plugin_module_missing, unknown_model_type, truncated_weights,
+FILE_CASES = [plugin_missing, plugin_raises, plugin_module_missing, unknown_model_type, truncated_weights,
               weights_not_safetensors, vocabulary_smaller_than_the_tokenizer, tensor_parallel_not_dividing_the_heads,
-              tensor_parallel_not_fitting_the_kv_heads, tokenizer_path_not_a_directory,
+              tensor_parallel_not_fitting_the_kv_heads, sequence_parallel_not_dividing_the_heads,
+              sequence_parallel_not_dividing_a_critics_heads, tokenizer_path_not_a_directory,
               critic_model_missing, prompt_with_an_unknown_character,
               prompt_is_a_number, data_file_is_a_directory, run_dir_is_a_file, run_dir_under_a_file]
 

@@ -120,9 +120,10 @@ def test_a_split_sequence_fits_a_larger_micro_batch(model):
     split = auto_config(budget_mb)
     split.trainer.n_gpus_per_node, split.actor.ulysses_sequence_parallel_size = 2, 2
     sizes = {}
-    for name, config in (("whole", whole), ("split", split)):
+    for name, config, ranks in (("whole", whole, 1), ("split", split, 2)):
         plan = role_plan(config, "actor")
         assert plan.local_mini_batch_sequences == 16  # one data-parallel rank either way
-        resolved, _ = resolve_plan(config, "actor", model, plan, dp=DataParallelGroup(), device=CPU)
+        resolved, _ = resolve_plan(config, "actor", model, plan, dp=DataParallelGroup(), device=CPU,
+                                   ranks=DataParallelGroup(size=ranks))
         sizes[name] = resolved.micro_batch_size_per_gpu
     assert sizes == {"whole": 4, "split": 8}
