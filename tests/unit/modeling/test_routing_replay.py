@@ -1,0 +1,92 @@
+"""MoE routing record and replay (``hybridrl.modeling.routing_replay``) on tiny random Mixtral and Qwen3-MoE models:
+replaying a forward's own routing reproduces it bit for bit (outputs and gradients); after the router moves, replay
+routes every token to the recorded experts while the gate weights — and the gradients into the router — are the
+moved router's own; a dense model and a mismatched record are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridrl.modeling.routing_replay import recorded_routing, replayed_routing, routers, routing_agreement
+from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
+
+ARCHITECTURES = ("mixtral", "qwen3_moe")
+
+
+def tiny_moe(architecture):
+    torch.manual_seed(0)
+    return build_tiny_model(TinyModelSpec(architecture=architecture), 60, pad_token_id=0, eos_token_id=1).float()
+
+
+def batch():
+    return torch.randint(4, 60, (3, 9), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_replaying_a_forwards_own_routing_changes_nothing(architecture):
+    model, ids = tiny_moe(architecture), batch()
+    with recorded_routing(model) as record:
+        plain = model(input_ids=ids).logits
+    plain.sum().backward()
+    plain_grads = {name: param.grad.clone() for name, param in model.named_parameters()}
+    model.zero_grad()
+    experts = [calls[0] for calls in record]
+    assert len(experts) == len(routers(model)) == model.config.num_hidden_layers
+    assert all(chosen.shape == (ids.numel(), model.config.num_experts_per_tok) for chosen in experts)
+    with replayed_routing(model, experts):
+        replayed = model(input_ids=ids).logits
+    replayed.sum().backward()
+    assert torch.equal(replayed, plain)
+    for name, param in model.named_parameters():
+        assert torch.equal(param.grad, plain_grads[name]), name
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_replay_keeps_the_recorded_experts_after_the_router_moves(architecture):
+    model, ids = tiny_moe(architecture), batch()
+    with recorded_routing(model) as record:
+        model(input_ids=ids)
+    experts = [calls[0] for calls in record]
+    with torch.no_grad():  # the update moved the routers
+        for router in routers(model):
+            router.weight.add_(torch.randn_like(router.weight) * 2.0)
+    with recorded_routing(model) as moved:
+        free = model(input_ids=ids).logits
+    assert routing_agreement(experts, [calls[0] for calls in moved]) < 0.9  # many tokens now route elsewhere
+    with recorded_routing(model) as used, replayed_routing(model, experts):
+        replayed = model(input_ids=ids).logits
+    assert routing_agreement(experts, [calls[0] for calls in used]) == 1.0  # ... but not under replay
+    assert not torch.allclose(replayed, free)
+    replayed.sum().backward()
+    assert all(router.weight.grad is not None and router.weight.grad.abs().sum() > 0 for router in routers(model))
+
+
+def test_gate_weights_are_the_routers_own_probabilities_at_the_recorded_experts():
+    model = tiny_moe("qwen3_moe")
+    router = routers(model)[0]
+    hidden = torch.randn(5, model.config.hidden_size)
+    chosen = torch.tensor([[0, 1], [2, 3], [3, 0], [1, 2], [0, 3]])
+    captured = []
+    handle = router.register_forward_hook(lambda module, args, output: captured.append(output))
+    with replayed_routing(model, [chosen] + [None] * (len(routers(model)) - 1)):
+        router(hidden)  # only the first router runs here
+    handle.remove()
+    logits, scores, indices = captured[0]
+    probabilities = torch.softmax(logits.float(), dim=-1).gather(-1, chosen)
+    expected = probabilities / probabilities.sum(-1, keepdim=True) if router.norm_topk_prob else probabilities
+    assert torch.equal(indices, chosen) and torch.allclose(scores, expected.to(scores.dtype))
+
+
+def test_refusals():
+    dense = build_tiny_model(TinyModelSpec(), 60, pad_token_id=0, eos_token_id=1)
+    with pytest.raises(ValueError, match="needs a mixture-of-experts model"), replayed_routing(dense, []):
+        pass
+    model = tiny_moe("mixtral")
+    with pytest.raises(ValueError, match="3 layers of recorded experts for a model with 2 routers"):
+        with replayed_routing(model, [torch.zeros(1, 2, dtype=torch.long)] * 2 + [torch.zeros(1, 2)]):
+            pass
+    wrong = [torch.zeros(4, 2, dtype=torch.long) for _ in routers(model)]
+    with pytest.raises(ValueError, match="the replayed forward must see the recorded tokens"):
+        with replayed_routing(model, wrong):
+            model(input_ids=batch())
