@@ -39,6 +39,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridrl.modeling.model_builder import decoder_layers
+
 ULYSSES_PREFIX = "hybridrl_ulysses:"
 CALL_KEYWORD = "hybridrl_ulysses"
 """The keyword a sequence-parallel forward passes down to the layers and the attention function."""
@@ -127,12 +129,14 @@ def install_ulysses(model: nn.Module, sp: SequenceParallelGroup) -> None:
     model._hybridrl_ulysses = sp
 
 
-def _decoder_and_layers(model: nn.Module) -> tuple[nn.Module, nn.ModuleList]:
-    """The module that runs the layer stack (its ``forward`` takes ``input_ids`` and builds the masks) and the
-    stack."""
+def _decoder_and_layers(model: nn.Module) -> tuple[nn.Module, list[nn.Module]]:
+    """The module that runs the layer stack (its ``forward`` takes ``input_ids`` and builds the masks) and the stack's
+    blocks — the ones FSDP2 shards and checkpointing wraps (:func:`~hybridrl.modeling.model_builder.decoder_layers`)."""
+    layers = decoder_layers(model)
     for module in model.modules():
-        layers = getattr(module, "layers", None)
-        if isinstance(layers, nn.ModuleList) and len(layers) > 0 and hasattr(module, "embed_tokens"):
+        stack = getattr(module, "layers", None)
+        if isinstance(stack, nn.ModuleList) and hasattr(module, "embed_tokens") and any(
+                block is layers[0] for block in stack):
             return module, layers
     raise ValueError(f"sequence parallelism needs a decoder with embed_tokens and layers; "
                      f"{type(model).__name__} has none")

@@ -42,6 +42,7 @@ from hybridrl.config.rollout_placement import generation_devices
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import gathers_once, reuses_update_log_probs, role_plan, shard_group_ranks, world_size
 from hybridrl.config.validation import critic_enabled
+from hybridrl.planner.memory_plan import training_layout
 
 GBIT = 1e9 / 8
 
@@ -372,16 +373,10 @@ def split_sequence_collectives(config: TrainConfig, shapes, layouts: dict[str, S
 
 
 def _micro_batch_rows(config: TrainConfig, role: str, rows: int, layout: ShardLayout) -> dict[str, int]:
-    """The worst-case ``rows × length`` a micro-batch of ``role`` runs: its share of ``rows`` full-length rows, one
-    packed row of them (``model.use_remove_padding``), or a full token budget (SP × the per-device budget)."""
-    role_config = getattr(config, role)
-    seq_len = config.data.max_prompt_length + config.data.max_response_length
-    if role_config.use_dynamic_bsz:
-        return dict(rows=1, length=role_config.ppo_max_token_len_per_gpu * role_config.ulysses_sequence_parallel_size)
-    micro_rows = -(-rows // layout.micro_batches)
-    if config.model.use_remove_padding:
-        return dict(rows=1, length=micro_rows * seq_len)
-    return dict(rows=micro_rows, length=seq_len)
+    """The worst-case ``rows × length`` a micro-batch of ``role`` runs (its share of ``rows`` full-length rows),
+    as the memory plan lays it out (:func:`~hybridrl.planner.memory_plan.training_layout`)."""
+    forward = training_layout(config, role, -(-rows // layout.micro_batches))
+    return dict(rows=forward.num_rows, length=forward.row_length)
 
 
 def tensor_parallel_collectives(config: TrainConfig, shape: DecoderShape, topology: Topology) -> list[Collective]:
