@@ -189,6 +189,21 @@ class AdaptiveAccumulationConfig(FreezableConfig):
     """Optimizer steps of noise-scale estimates before the first change."""
 
 
+ROUTER_REPLAY_MODES = ("disabled", "record", "R3")
+"""``actor.router_replay.mode`` values (docs/training.md, "MoE routing replay")."""
+
+
+@dataclass
+class RouterReplayConfig(FreezableConfig):
+    mode: str = "disabled"
+    """Mixture-of-experts routing replay. ``R3``: the rollout records the experts each token was routed to and the
+    actor's forwards (old log-probs and every update) route each token to those experts, with the trainer's own
+    router probabilities as gate weights, so the probability trained is the one sampled (the reference policy routes
+    on its own). ``record``: the rollout records and the actor routes on its own, reporting how often its routers
+    chose the same experts (``actor/routing_agreement``). ``disabled``: neither. Needs an MoE model (Mixtral-,
+    Qwen3-MoE-style top-k routers) and ``rollout.name=hf`` (the vLLM path does not return routed experts yet)."""
+
+
 @dataclass
 class ActorConfig(FreezableConfig):
     strategy: str = "fsdp2"
@@ -256,6 +271,8 @@ class ActorConfig(FreezableConfig):
     """PPO-ptx: an SFT loss term mixed into every update (anti-forgetting; off while ``ptx.coef`` is 0)."""
     ewc: EWCConfig = field(default_factory=EWCConfig)
     """EWC: a pull towards the starting weights, weighted by a diagonal Fisher (off while ``ewc.coef`` is 0)."""
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
+    """MoE routing replay (R3): train with the experts the rollout routed each token to (off by default)."""
 
 
 @dataclass

@@ -23,6 +23,7 @@ from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS
 from hybridrl.config.dpo_schema import PREFERENCE_LOSSES, REFERENCE_MODES, DPOConfig
 from hybridrl.config.rm_schema import SYNTHETIC_PREFERENCES, RMConfig
 from hybridrl.config.pool_checks import check_rollout_pool
+from hybridrl.config.router_replay_checks import check_router_replay
 from hybridrl.config.schema import LR_SCALINGS, TrainConfig
 from hybridrl.config.sequence_parallel_checks import check_sequence_parallel
 from hybridrl.config.sft_schema import SFTConfig
@@ -314,6 +315,7 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
         error.add("rollout.tensor_model_parallel_size", tp,
                   f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node)")
     check_sequence_parallel(config, error)
+    check_router_replay(config, error)
     _check_weight_sync_method(config, error)
     check_rollout_pool(config, error)
     check_multi_turn(config, error)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from hybridrl.config.router_replay_checks import check_router_replay_model
 from hybridrl.config.sequence_parallel_checks import check_sequence_parallel_heads
 from hybridrl.config.checks import _require, critic_enabled
 from hybridrl.config.errors import ConfigError
@@ -167,6 +168,7 @@ def _check_model_fits(config: TrainConfig, error: ConfigError) -> None:
     vocab_size = model_config.get("vocab_size")
     _check_tensor_parallel_fits(config.rollout.tensor_model_parallel_size, model_config, error)
     check_sequence_parallel_heads(config, error)
+    check_router_replay_model(config, model_config, error)
     tokenizer_tokens = _tokenizer_size(config.model.tokenizer_path or config.model.path, config.model.trust_remote_code)
     if isinstance(vocab_size, int) and tokenizer_tokens is not None and tokenizer_tokens > vocab_size:
         error.add("model.path", config.model.path,

@@ -137,7 +137,9 @@ RULES: tuple[Rule, ...] = (
     Unsupported(ARR + "actor.policy_loss.", "only the loss mode carries over (actor.policy_loss); clip-cov and kl-cov "
                 "losses are not implemented"),
     Unsupported(ARR + "actor.freeze_vision_tower", _TEXT_ONLY, ("false",)),
-    Unsupported(ARR + "actor.router_replay.", "MoE router replay is not implemented", ("disabled", "null")),
+    Moved(ARR + "actor.router_replay.mode", "actor.router_replay.mode"),
+    Unsupported(ARR + "actor.router_replay.", "routing records are not written to or read from files; only "
+                "actor.router_replay.mode carries over", ("null",)),
     Moved(ARR + "actor.fsdp_config.", "actor.fsdp."),
     Moved(ARR + "actor.", "actor."),
     # ---------------------------------------------------------------------------------------- actor_rollout_ref.ref
@@ -156,7 +158,8 @@ RULES: tuple[Rule, ...] = (
     NoEffect(ARR + "ref.profiler.", _PROFILER),
     Unsupported(ARR + "ref.log_prob_micro_batch_size", "set actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
                 ("null",)),
-    Unsupported(ARR + "ref.router_replay.", "MoE router replay is not implemented", ("disabled", "null")),
+    Unsupported(ARR + "ref.router_replay.", "the reference policy routes on its own (routing replay is the actor's: "
+                "actor.router_replay.mode)", ("disabled", "null")),
     Moved(ARR + "ref.", "ref."),
     # ---------------------------------------------------------------------------------------- actor_rollout_ref.rollout
     Moved(ARR + "rollout.log_prob_micro_batch_size_per_gpu", "actor.log_prob_micro_batch_size_per_gpu"),
@@ -193,7 +196,8 @@ RULES: tuple[Rule, ...] = (
              "algorithm.off_policy_correction)", ("false",)),
     NoEffect(ARR + "rollout.skip_rollout", "rollouts are always generated", ("false",)),
     NoEffect(ARR + "rollout.skip_dump_dir", "rollouts are not dumped"),
-    NoEffect(ARR + "rollout.enable_rollout_routing_replay", "MoE router replay is not implemented", ("false",)),
+    NoEffect(ARR + "rollout.enable_rollout_routing_replay", "the rollout records routing whenever "
+             "actor.router_replay.mode is R3 or record", ("false", "true")),
     NoEffect(ARR + "rollout.trace.", "no rollout tracing backend"),
     NoEffect(ARR + "rollout.checkpoint_engine.backend", "weights move by the resharder (gloo on CPU, NCCL on GPU)",
              ("naive",)),

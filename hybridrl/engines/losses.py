@@ -85,11 +85,13 @@ class NoUpdateChecks:
 class SequenceForward:
     """How prompt + response rows go through a model (:mod:`hybridrl.modeling.sequences`): ``packed`` without pad
     tokens (``model.use_remove_padding``), ``share_prompts`` one copy of a prompt for all its responses, ``fused_head``
-    log-probs from the hidden states without ``[tokens, vocab]`` logits (``model.use_fused_kernels``)."""
+    log-probs from the hidden states without ``[tokens, vocab]`` logits (``model.use_fused_kernels``),
+    ``routes_by_record``: each token to the experts the rollout routed it to (``actor.router_replay.mode``)."""
 
     packed: bool = False
     share_prompts: bool = False
     fused_head: bool = False
+    routes_by_record: bool = False
 
     @property
     def groups_prompts(self) -> bool:
@@ -102,7 +104,13 @@ class SequenceForward:
         return response_log_probs(model, batch[Fields.INPUT_IDS], batch[Fields.ATTENTION_MASK],
                                   batch[Fields.RESPONSE_MASK].shape[-1], temperature=temperature, packed=self.packed,
                                   share_prompts=self.share_prompts, with_entropy=with_entropy,
-                                  entropy_grad=entropy_grad, fused_head=self.fused_head)
+                                  entropy_grad=entropy_grad, fused_head=self.fused_head,
+                                  routed_experts=self._routing(batch))
+
+    def _routing(self, batch: Batch) -> Optional[torch.Tensor]:
+        """The rows' recorded experts when this forward replays routing and ``batch`` has them (SFT rows mixed into
+        an update, ``actor.ptx``, have none: they route on their own)."""
+        return batch[Fields.ROUTED_EXPERTS] if self.routes_by_record and Fields.ROUTED_EXPERTS in batch else None
 
     def values(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """Critic values ``[B, R]`` of the state before each response token."""

@@ -30,6 +30,7 @@ from torch import nn
 
 from hybridrl.algorithms import token_log_probs_and_entropy
 from hybridrl.modeling.positions import position_ids_from_mask
+from hybridrl.modeling.routing_replay import ROUTING_KEYWORD
 from hybridrl.modeling.scored_head import runs_head_on_scored_positions, scored_head_log_probs
 from hybridrl.modeling.shared_prompts import (TrimmedRows, attention_takes_custom_mask, grouped_call, grouping_pays,
                                              prompt_groups, trim_padding)
@@ -76,32 +77,47 @@ class HeadCall:
 
 
 def head_call(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int, *,
-              packed: bool, share_prompts: bool = False) -> HeadCall:
+              packed: bool, share_prompts: bool = False, routed_experts: Optional[torch.Tensor] = None) -> HeadCall:
     """The forward that scores ``[B, T]`` rows whose last ``response_length`` columns are responses, in the chosen
     layout (module docstring).
 
     ``share_prompts``: rows with the same prompt run as one row over a single copy of it when that costs fewer FLOPs
     and the attention takes custom masks (``hybridrl.modeling.shared_prompts``); the outputs are the same.
+    ``routed_experts``: ``[B, T, routers, k]`` experts to route each token to (MoE routing replay,
+    :mod:`hybridrl.modeling.routing_replay`), laid out as the forward lays out the tokens; prompts are then not shared.
     """
     response_length = int(response_length)
     if packed:
-        return _packed_call(model, input_ids, attention_mask, response_length)
+        call = _packed_call(model, input_ids, attention_mask, response_length)
+        return _with_routing(call, routed_experts, lambda experts: experts[attention_mask.bool()].unsqueeze(0))
     trimmed = trim_padding(input_ids, attention_mask, response_length)
     if trimmed.response_width == 0:  # no response token to score: nothing to trim to
         trimmed = TrimmedRows(input_ids, attention_mask, input_ids.shape[1] - response_length, response_length)
     takes_keep = accepts_logits_to_keep(model)
-    if share_prompts and attention_takes_custom_mask(model):
+    if share_prompts and routed_experts is None and attention_takes_custom_mask(model):
         groups = prompt_groups(trimmed)
         if grouping_pays(model, trimmed, groups):
             return HeadCall(*grouped_call(model, trimmed, groups, takes_keep))
-    return _padded_call(trimmed, takes_keep)
+    start = input_ids.shape[1] - response_length - trimmed.prompt_width
+    return _with_routing(_padded_call(trimmed, takes_keep), routed_experts,
+                         lambda experts: experts[:, start:start + trimmed.input_ids.shape[1]])
+
+
+def _with_routing(call: HeadCall, routed_experts: Optional[torch.Tensor],
+                  layout: Callable[[torch.Tensor], torch.Tensor]) -> HeadCall:
+    """``call`` with ``routed_experts`` (``[B, T, routers, k]``) laid out as its ``input_ids`` by ``layout``."""
+    if routed_experts is None:
+        return call
+    return HeadCall({**call.inputs, ROUTING_KEYWORD: layout(routed_experts)}, call.select)
 
 
 def source_outputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
-                   *, packed: bool, share_prompts: bool = False) -> torch.Tensor:
+                   *, packed: bool, share_prompts: bool = False,
+                   routed_experts: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Model outputs (``logits`` for a causal LM, ``logits`` of the value head for a critic) at the source positions of
     the valid response tokens: ``[M, D]`` in row-major order of the response positions (see :func:`head_call`)."""
-    call = head_call(model, input_ids, attention_mask, response_length, packed=packed, share_prompts=share_prompts)
+    call = head_call(model, input_ids, attention_mask, response_length, packed=packed, share_prompts=share_prompts,
+                     routed_experts=routed_experts)
     return call.select(model(**call.inputs).logits)
 
 
@@ -162,7 +178,8 @@ def _forward_takes_logits_to_keep(model_class: type) -> bool:
 def response_log_probs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
                        *, temperature: float = 1.0, packed: bool = False, share_prompts: bool = False,
                        with_entropy: bool = False, entropy_grad: bool = False, fused_head: bool = False,
-                       head_on_scored: Optional[bool] = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       head_on_scored: Optional[bool] = None,
+                       routed_experts: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (nats) of the response tokens under ``model``, and optionally the policy entropy.
 
     Logits are divided by ``temperature`` first, so the numbers match the distribution the rollout sampled from.
@@ -170,14 +187,15 @@ def response_log_probs(model: nn.Module, input_ids: torch.Tensor, attention_mask
     the log-softmax chunk by chunk, so no ``[tokens, vocab]`` logits are kept; otherwise, where the model allows it
     (``head_on_scored=None``: :func:`runs_head_on_scored_positions`), as a plain matmul on the selected hidden states.
     ``head_on_scored=False`` keeps the reference path: the head on every position ``logits_to_keep`` names, then the
-    selection. All give the same numbers within rounding.
+    selection. All give the same numbers within rounding. ``routed_experts``: see :func:`head_call`.
 
     Returns:
         ``(log_probs [B, R], entropy [B, R] or None)``, zero at invalid positions. The entropy keeps its graph only
         when ``entropy_grad`` (an entropy bonus is in the loss); otherwise it is computed without gradients.
     """
     tokens = response_tokens(input_ids, attention_mask, response_length)
-    call = head_call(model, input_ids, attention_mask, response_length, packed=packed, share_prompts=share_prompts)
+    call = head_call(model, input_ids, attention_mask, response_length, packed=packed, share_prompts=share_prompts,
+                     routed_experts=routed_experts)
     if head_on_scored is None:
         head_on_scored = runs_head_on_scored_positions(model)
     if fused_head or head_on_scored:

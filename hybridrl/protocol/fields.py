@@ -36,6 +36,8 @@ class Fields:
     REF_LOG_PROBS = "ref_log_probs"
     TEACHER_LOG_PROBS = "teacher_log_probs"  # on-policy distillation: the teacher's log-probs of the sampled tokens
     ROLLOUT_LOG_PROBS = "rollout_log_probs"
+    # [B, T, routers, k] int16: the experts an MoE rollout routed each token to (-1: none), aligned with input_ids
+    ROUTED_EXPERTS = "routed_experts"
     VALUES = "values"
     TOKEN_LEVEL_SCORES = "token_level_scores"
     SCORES = "scores"  # [B]: the reward function's score of each response, before reward shaping
@@ -112,6 +114,11 @@ class TypedFieldsMixin:
     def rollout_log_probs(self) -> Tensor:
         """Log-probs (nats) reported by the rollout engine while sampling, ``[B, R]`` float."""
         return self._typed_tensor(Fields.ROLLOUT_LOG_PROBS)
+
+    @property
+    def routed_experts(self) -> Tensor:
+        """The experts an MoE rollout routed each token to, ``[B, T, routers, k]`` int16 (-1: not recorded)."""
+        return self._typed_tensor(Fields.ROUTED_EXPERTS)
 
     @property
     def values(self) -> Tensor:

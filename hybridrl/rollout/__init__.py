@@ -41,6 +41,8 @@ class EngineInputs:
         seed: engine seed when ``rollout.seed`` is null (``trainer.seed``).
         micro_batch_size: ``hf``: sequences per ``generate`` call (``None`` = all at once), rounded down to whole
             prompts (``rollout.n`` sequences each; at least one prompt).
+        record_routing: return the experts an MoE model routed each token to (``Fields.ROUTED_EXPERTS``), for
+            routing replay (``actor.router_replay.mode``); only ``hf`` can.
     """
 
     rollout: RolloutConfig
@@ -53,6 +55,7 @@ class EngineInputs:
     dtype: str = "bfloat16"
     seed: int = 0
     micro_batch_size: Optional[int] = None
+    record_routing: bool = False
 
 
 def _check_engine_class(name: str, engine: object) -> None:

@@ -24,6 +24,7 @@ transformers' ``generate``, whose ``torch.multinomial`` was 10 % of a SmolLM2 GR
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Iterable, Optional
 
@@ -37,9 +38,11 @@ from hybridrl.protocol.rollout_layout import assemble_rollout, response_mask_fro
 from hybridrl.modeling.decode_step import DecodeStep, fast_decode_unsupported
 from hybridrl.modeling.positions import position_ids_from_mask
 from hybridrl.modeling.prepacked import linears_prepacked
+from hybridrl.modeling.routing_replay import recorded_routing, require_routers, routers
 from hybridrl.modeling.sequences import accepts_logits_to_keep, last_positions
 from hybridrl.modeling.single_rank import compute_parameters_in_place
 from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.routing_capture import RoutingCapture, with_routing
 from hybridrl.rollout.sampling import next_tokens
 
 logger = logging.getLogger(__name__)
@@ -57,11 +60,12 @@ class HFRollout:
         if inputs.model is None:
             raise ValueError("rollout.name=hf generates with the actor's module: EngineInputs.model is required")
         return cls(inputs.model, pad_token_id=inputs.pad_token_id, eos_token_ids=inputs.eos_token_ids,
-                   micro_batch_size=inputs.micro_batch_size, fast_decode=inputs.rollout.hf_fast_decode)
+                   micro_batch_size=inputs.micro_batch_size, fast_decode=inputs.rollout.hf_fast_decode,
+                   record_routing=inputs.record_routing)
 
     def __init__(self, model: nn.Module, *, pad_token_id: int, eos_token_ids: Iterable[int],
                  micro_batch_size: Optional[int] = None, fast_decode: bool = True,
-                 drop_ended_rows: bool = True, prepack: bool = True) -> None:
+                 drop_ended_rows: bool = True, prepack: bool = True, record_routing: bool = False) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
@@ -71,10 +75,16 @@ class HFRollout:
         self.prepack = prepack
         """Whether products run against oneDNN-packed weights on CPU (:mod:`hybridrl.modeling.prepacked`; ``False``
         for A/B checks)."""
+        self.record_routing = record_routing
+        """Whether ``generate`` returns the experts an MoE model routed each token to (``Fields.ROUTED_EXPERTS``,
+        :mod:`hybridrl.rollout.routing_capture`); refused for a dense model."""
+        if record_routing:
+            require_routers(model)
         self.decode_rows_run = 0
         """Rows × forwards of the last ``generate``'s decode loops (the work that dropping ended rows saves)."""
-        self.fast_decode_unsupported = (fast_decode_unsupported(model) if fast_decode
-                                        else "rollout.hf_fast_decode=false")
+        self.fast_decode_unsupported = (
+            "routing is recorded (the module's routers run)" if record_routing
+            else fast_decode_unsupported(model) if fast_decode else "rollout.hf_fast_decode=false")
         """Why decode steps run the module's forward (``None``: :class:`DecodeStep` runs them)."""
         self.decode_path = None
         """What ran the last ``generate``'s decode steps: ``"fast"`` or ``"module"`` (``None`` before any)."""
@@ -95,19 +105,27 @@ class HFRollout:
         # one all-gather (and bf16 cast) per layer, not one per decode step; on CPU each weight packed once for oneDNN
         # (the fast step packs its own: the module's products then run once per prompt, not worth a packed copy)
         packs_linears = self.prepack and not forwards.fast
-        with parameters_kept_gathered(self.model), linears_prepacked(self.model, enabled=packs_linears):
+        with parameters_kept_gathered(self.model), linears_prepacked(self.model, enabled=packs_linears), \
+                self._routing_recorded() as record:
             chunks = prompts.split_every(prompts_per_chunk)
-            pieces = [self._generate_chunk(chunk, params, forwards) for chunk in chunks]
+            pieces = [self._generate_chunk(chunk, params, forwards, record) for chunk in chunks]
         self.model.train(was_training)
         self._note_decode_path(forwards)
         width = params.max_new_tokens
-        responses = torch.cat([_pad_right(ids, width, self.pad_token_id) for ids, _ in pieces])
-        log_probs = torch.cat([_pad_right(lp, width, 0.0) for _, lp in pieces])
+        responses = torch.cat([_pad_right(ids, width, self.pad_token_id) for ids, _, _ in pieces])
+        log_probs = torch.cat([_pad_right(lp, width, 0.0) for _, lp, _ in pieces])
         mask = response_mask_from_eos(responses, self.eos_token_ids)
-        return assemble_rollout(prompts, params.n, responses, mask, log_probs, self.pad_token_id)
+        rollout = assemble_rollout(prompts, params.n, responses, mask, log_probs, self.pad_token_id)
+        if record is None:
+            return rollout
+        return with_routing(rollout, torch.cat([capture.experts for _, _, capture in pieces]))
 
-    def _generate_chunk(self, prompts: Batch, params: SamplingParams,
-                        forwards: "_Forwards") -> tuple[torch.Tensor, torch.Tensor]:
+    def _routing_recorded(self):
+        """``recorded_routing`` of the model when ``record_routing``, else a block yielding ``None``."""
+        return recorded_routing(self.model) if self.record_routing else contextlib.nullcontext()
+
+    def _generate_chunk(self, prompts: Batch, params: SamplingParams, forwards: "_Forwards",
+                        record=None) -> tuple[torch.Tensor, torch.Tensor, Optional[RoutingCapture]]:
         """``b`` prompts → ``b·n`` responses ``[b·n, T]`` (a prompt's ``n`` consecutive; ``T ≤ max_new_tokens``,
         the longest) and their log-probs under ``logits / temperature`` (0 after a row's EOS). Each prompt but its last
         token is run once and its KV cache repeated ``n`` times: the ``n`` samples share the prefill.
@@ -116,9 +134,17 @@ class HFRollout:
         later steps run on the rows still decoding. Every step draws one uniform number for every row of the chunk,
         ended or not, so what is sampled is what a loop that kept every row samples wherever a row's logits do not
         depend on how many rows run with it (bf16 on CPU: tested bit for bit; fp32 products of fewer rows can round
-        differently in the last bit, which can in rare cases change a draw, never the distribution drawn from)."""
+        differently in the last bit, which can in rare cases change a draw, never the distribution drawn from).
+
+        With ``record`` (``recorded_routing``'s lists) every forward's routing is placed in a :class:`RoutingCapture`
+        of ``[b·n, P + max_new_tokens, routers, k]``; the third value (``None`` without)."""
         input_ids, attention_mask = prompts[Fields.INPUT_IDS], prompts[Fields.ATTENTION_MASK]
+        prompt_width = input_ids.shape[1]
+        capture = None if record is None else RoutingCapture(
+            record, len(prompts) * params.n, prompt_width + params.max_new_tokens, routers(self.model)[0].top_k)
         cache = self._shared_prefill(input_ids, attention_mask, params.n)
+        if capture is not None and cache is not None:
+            capture.place(torch.arange(len(prompts)), prompt_width - 1, repeat=params.n)
         input_ids, attention_mask = input_ids.repeat_interleave(params.n, 0), attention_mask.repeat_interleave(params.n, 0)
         positions = position_ids_from_mask(attention_mask)
         if cache is None:
@@ -135,6 +161,8 @@ class HFRollout:
             logits, batch.cache = forwards(batch.input_ids, batch.attention_mask, batch.positions, batch.cache,
                                            self._last_logits_only(batch.input_ids))
             self.decode_rows_run += len(batch.live)
+            if capture is not None:  # this step's inputs end at column P + step
+                capture.place(batch.live, prompt_width + step)
             token, token_log_prob = self._sample(logits, params, batch, rows)
             tokens[batch.live, step], log_probs[batch.live, step] = token, token_log_prob
             batch.ended |= torch.isin(token, eos)
@@ -143,7 +171,7 @@ class HFRollout:
             batch.advance(token)
             if self.drop_ended_rows:
                 batch.drop_ended()
-        return tokens[:, :step + 1], log_probs[:, :step + 1]
+        return tokens[:, :step + 1], log_probs[:, :step + 1], capture
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams, batch: "_DecodeBatch",
                 rows: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -159,6 +159,8 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
         difference = (batch[Fields.ROLLOUT_LOG_PROBS] - batch[Fields.OLD_LOG_PROBS]).abs() * response_mask
         metrics["rollout/log_prob_diff_max"] = float(difference.max())
         metrics["rollout/log_prob_diff_mean"] = float(difference.sum() / response_mask.sum().clamp_min(1))
+    if batch.meta.get("routing_agreement") is not None:  # actor.router_replay: the old-log-prob pass's routers
+        metrics["actor/routing_agreement"] = float(batch.meta["routing_agreement"])
     return metrics
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -47,6 +48,7 @@ from hybridrl.workers.agent_rollout import engine_context_length, episode_runner
 from hybridrl.workers.building import (data_parallel_group, frozen_engine, log_prob_micro_batching, sharding_options,
                                        split_sequences, training_micro_batching)
 from hybridrl.workers.engine_weights import EngineWeights
+from hybridrl.workers.routing import AGREEMENT_META, ActorRouting
 from hybridrl.workers.step_metrics import update_resource_metrics
 
 logger = logging.getLogger(__name__)
@@ -77,10 +79,14 @@ class ActorRolloutRefWorker(Worker):
         device_type = self.device.type
         keep_gathered = gathers_once(config.actor.fsdp.gather_once, device_type, self.world_size)
         self.tokenizer = load_tokenizer(config.model)
-        self.forward = SequenceForward(packed=config.model.use_remove_padding, share_prompts=config.model.share_prompts,
-                                       fused_head=config.model.use_fused_kernels)
+        self.frozen_forward = SequenceForward(packed=config.model.use_remove_padding,
+                                              share_prompts=config.model.share_prompts,
+                                              fused_head=config.model.use_fused_kernels)
+        """The reference's and the teacher's forwards: they route on their own."""
         actor_model = build_model(config.model, "actor", device_type=device_type).to(self.device)
         split_sequences(self, actor_model, sp_size)
+        self.routing = ActorRouting(actor_model, config.actor.router_replay.mode)
+        self.forward = replace(self.frozen_forward, routes_by_record=self.routing.enabled)
         shard_model(actor_model, self.dp_mesh, sharding_options(config.model.dtype, config.actor.fsdp,
                                                                 keep_gathered=keep_gathered))
         optimizer = build_optimizer(actor_model, config.actor.optim)
@@ -156,7 +162,7 @@ class ActorRolloutRefWorker(Worker):
             model=actor_model, model_path=config.model.path,
             tokenizer_path=config.model.tokenizer_path,
             max_model_len=engine_context_length(config, self.episodes),
-            dtype=config.model.dtype, seed=config.trainer.seed))
+            dtype=config.model.dtype, seed=config.trainer.seed, record_routing=self.routing.enabled))
 
     @dp_leaders
     def generate_sequences(self, prompts: Batch, params: SamplingParams) -> Batch:
@@ -244,14 +250,16 @@ class ActorRolloutRefWorker(Worker):
         micro_batching = log_prob_micro_batching(self.config, self.config.actor.log_prob_micro_batch_size_per_gpu,
                                                  self.plan.micro_batch_size_per_gpu, self.device.type,
                                                  self.world_size)
-        return log_probs(self.actor, batch, micro_batching, self.forward, temperature=temperature)
+        result, agreement = self.routing.measured(batch, self.all_ranks, lambda: log_probs(
+            self.actor, batch, micro_batching, self.forward, temperature=temperature))
+        return result if agreement is None else result.with_meta(**{AGREEMENT_META: agreement})
 
     @dp_split
     def compute_teacher_log_prob(self, batch: Batch, temperature: float) -> Batch:
         """``teacher_log_probs`` of the responses under the distillation teacher, at the rollout's ``temperature``."""
         if self.teacher is None:
             raise RuntimeError("this worker has no teacher (algorithm.distillation.teacher_path is null)")
-        result = log_probs(self.teacher, batch, self._frozen_micro_batching(), self.forward, temperature=temperature,
+        result = log_probs(self.teacher, batch, self._frozen_micro_batching(), self.frozen_forward, temperature=temperature,
                            with_entropy=False)
         return Batch(tensors={Fields.TEACHER_LOG_PROBS: result[Fields.OLD_LOG_PROBS]})
 
@@ -271,11 +279,11 @@ class ActorRolloutRefWorker(Worker):
         micro_batching = self._frozen_micro_batching()
         if self.lora:
             with adapters_disabled(self.actor.model):
-                result = log_probs(self.actor, batch, micro_batching, self.forward, temperature=temperature,
+                result = log_probs(self.actor, batch, micro_batching, self.frozen_forward, temperature=temperature,
                                    with_entropy=False)
         else:
             assert self.reference is not None
-            result = log_probs(self.reference, batch, micro_batching, self.forward, temperature=temperature,
+            result = log_probs(self.reference, batch, micro_batching, self.frozen_forward, temperature=temperature,
                                with_entropy=False)
         return Batch(tensors={Fields.REF_LOG_PROBS: result[Fields.OLD_LOG_PROBS]})
 
@@ -301,9 +309,11 @@ class ActorRolloutRefWorker(Worker):
         loss = PolicyLoss.from_config(actor, self.config.data.max_response_length, forward=self.forward,
                                       temperature=temperature)
         with CollectiveTimer() as comm:
-            metrics = self.actor.train_epochs(batch, loss, mini_batch_size=mini_batch_size, epochs=actor.ppo_epochs,
-                                              shuffle=actor.shuffle, seed=self.config.trainer.seed * 100_003 + step,
-                                              group_prompts=self.forward.groups_prompts, hooks=hooks)
+            metrics, agreement = self.routing.measured(batch, self.all_ranks, lambda: self.actor.train_epochs(
+                batch, loss, mini_batch_size=mini_batch_size, epochs=actor.ppo_epochs, shuffle=actor.shuffle,
+                seed=self.config.trainer.seed * 100_003 + step, group_prompts=self.forward.groups_prompts, hooks=hooks))
+        if agreement is not None:  # over the update's forwards: the routers move after its first optimizer step
+            metrics["routing_agreement_update"] = agreement
         self.engine_weights.actor_changed()
         return {**metrics, **update_resource_metrics(self.device, self.all_ranks, comm)}
 

@@ -57,6 +57,9 @@ VALUE_CASES = {  # overrides -> phrases the one message must hold
     "compile_with_split_sequences": (["trainer.n_gpus_per_node=2", "critic.ulysses_sequence_parallel_size=2",
                                       "algorithm=gae", "model.use_torch_compile=true"],
                                      ["model.use_torch_compile=True", "not combined with sequence parallelism"]),
+    "router_replay_unknown_mode": (["actor.router_replay.mode=R2"], ["actor.router_replay.mode='R2'", "R3"]),
+    "router_replay_on_vllm": (["rollout=vllm_cpu", "actor.router_replay.mode=R3"],
+                              ["actor.router_replay.mode='R3'", "only rollout.name=hf returns"]),
     "sequence_parallel_zero": (["actor.ulysses_sequence_parallel_size=0"],
                                ["actor.ulysses_sequence_parallel_size=0", "whole number ≥ 1"]),
     "token_budget_below_a_sequence": (["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=8"],
@@ -190,6 +193,11 @@ def sequence_parallel_not_dividing_a_critics_heads(tmp, model):
         "critic.ulysses_sequence_parallel_size=2", "must divide the 3 attention heads", str(path)]
 
 
+def router_replay_on_a_dense_model(tmp, model):
+    return [f"model.path={model}", "actor.router_replay.mode=R3"], [
+        "actor.router_replay.mode='R3'", "needs a mixture-of-experts model", "is dense"]
+
+
 def tokenizer_path_not_a_directory(tmp, model):
     return [f"model.tokenizer_path={tmp / 'nope'}"], ["model.tokenizer_path", "is not a directory"]
 
@@ -232,7 +240,8 @@ def run_dir_under_a_file(tmp, model):
 FILE_CASES = [plugin_missing, plugin_raises, plugin_module_missing, unknown_model_type, truncated_weights,
               weights_not_safetensors, vocabulary_smaller_than_the_tokenizer, tensor_parallel_not_dividing_the_heads,
               tensor_parallel_not_fitting_the_kv_heads, sequence_parallel_not_dividing_the_heads,
-              sequence_parallel_not_dividing_a_critics_heads, tokenizer_path_not_a_directory,
+              sequence_parallel_not_dividing_a_critics_heads, router_replay_on_a_dense_model,
+              tokenizer_path_not_a_directory,
               critic_model_missing, prompt_with_an_unknown_character,
               prompt_is_a_number, data_file_is_a_directory, run_dir_is_a_file, run_dir_under_a_file]
 

@@ -90,3 +90,101 @@ def test_refusals():
     with pytest.raises(ValueError, match="the replayed forward must see the recorded tokens"):
         with replayed_routing(model, wrong):
             model(input_ids=batch())
+
+
+# The installed hooks (install_routing_replay): a [B, T, routers, k] record travels as a forward keyword and is laid
+# out as each forward lays out its tokens.
+
+def rollout_rows():
+    """Two rows of [left-padded prompt | right-padded response]: P = 5, R = 4."""
+    ids = torch.randint(4, 60, (2, 9), generator=torch.Generator().manual_seed(2))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1, 1, 1]])
+    return ids * mask, mask
+
+
+def recorded_rows(model, ids, mask):
+    """The model's own routing of the rows, as [B, T, routers, k] (-1 at padding)."""
+    from hybridrl.modeling.positions import position_ids_from_mask
+
+    with recorded_routing(model) as record:
+        model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
+    experts = torch.stack([calls[0].view(*ids.shape, -1) for calls in record], dim=2)
+    return experts.masked_fill(~mask.bool()[..., None, None], -1)
+
+
+def moved(model, scale=2.0):
+    with torch.no_grad():
+        for router in routers(model):
+            router.weight.add_(torch.randn(router.weight.shape, generator=torch.Generator().manual_seed(3)) * scale)
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_padded_and_packed_forwards_replay_the_same_routing(architecture):
+    from hybridrl.modeling.routing_replay import install_routing_replay
+    from hybridrl.modeling.sequences import response_log_probs
+
+    model = tiny_moe(architecture)
+    ids, mask = rollout_rows()
+    experts = recorded_rows(model, ids, mask)
+    state = install_routing_replay(model)
+    own, _ = response_log_probs(model, ids, mask, 4)
+    replayed_own, _ = response_log_probs(model, ids, mask, 4, routed_experts=experts)
+    assert torch.allclose(replayed_own, own, atol=1e-6) and state.agreement() == 1.0
+    moved(model)
+    state.reset()
+    free, _ = response_log_probs(model, ids, mask, 4)
+    padded, _ = response_log_probs(model, ids, mask, 4, routed_experts=experts)
+    assert state.agreement() < 0.9  # the moved routers would route elsewhere ...
+    packed, _ = response_log_probs(model, ids, mask, 4, packed=True, routed_experts=experts)
+    assert torch.allclose(packed, padded, atol=1e-5)  # ... both layouts replay the record
+    assert (free - padded).abs().max() > 1e-3
+    with recorded_routing(model) as used:  # the experts the padded forward used are the record's at real tokens
+        response_log_probs(model, ids, mask, 4, routed_experts=experts)
+    kept = torch.stack([calls[0].view(2, -1, experts.shape[-1]) for calls in used], dim=2)
+    trimmed = experts[:, -kept.shape[1]:]
+    real = trimmed[..., 0, 0] >= 0
+    assert torch.equal(kept[real].sort(-1).values, trimmed[real].sort(-1).values)
+
+
+def test_measuring_only_routes_on_its_own_and_counts_the_agreement():
+    from hybridrl.modeling.routing_replay import install_routing_replay
+    from hybridrl.modeling.sequences import response_log_probs
+
+    model = tiny_moe("qwen3_moe")
+    ids, mask = rollout_rows()
+    experts = recorded_rows(model, ids, mask)
+    moved(model)
+    state = install_routing_replay(model, replay=False)
+    free, _ = response_log_probs(model, ids, mask, 4)
+    measured, _ = response_log_probs(model, ids, mask, 4, routed_experts=experts)
+    assert torch.equal(measured, free)
+    assert state.recorded == int(mask.sum()) * len(routers(model))  # real tokens × routers, padding not counted
+    assert 0 < state.agreement() < 0.9
+
+
+def test_a_checkpointed_layer_replays_the_same_routing_when_it_recomputes():
+    from hybridrl.modeling.routing_replay import install_routing_replay
+    from hybridrl.modeling.sequences import response_log_probs
+
+    grads = []
+    for checkpointed in (False, True):
+        model = tiny_moe("mixtral")
+        ids, mask = rollout_rows()
+        experts = recorded_rows(model, ids, mask)
+        moved(model)
+        install_routing_replay(model)
+        if checkpointed:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        log_probs, _ = response_log_probs(model, ids, mask, 4, routed_experts=experts)
+        log_probs.sum().backward()
+        grads.append({name: param.grad for name, param in model.named_parameters()})
+    for name, grad in grads[0].items():
+        assert torch.allclose(grads[1][name], grad, atol=1e-6), name
+
+
+def test_installing_on_a_dense_model_is_refused():
+    from hybridrl.modeling.routing_replay import install_routing_replay
+
+    with pytest.raises(ValueError, match="needs a mixture-of-experts model"):
+        install_routing_replay(build_tiny_model(TinyModelSpec(), 60, pad_token_id=0, eos_token_id=1))
