@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # process. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 3
 
-.PHONY: setup demo demo-agent test test-long test-fast soak docs clean
+.PHONY: setup demo demo-agent demo-vlm test test-long test-fast soak docs clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,9 @@ demo: setup
 
 demo-agent: setup
 	$(BIN)/hybridrl demo-agent
+
+demo-vlm: setup
+	$(BIN)/hybridrl demo-vlm
 
 test: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not soak and not long" $(PYTEST_ARGS)

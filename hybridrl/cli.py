@@ -229,6 +229,15 @@ def demo_agent(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("demo-vlm", "the vision demo: a tiny random Qwen2-VL learns the colour of drawn shapes with GRPO, on CPU",
+         "demo_vlm_grpo")
+def demo_vlm(args: argparse.Namespace) -> int:
+    from hybridrl.demo import VISION, run_demo
+
+    run_demo(args.overrides, demo=VISION)
+    return 0
+
+
 def _eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="a run directory, a checkpoints/global_step_<k> dir or a Hugging Face model dir")
     parser.add_argument("--data", action="append", metavar="FILE[,FILE]", default=[],
@@ -425,7 +434,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
 
 
-TRAINING_COMMANDS = ("train", "sft", "rm", "dpo", "demo", "demo-agent")
+TRAINING_COMMANDS = ("train", "sft", "rm", "dpo", "demo", "demo-agent", "demo-vlm")
 
 
 def _warn_if_interrupt_ignored(command: str) -> None:

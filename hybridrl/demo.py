@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
+from hybridrl.utils.tiny_vlm import TinyVLMSpec, save_tiny_vlm
 
 DEMO_DIR = Path("runs/demo")
 # 1.7M parameters: learns 0..99 + 0..9 (carry included) from ~300 SFT steps; smaller models stall near 5 % for minutes.
@@ -38,12 +39,19 @@ class DemoSpec:
     title: str
     directory: Path
     tool_chat: bool = False
+    vision: bool = False
+    """A tiny vision-language model (:mod:`hybridrl.utils.tiny_vlm`) instead of the tiny text model."""
 
 
 ARITHMETIC = DemoSpec("demo_sft", "demo_grpo", "hybridrl demo: arithmetic, SFT → GRPO, 2 CPU ranks", DEMO_DIR)
 AGENT = DemoSpec("demo_agent_sft", "demo_agent_grpo",
                  "hybridrl demo-agent: multiplication with a calculator tool, SFT → multi-turn GRPO, 2 CPU ranks",
                  Path("runs/demo_agent"), tool_chat=True)
+VISION = DemoSpec("demo_vlm_sft", "demo_vlm_grpo",
+                  "hybridrl demo-vlm: the colour of a drawn shape, a tiny random Qwen2-VL, format lesson → GRPO, "
+                  "2 CPU ranks", Path("runs/demo_vlm"), vision=True)
+VLM_DEMO_MODEL = TinyVLMSpec(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256,
+                             vision_depth=2, vision_embed_dim=64)
 
 
 def build_base_model(directory: Path, spec: TinyModelSpec = DEMO_MODEL, tool_chat: bool = False) -> Path:
@@ -51,6 +59,13 @@ def build_base_model(directory: Path, spec: TinyModelSpec = DEMO_MODEL, tool_cha
     if (directory / "config.json").is_file():
         return directory
     return save_tiny_model(directory, spec, seed=0, tool_chat=tool_chat)
+
+
+def build_base_vlm(directory: Path, spec: TinyVLMSpec = VLM_DEMO_MODEL) -> Path:
+    """The randomly initialised tiny vision-language model of ``demo-vlm`` (built once; a rerun reuses it)."""
+    if (directory / "config.json").is_file():
+        return directory
+    return save_tiny_vlm(directory, spec, seed=0)
 
 
 def run_demo(overrides: Sequence[str] = (), demo_dir: Optional[Path] = None, *, sft_overrides: Sequence[str] = (),
@@ -67,7 +82,8 @@ def run_demo(overrides: Sequence[str] = (), demo_dir: Optional[Path] = None, *, 
 
     started = time.perf_counter()
     demo_dir = demo.directory if demo_dir is None else demo_dir
-    base = build_base_model(demo_dir / "base", model_spec, demo.tool_chat)
+    base = build_base_model(demo_dir / "base", model_spec, demo.tool_chat) if not demo.vision else \
+        build_base_vlm(demo_dir / "base")
     print(f"[demo] 1/3 tiny model at {base}")
     sft_config = load_config([f"model.path={base}", f"trainer.default_local_dir={demo_dir / 'sft'}", *sft_overrides],
                              demo.sft_config)

@@ -273,6 +273,9 @@ class ActorConfig(FreezableConfig):
     """EWC: a pull towards the starting weights, weighted by a diagonal Fisher (off while ``ewc.coef`` is 0)."""
     router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
     """MoE routing replay (R3): train with the experts the rollout routed each token to (off by default)."""
+    freeze_vision_tower: bool = False
+    """A vision-language policy: keep its vision tower (the image encoder and its merger) at its starting weights and
+    train the language model only (verl's key). Refused for a text-only model."""
 
 
 @dataclass
@@ -327,6 +330,10 @@ class DataConfig(FreezableConfig):
     """Options of the synthetic task, e.g. ``{max_digits: 2, operators: "+"}`` (see ``hybridrl.data.synthetic``)."""
     prompt_key: str = "prompt"
     """Column holding the prompt (chat messages or plain text)."""
+    image_key: str = "images"
+    """Column holding a row's images (verl's layout): a list of image bytes, file paths or ``{"bytes", "path"}``
+    dicts, one per ``<image>`` in the prompt, in order. Rows with images need a vision-language policy
+    (Qwen2-VL-class, with its image processor saved beside it); absent or empty: a text-only row."""
     max_prompt_length: int = 512
     """Prompt tokens after the chat template; longer prompts follow ``truncation`` / ``filter_overlong_prompts``."""
     max_response_length: int = 512

@@ -13,6 +13,7 @@ from typing import Optional
 
 from hybridrl.config.router_replay_checks import check_router_replay_model
 from hybridrl.config.sequence_parallel_checks import check_sequence_parallel_heads
+from hybridrl.config.vision_checks import check_vision_policy
 from hybridrl.config.checks import _require, critic_enabled
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.precision import check_precision_on_device
@@ -158,6 +159,7 @@ def _check_model_fits(config: TrainConfig, error: ConfigError) -> None:
     model_config = json.loads((Path(config.model.path) / "config.json").read_text(encoding="utf-8"))
     if config.rollout.name == "vllm":
         _check_vllm_serves(config, model_config.get("architectures") or [], error)
+    check_vision_policy(config, model_config, error)
     model_config = model_config.get("text_config", model_config)  # multimodal configs nest the language model's
     longest = config.data.max_prompt_length + config.data.max_response_length
     positions = model_config.get("max_position_embeddings", model_config.get("n_positions"))

@@ -65,7 +65,7 @@ _PROFILER = "hybridrl logs a per-phase step-time breakdown (timing/*) and prints
 _CHECKPOINT = "hybridrl checkpoints model, optimizer and trainer state together, always"
 _FUSED_OPTIONS = ("hybridrl's fused head is one implementation (chunked torch matmuls, forward and backward), so "
                   "verl's backend choices do not apply")
-_TEXT_ONLY = "hybridrl trains text-only models; image and video columns are not read"
+_IMAGES_ONLY = "hybridrl reads images (data.image_key), not video"
 
 RULES: tuple[Rule, ...] = (
     # ---------------------------------------------------------------------------------------- actor_rollout_ref.model
@@ -136,7 +136,6 @@ RULES: tuple[Rule, ...] = (
     Unsupported(ARR + "actor.tau_neg", "SAPO's soft gate is not implemented", ("1.05",)),
     Unsupported(ARR + "actor.policy_loss.", "only the loss mode carries over (actor.policy_loss); clip-cov and kl-cov "
                 "losses are not implemented"),
-    Unsupported(ARR + "actor.freeze_vision_tower", _TEXT_ONLY, ("false",)),
     Moved(ARR + "actor.router_replay.mode", "actor.router_replay.mode"),
     Unsupported(ARR + "actor.router_replay.", "routing records are not written to or read from files; only "
                 "actor.router_replay.mode carries over", ("null",)),
@@ -323,10 +322,9 @@ RULES: tuple[Rule, ...] = (
     NoEffect("data.dataloader_num_workers", "prompts are read and tokenised once, in the controller"),
     NoEffect("data.filter_overlong_prompts_workers", "prompts are filtered once, in the controller"),
     NoEffect("data.validation_shuffle", "validation metrics do not depend on the order"),
-    NoEffect("data.image_key", _TEXT_ONLY),
-    NoEffect("data.video_key", _TEXT_ONLY),
-    NoEffect("data.image_patch_size", _TEXT_ONLY),
-    NoEffect("data.return_multi_modal_inputs", _TEXT_ONLY),
+    NoEffect("data.video_key", _IMAGES_ONLY),
+    NoEffect("data.image_patch_size", "the image processor saved with the model sets the patch size"),
+    NoEffect("data.return_multi_modal_inputs", "rows with images always carry their multi_modal_inputs", ("true",)),
     NoEffect("data.train_max_samples", "every row is used", ("-1",)),
     NoEffect("data.val_max_samples", "every row is used", ("-1",)),
     Moved("data.tool_config_path", "rollout.multi_turn.tool_config_path"),

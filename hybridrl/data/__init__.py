@@ -15,6 +15,7 @@ from hybridrl.data.sft import SFTExample, encode_sft_examples, sft_examples_from
 from hybridrl.data.synthetic import SYNTHETIC_TASKS, ArithmeticTask, build_synthetic_task
 from hybridrl.data import tool_arithmetic  # noqa: F401  (registers the tool_arithmetic task)
 from hybridrl.data import judge_arithmetic  # noqa: F401  (registers the arithmetic_judge task)
+from hybridrl.data import shapes  # noqa: F401  (registers the shapes image task)
 
 __all__ = [
     "SYNTHETIC_TASKS",

@@ -23,9 +23,10 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from hybridrl.data.chat_roles import check_roles, template_source
+from hybridrl.data.images import ImagePrompts
 from hybridrl.data.io import SourceRow, read_rows
 from hybridrl.data.records import ChatMessages, PromptRecord, check_columns, record_from_row
 
@@ -45,6 +46,9 @@ class PromptOptions:
     truncation: str = "error"
     filter_overlong_prompts: bool = True
     apply_chat_template: bool = True
+    image_key: str = "images"
+    images: Optional[ImagePrompts] = None
+    """How the policy reads images (a vision-language model's, :mod:`hybridrl.data.images`); ``None``: text-only."""
 
     def __post_init__(self) -> None:
         if self.truncation not in TRUNCATION_MODES:
@@ -54,10 +58,10 @@ class PromptOptions:
             raise ValueError(f"data.max_prompt_length must be a positive int, got {self.max_prompt_length!r}")
 
     @classmethod
-    def from_data_config(cls, config: Any) -> PromptOptions:
-        """The options of a :class:`~hybridrl.config.schema.DataConfig`."""
+    def from_data_config(cls, config: Any, images: Optional[ImagePrompts] = None) -> PromptOptions:
+        """The options of a :class:`~hybridrl.config.schema.DataConfig`; ``images``: the policy's image reader."""
         return cls(config.prompt_key, config.max_prompt_length, config.truncation, config.filter_overlong_prompts,
-                   config.apply_chat_template)
+                   config.apply_chat_template, config.image_key, images)
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class TokenizedPrompt:
         data_source, ground_truth, ability, extra_info: from the row (see :class:`PromptRecord`).
         messages: the row's prompt as given (chat messages or text), for a reward model with its own chat template.
         where: the row's location for error messages (``"train.parquet: row 3 (line 4)"``); empty if unknown.
+        images: the row's images as given (decoded when a batch is formed); ``input_ids`` hold their image tokens.
     """
 
     row_id: int
@@ -82,6 +87,7 @@ class TokenizedPrompt:
     extra_info: dict[str, Any] = field(default_factory=dict)
     messages: Any = None
     where: str = ""
+    images: tuple = ()
 
 
 def format_prompt(prompt: ChatMessages | str, tokenizer: Any, apply_chat_template: bool, where: str = "prompt") -> str:
@@ -124,10 +130,13 @@ class PromptDataset(Sequence[TokenizedPrompt]):
     Build with :meth:`from_files`, :meth:`from_rows` or :meth:`from_records`.
     """
 
-    def __init__(self, prompts: Sequence[TokenizedPrompt], *, name: str, num_filtered: int = 0) -> None:
+    def __init__(self, prompts: Sequence[TokenizedPrompt], *, name: str, num_filtered: int = 0,
+                 images: Optional[ImagePrompts] = None) -> None:
         self.prompts = list(prompts)
         self.name = name
         self.num_filtered = num_filtered
+        self.images = images
+        """The policy's image reader, which decodes a batch's images (``None``: text-only)."""
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -156,14 +165,16 @@ class PromptDataset(Sequence[TokenizedPrompt]):
             if row_file.columns is not None:
                 check_columns(row_file.columns, options.prompt_key, f"data file {str(row_file.path)!r}")
             source_rows.extend(row_file.rows)
-        records = [record_from_row(item.row, item.where, options.prompt_key) for item in source_rows]
+        records = [record_from_row(item.row, item.where, options.prompt_key, options.image_key)
+                   for item in source_rows]
         return cls.from_records(records, tokenizer, options, name=name)
 
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping[str, Any]], tokenizer: Any, options: PromptOptions = PromptOptions(),
                   *, name: str = "train", source: str = "rows") -> PromptDataset:
         """Validate and tokenise in-memory rows (e.g. from a synthetic task); ``source`` labels error messages."""
-        records = [record_from_row(row, f"{source}: row {index}", options.prompt_key) for index, row in enumerate(rows)]
+        records = [record_from_row(row, f"{source}: row {index}", options.prompt_key, options.image_key)
+                   for index, row in enumerate(rows)]
         if not records:
             raise ValueError(f"{source}: no rows for the {name!r} dataset")
         return cls.from_records(records, tokenizer, options, name=name)
@@ -177,15 +188,18 @@ class PromptDataset(Sequence[TokenizedPrompt]):
                 f"data.apply_chat_template=true but the tokenizer ({type(tokenizer).__name__}) has no chat template; "
                 "set data.apply_chat_template=false for plain-text prompts, or use a tokenizer with a chat template"
             )
-        texts = [format_prompt(record.prompt, tokenizer, options.apply_chat_template, record.where)
-                 for record in records]
+        texts = [format_prompt(_with_image_tokens(record, tokenizer, options), tokenizer, options.apply_chat_template,
+                               record.where) for record in records]
         token_ids = _tokenized_or_named(texts, records, tokenizer, options.apply_chat_template)
         prompts = []
         for row_id, (record, text, ids) in enumerate(zip(records, texts, token_ids)):
-            kept = _apply_length_policy(ids, record.where, options)
+            if record.images:  # one image pad per merged patch (the images are decoded here once: a bad one is named)
+                ids = options.images.expanded(ids, options.images.vision_inputs(record.images, record.where))
+            kept = _apply_length_policy(ids, record.where, options, has_images=bool(record.images))
             if kept is not None:
                 prompts.append(TokenizedPrompt(row_id, tuple(kept), text, record.data_source, record.ground_truth,
-                                               record.ability, record.extra_info, record.prompt, record.where))
+                                               record.ability, record.extra_info, record.prompt, record.where,
+                                               record.images))
         num_filtered = len(records) - len(prompts)
         if num_filtered:
             logger.warning("%s dataset: dropped %d of %d prompts longer than data.max_prompt_length=%d tokens "
@@ -194,16 +208,34 @@ class PromptDataset(Sequence[TokenizedPrompt]):
         if not prompts:
             raise ValueError(f"every one of the {len(records)} prompts of the {name!r} dataset is longer than "
                              f"data.max_prompt_length={options.max_prompt_length} tokens; nothing is left")
-        return cls(prompts, name=name, num_filtered=num_filtered)
+        return cls(prompts, name=name, num_filtered=num_filtered, images=options.images)
 
 
-def _apply_length_policy(ids: list[int], where: str, options: PromptOptions) -> list[int] | None:
-    """``ids`` within ``max_prompt_length``: kept, truncated, ``None`` (filtered out), or a ``ValueError``."""
+def _with_image_tokens(record: PromptRecord, tokenizer: Any, options: PromptOptions) -> Any:
+    """The record's prompt with its ``<image>`` placeholders as the policy's vision tokens; a row with images for a
+    text-only policy is refused, named."""
+    if not record.images:
+        return record.prompt
+    if options.images is None:
+        raise ValueError(f"{record.where}: the row has {len(record.images)} image(s) ({options.image_key!r}), but the "
+                         "policy (model.path) is a text-only model; train a vision-language model (Qwen2-VL-class) "
+                         "on image rows, or drop the images")
+    return options.images.with_placeholders(record.prompt, tokenizer)
+
+
+def _apply_length_policy(ids: list[int], where: str, options: PromptOptions,
+                         has_images: bool = False) -> list[int] | None:
+    """``ids`` within ``max_prompt_length``: kept, truncated, ``None`` (filtered out), or a ``ValueError``. A prompt
+    with images is never truncated (it would cut image tokens from their image)."""
     limit = options.max_prompt_length
     if len(ids) <= limit:
         return ids
     if options.filter_overlong_prompts:
         return None
+    if has_images:
+        raise ValueError(f"{where}: the prompt with its image tokens is {len(ids)} tokens, longer than "
+                         f"data.max_prompt_length={limit}; raise the limit, set data.filter_overlong_prompts=true, or "
+                         "shrink the images (the image processor's max_pixels): prompts with images are not truncated")
     if options.truncation == "left":
         return ids[-limit:]
     if options.truncation == "right":

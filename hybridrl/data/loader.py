@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import torch
 
 from hybridrl.data.dataset import PromptDataset, PromptOptions, TokenizedPrompt
+from hybridrl.data.images import ImagePrompts
 from hybridrl.data.synthetic import build_synthetic_task
 from hybridrl.protocol import Batch, Fields
 
@@ -53,9 +54,11 @@ class DataFields:
     MESSAGES = "messages"
 
 
-def collate_prompts(prompts: Sequence[TokenizedPrompt], uids: Sequence[str], pad_token_id: int) -> Batch:
+def collate_prompts(prompts: Sequence[TokenizedPrompt], uids: Sequence[str], pad_token_id: int,
+                    images: Optional[ImagePrompts] = None) -> Batch:
     """A prompt batch: ``input_ids``/``attention_mask`` ``[B, P]`` left-padded to the longest prompt, plus
-    the non-tensor fields (see the module docstring)."""
+    the non-tensor fields (see the module docstring); with ``images`` (a vision-language policy's reader) and a row
+    that has images, ``multi_modal_inputs`` too (:mod:`hybridrl.modeling.multimodal`)."""
     length = max(len(prompt.input_ids) for prompt in prompts)
     input_ids = torch.full((len(prompts), length), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((len(prompts), length), dtype=torch.long)
@@ -63,9 +66,12 @@ def collate_prompts(prompts: Sequence[TokenizedPrompt], uids: Sequence[str], pad
         size = len(prompt.input_ids)
         input_ids[row, length - size:] = torch.tensor(prompt.input_ids, dtype=torch.long)
         attention_mask[row, length - size:] = 1
+    vision = {}
+    if images is not None and any(prompt.images for prompt in prompts):
+        vision = {Fields.MULTI_MODAL_INPUTS: [images.vision_inputs(prompt.images, prompt.where) for prompt in prompts]}
     return Batch(
         tensors={Fields.INPUT_IDS: input_ids, Fields.ATTENTION_MASK: attention_mask},
-        non_tensors={
+        non_tensors={**vision,
             Fields.UID: list(uids),
             DataFields.DATA_SOURCE: [prompt.data_source for prompt in prompts],
             DataFields.GROUND_TRUTH: [prompt.ground_truth for prompt in prompts],
@@ -144,7 +150,7 @@ class PromptLoader:
     def _collate(self, indices: list[int], epoch: int) -> Batch:
         prompts = [self.dataset[index] for index in indices]
         uids = [f"{self.dataset.name}-{prompt.row_id}-e{epoch}" for prompt in prompts]
-        return collate_prompts(prompts, uids, self.pad_token_id)
+        return collate_prompts(prompts, uids, self.pad_token_id, self.dataset.images)
 
     def _advance(self) -> None:
         self._position += 1
@@ -187,10 +193,11 @@ class PromptLoaders(NamedTuple):
     val: PromptLoader | None
 
 
-def build_prompt_datasets(data_config: Any, tokenizer: Any) -> tuple[PromptDataset, PromptDataset | None]:
+def build_prompt_datasets(data_config: Any, tokenizer: Any,
+                          images: Optional[ImagePrompts] = None) -> tuple[PromptDataset, PromptDataset | None]:
     """The train and validation datasets of a ``DataConfig``: from ``train_files``/``val_files``, or from
-    ``synthetic_task`` (its training stream and held-out set)."""
-    options = PromptOptions.from_data_config(data_config)
+    ``synthetic_task`` (its training stream and held-out set). ``images``: a vision-language policy's image reader."""
+    options = PromptOptions.from_data_config(data_config, images)
     if data_config.synthetic_task is not None:
         for key in ("train_files", "val_files"):
             if getattr(data_config, key):
@@ -211,7 +218,7 @@ def build_prompt_datasets(data_config: Any, tokenizer: Any) -> tuple[PromptDatas
     return train, val
 
 
-def build_prompt_loaders(data_config: Any, tokenizer: Any) -> PromptLoaders:
+def build_prompt_loaders(data_config: Any, tokenizer: Any, images: Optional[ImagePrompts] = None) -> PromptLoaders:
     """Train and validation loaders from a :class:`~hybridrl.config.schema.DataConfig`.
 
     Training: ``train_batch_size`` prompts per step (``gen_batch_size`` per generation batch with dynamic
@@ -222,7 +229,7 @@ def build_prompt_loaders(data_config: Any, tokenizer: Any) -> PromptLoaders:
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_token_id is None:
         raise ValueError(f"the tokenizer ({type(tokenizer).__name__}) has neither a pad nor an eos token to pad with")
-    train_set, val_set = build_prompt_datasets(data_config, tokenizer)
+    train_set, val_set = build_prompt_datasets(data_config, tokenizer, images)
     generation_batch = getattr(data_config, "gen_batch_size", None) or data_config.train_batch_size
     train = PromptLoader(train_set, generation_batch, pad_token_id=pad_token_id,
                          shuffle=data_config.shuffle, seed=data_config.seed, drop_last=True)

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from hybridrl.data.images import placeholder_count, row_images
 from hybridrl.data.chat_roles import sharegpt_hint
 
 __all__ = ["REQUIRED_COLUMNS", "ChatMessages", "PromptRecord", "check_columns", "parse_tools_kwargs", "record_from_row"]
@@ -40,6 +41,7 @@ class PromptRecord:
         ability: free-text category (may be empty).
         extra_info: row metadata handed to the reward function (may be empty).
         where: the row's location, for error messages (``"train.parquet: row 3"``).
+        images: the row's images as given (``data.image_key``; :mod:`hybridrl.data.images`), one per ``<image>``.
     """
 
     data_source: str
@@ -48,6 +50,7 @@ class PromptRecord:
     ability: str = ""
     extra_info: dict[str, Any] = field(default_factory=dict)
     where: str = "<memory>"
+    images: tuple = ()
 
 
 def check_columns(columns: Sequence[str], prompt_key: str, source: str) -> None:
@@ -57,7 +60,8 @@ def check_columns(columns: Sequence[str], prompt_key: str, source: str) -> None:
         raise ValueError(f"{source}: missing column(s) {missing}; columns present: {list(columns)}")
 
 
-def record_from_row(row: Mapping[str, Any], where: str, prompt_key: str = "prompt") -> PromptRecord:
+def record_from_row(row: Mapping[str, Any], where: str, prompt_key: str = "prompt",
+                    image_key: str = "images") -> PromptRecord:
     """Validate one row and return it typed.
 
     Raises:
@@ -86,7 +90,11 @@ def record_from_row(row: Mapping[str, Any], where: str, prompt_key: str = "promp
         if not isinstance(agent_name, str) or not agent_name:
             raise ValueError(f"{where}: 'agent_name' must be a non-empty string, got {agent_name!r}")
         extra_info.setdefault("agent_name", agent_name)
-    return PromptRecord(data_source, prompt, reward_model["ground_truth"], ability, extra_info, where)
+    images = row_images(row, image_key, where)
+    if placeholder_count(prompt) != len(images):
+        raise ValueError(f"{where}: the prompt has {placeholder_count(prompt)} '<image>' placeholder(s) but "
+                         f"{image_key!r} holds {len(images)} image(s); give one image per placeholder, in order")
+    return PromptRecord(data_source, prompt, reward_model["ground_truth"], ability, extra_info, where, images)
 
 
 def parse_tools_kwargs(value: Any, where: str) -> Any:

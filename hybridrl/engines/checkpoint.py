@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -152,5 +153,20 @@ def export_hf(model: nn.Module, tokenizer, directory: str | Path,
             writer.config.use_cache = use_cache
         if tokenizer is not None:
             tokenizer.save_pretrained(directory)
+        copy_processor_files(getattr(writer, "name_or_path", ""), directory)
     _barrier()
     return directory
+
+
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
+"""A vision-language model's image/video processor settings, which travel with its weights."""
+
+
+def copy_processor_files(source: str | Path, directory: Path) -> None:
+    """Copy the processor files a model directory ``source`` holds (a vision-language model's image processor) into
+    an export ``directory``, so the export reads images as the model it came from."""
+    if not source or not Path(source).is_dir() or Path(source).resolve() == Path(directory).resolve():
+        return
+    for name in PROCESSOR_FILES:
+        if (Path(source) / name).is_file():
+            shutil.copyfile(Path(source) / name, Path(directory) / name)

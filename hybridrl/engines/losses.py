@@ -15,6 +15,7 @@ on all ranks sum to the loss of one big batch. ``agg_mode`` says what the normal
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Optional, Protocol
 
 import torch
@@ -105,7 +106,7 @@ class SequenceForward:
                                   batch[Fields.RESPONSE_MASK].shape[-1], temperature=temperature, packed=self.packed,
                                   share_prompts=self.share_prompts, with_entropy=with_entropy,
                                   entropy_grad=entropy_grad, fused_head=self.fused_head,
-                                  routed_experts=self._routing(batch))
+                                  routed_experts=self._routing(batch), multi_modal=_images(batch))
 
     def _routing(self, batch: Batch) -> Optional[torch.Tensor]:
         """The rows' recorded experts when this forward replays routing and ``batch`` has them (SFT rows mixed into
@@ -114,9 +115,17 @@ class SequenceForward:
 
     def values(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """Critic values ``[B, R]`` of the state before each response token."""
+        if _images(batch) is not None:
+            raise ValueError("a critic (value model) does not read images yet: train a vision-language policy with a "
+                             "critic-free estimator (algorithm=grpo, rloo, …)")
         return response_values(model, batch[Fields.INPUT_IDS], batch[Fields.ATTENTION_MASK],
                                batch[Fields.RESPONSE_MASK].shape[-1], packed=self.packed,
                                share_prompts=self.share_prompts)
+
+
+def _images(batch: Batch) -> Optional[Sequence]:
+    """The rows' image inputs (``Fields.MULTI_MODAL_INPUTS``), or ``None`` for text rows."""
+    return batch.non_tensors.get(Fields.MULTI_MODAL_INPUTS)
 
 
 @dataclass(frozen=True)

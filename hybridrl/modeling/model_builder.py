@@ -19,6 +19,7 @@ from hybridrl.config.auto_dtype import resolve_dtype
 from hybridrl.config.schema import ModelConfig
 from hybridrl.modeling.attention import attention_implementation
 from hybridrl.modeling.fp8 import apply_fp8_compute
+from hybridrl.utils.model_files import is_vision_language
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ def build_model(model_config: ModelConfig, role: ModelRole, *, path: str | None 
     The caller moves it to its device and wraps it with FSDP2 (``hybridrl.modeling.fsdp``). With
     ``model.lora.rank > 0`` the actor comes back wrapped in PEFT LoRA adapters (``hybridrl.modeling.lora``).
     """
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
     model_path = path or model_config.path
     common = dict(
@@ -55,7 +56,7 @@ def build_model(model_config: ModelConfig, role: ModelRole, *, path: str | None 
         trust_remote_code=model_config.trust_remote_code,
     )
     if role in ("actor", "reference"):
-        model = AutoModelForCausalLM.from_pretrained(model_path, **common)
+        model = policy_model_class(model_path).from_pretrained(model_path, **common)
     elif role == "critic":
         model = AutoModelForTokenClassification.from_pretrained(model_path, num_labels=1, **common)
     elif role == "reward_model":
@@ -81,6 +82,15 @@ def build_model(model_config: ModelConfig, role: ModelRole, *, path: str | None 
     else:
         model.train()
     return model
+
+
+def policy_model_class(model_path: str):
+    """The ``AutoModelFor…`` class a policy at ``model_path`` is built with: ``AutoModelForImageTextToText`` for a
+    vision-language model (its ``config.json`` has a ``vision_config``: Qwen2-VL, Qwen2.5-VL, …), else
+    ``AutoModelForCausalLM``."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_language(model_path) else AutoModelForCausalLM
 
 
 def disable_dropout(model: nn.Module) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from hybridrl.algorithms import token_log_probs_and_entropy
+from hybridrl.modeling.multimodal import packed_vision_call, padded_vision_call, stacked_vision_inputs
 from hybridrl.modeling.positions import position_ids_from_mask
 from hybridrl.modeling.routing_replay import ROUTING_KEYWORD
 from hybridrl.modeling.scored_head import runs_head_on_scored_positions, scored_head_log_probs
@@ -77,7 +78,8 @@ class HeadCall:
 
 
 def head_call(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int, *,
-              packed: bool, share_prompts: bool = False, routed_experts: Optional[torch.Tensor] = None) -> HeadCall:
+              packed: bool, share_prompts: bool = False, routed_experts: Optional[torch.Tensor] = None,
+              multi_modal: Optional[Sequence[Optional[dict]]] = None) -> HeadCall:
     """The forward that scores ``[B, T]`` rows whose last ``response_length`` columns are responses, in the chosen
     layout (module docstring).
 
@@ -85,22 +87,31 @@ def head_call(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.T
     and the attention takes custom masks (``hybridrl.modeling.shared_prompts``); the outputs are the same.
     ``routed_experts``: ``[B, T, routers, k]`` experts to route each token to (MoE routing replay,
     :mod:`hybridrl.modeling.routing_replay`), laid out as the forward lays out the tokens; prompts are then not shared.
+    ``multi_modal``: the rows' image inputs (``Fields.MULTI_MODAL_INPUTS``, :mod:`hybridrl.modeling.multimodal`):
+    the forward gets them and the mRoPE positions of its layout; prompts are then not shared.
     """
     response_length = int(response_length)
+    vision = stacked_vision_inputs(multi_modal)
     if packed:
         call = _packed_call(model, input_ids, attention_mask, response_length)
+        if vision is not None:
+            call = HeadCall({**call.inputs, **packed_vision_call(model, input_ids, attention_mask, vision,
+                                                                 response_length)}, call.select)
         return _with_routing(call, routed_experts, lambda experts: experts[attention_mask.bool()].unsqueeze(0))
     trimmed = trim_padding(input_ids, attention_mask, response_length)
     if trimmed.response_width == 0:  # no response token to score: nothing to trim to
         trimmed = TrimmedRows(input_ids, attention_mask, input_ids.shape[1] - response_length, response_length)
     takes_keep = accepts_logits_to_keep(model)
-    if share_prompts and routed_experts is None and attention_takes_custom_mask(model):
+    if share_prompts and routed_experts is None and vision is None and attention_takes_custom_mask(model):
         groups = prompt_groups(trimmed)
         if grouping_pays(model, trimmed, groups):
             return HeadCall(*grouped_call(model, trimmed, groups, takes_keep))
+    call = _padded_call(trimmed, takes_keep)
+    if vision is not None:
+        call = HeadCall({**call.inputs, **padded_vision_call(model, trimmed.input_ids, trimmed.attention_mask, vision,
+                                                             trimmed.response_width)}, call.select)
     start = input_ids.shape[1] - response_length - trimmed.prompt_width
-    return _with_routing(_padded_call(trimmed, takes_keep), routed_experts,
-                         lambda experts: experts[:, start:start + trimmed.input_ids.shape[1]])
+    return _with_routing(call, routed_experts, lambda experts: experts[:, start:start + trimmed.input_ids.shape[1]])
 
 
 def _with_routing(call: HeadCall, routed_experts: Optional[torch.Tensor],
@@ -112,12 +123,12 @@ def _with_routing(call: HeadCall, routed_experts: Optional[torch.Tensor],
 
 
 def source_outputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
-                   *, packed: bool, share_prompts: bool = False,
-                   routed_experts: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   *, packed: bool, share_prompts: bool = False, routed_experts: Optional[torch.Tensor] = None,
+                   multi_modal: Optional[Sequence[Optional[dict]]] = None) -> torch.Tensor:
     """Model outputs (``logits`` for a causal LM, ``logits`` of the value head for a critic) at the source positions of
     the valid response tokens: ``[M, D]`` in row-major order of the response positions (see :func:`head_call`)."""
     call = head_call(model, input_ids, attention_mask, response_length, packed=packed, share_prompts=share_prompts,
-                     routed_experts=routed_experts)
+                     routed_experts=routed_experts, multi_modal=multi_modal)
     return call.select(model(**call.inputs).logits)
 
 
@@ -178,8 +189,8 @@ def _forward_takes_logits_to_keep(model_class: type) -> bool:
 def response_log_probs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
                        *, temperature: float = 1.0, packed: bool = False, share_prompts: bool = False,
                        with_entropy: bool = False, entropy_grad: bool = False, fused_head: bool = False,
-                       head_on_scored: Optional[bool] = None,
-                       routed_experts: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       head_on_scored: Optional[bool] = None, routed_experts: Optional[torch.Tensor] = None,
+                       multi_modal: Optional[Sequence[Optional[dict]]] = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (nats) of the response tokens under ``model``, and optionally the policy entropy.
 
     Logits are divided by ``temperature`` first, so the numbers match the distribution the rollout sampled from.
@@ -187,7 +198,7 @@ def response_log_probs(model: nn.Module, input_ids: torch.Tensor, attention_mask
     the log-softmax chunk by chunk, so no ``[tokens, vocab]`` logits are kept; otherwise, where the model allows it
     (``head_on_scored=None``: :func:`runs_head_on_scored_positions`), as a plain matmul on the selected hidden states.
     ``head_on_scored=False`` keeps the reference path: the head on every position ``logits_to_keep`` names, then the
-    selection. All give the same numbers within rounding. ``routed_experts``: see :func:`head_call`.
+    selection. All give the same numbers within rounding. ``routed_experts``, ``multi_modal``: see :func:`head_call`.
 
     Returns:
         ``(log_probs [B, R], entropy [B, R] or None)``, zero at invalid positions. The entropy keeps its graph only
@@ -195,7 +206,7 @@ def response_log_probs(model: nn.Module, input_ids: torch.Tensor, attention_mask
     """
     tokens = response_tokens(input_ids, attention_mask, response_length)
     call = head_call(model, input_ids, attention_mask, response_length, packed=packed, share_prompts=share_prompts,
-                     routed_experts=routed_experts)
+                     routed_experts=routed_experts, multi_modal=multi_modal)
     if head_on_scored is None:
         head_on_scored = runs_head_on_scored_positions(model)
     if fused_head or head_on_scored:

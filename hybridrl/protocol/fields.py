@@ -53,6 +53,9 @@ class Fields:
     TOKEN_POLICY_VERSIONS = "token_policy_versions"
     # Non-tensor, one per sample: the id of the prompt a response came from (groups responses for GRPO / RLOO).
     UID = "uid"
+    # Non-tensor, one per sample: a row's image inputs, {"pixel_values": [patches, D], "image_grid_thw": [images, 3]}
+    # (None: no image), verl's name (hybridrl.modeling.multimodal)
+    MULTI_MODAL_INPUTS = "multi_modal_inputs"
 
 
 class TypedFieldsMixin:

@@ -7,9 +7,9 @@ data_source                                                                 func
 ==========================================================================  =========================================
 ``openai/gsm8k``, ``gsm8k``, ``arithmetic_word_problems``                   :mod:`hybridrl.rewards.gsm8k` (1 / 0.5 / 0)
 ``math``, ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``,       :mod:`hybridrl.rewards.math_reward`
-``HuggingFaceH4/MATH-500``, ``numina_aops_forum``, ``numina_synthetic_math``,  (``\\boxed{}``, math-verify; 1 / 0)
-``numina_amc_aime``, ``numina_synthetic_amc``, ``numina_cn_k12``,
-``numina_olympiads``
+``HuggingFaceH4/MATH-500``, ``hiyouga/geometry3k``, ``numina_aops_forum``,  (``\\boxed{}``, math-verify; 1 / 0)
+``numina_synthetic_math``, ``numina_amc_aime``, ``numina_synthetic_amc``,
+``numina_cn_k12``, ``numina_olympiads``
 ``math_dapo``, ``math_dapo_reasoning``, and every source starting ``aime``     :mod:`hybridrl.rewards.math_dapo`
                                                                             (``Answer:`` line; +1 / −1)
 ``searchR1_nq``, ``searchR1_triviaqa``, ``searchR1_popqa``,                 :mod:`hybridrl.rewards.qa_exact_match`
@@ -17,6 +17,7 @@ data_source                                                                 func
 ``searchR1_bamboogle``
 ``arithmetic`` (the synthetic task)                                         :mod:`hybridrl.rewards.arithmetic`
 ``arithmetic_judge`` (verdicts on its answers)                              :mod:`hybridrl.rewards.arithmetic`
+``shapes`` (the synthetic image task)                                       :mod:`hybridrl.rewards.shapes`
 ==========================================================================  =========================================
 
 verl routes ``math`` to its DAPO scorer; here ``math`` is the ``\\boxed{}`` scorer (which also reads a final
@@ -41,7 +42,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Union
 
-from hybridrl.rewards import arithmetic, gsm8k, math_dapo, math_reward, qa_exact_match
+from hybridrl.rewards import arithmetic, gsm8k, math_dapo, math_reward, qa_exact_match, shapes
 from hybridrl.utils.registry import Registry
 
 __all__ = ["RewardFn", "REWARD_FUNCTIONS", "PREFIX_ROUTES", "reward_function_for", "default_compute_score",
@@ -55,6 +56,7 @@ REWARD_FUNCTIONS: Registry[RewardFn] = Registry("reward function (data_source)")
 for _source in ("openai/gsm8k", "gsm8k", "arithmetic_word_problems"):
     REWARD_FUNCTIONS.register(_source)(gsm8k.compute_score)
 for _source in ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500",
+                "hiyouga/geometry3k",
                 *(f"numina_{name}" for name in ("aops_forum", "synthetic_math", "amc_aime", "synthetic_amc", "cn_k12",
                                                 "olympiads"))):
     REWARD_FUNCTIONS.register(_source)(math_reward.compute_score)
@@ -64,6 +66,7 @@ for _source in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musiq
     REWARD_FUNCTIONS.register(f"searchR1_{_source}")(qa_exact_match.compute_score)
 REWARD_FUNCTIONS.register("arithmetic")(arithmetic.compute_score)
 REWARD_FUNCTIONS.register("arithmetic_judge")(arithmetic.judge_verdict_score)
+REWARD_FUNCTIONS.register("shapes")(shapes.compute_score)
 
 PREFIX_ROUTES: dict[str, RewardFn] = {"aime": math_dapo.compute_score}
 """``prefix -> function`` for families of sources (``aime24``, ``aime-2025``, …) without an exact entry."""

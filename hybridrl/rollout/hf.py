@@ -42,6 +42,7 @@ from hybridrl.modeling.routing_replay import recorded_routing, require_routers, 
 from hybridrl.modeling.sequences import accepts_logits_to_keep, last_positions
 from hybridrl.modeling.single_rank import compute_parameters_in_place
 from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.prompt_images import PromptImages, vision_token_ids
 from hybridrl.rollout.routing_capture import RoutingCapture, with_routing
 from hybridrl.rollout.sampling import next_tokens
 
@@ -80,6 +81,9 @@ class HFRollout:
         :mod:`hybridrl.rollout.routing_capture`); refused for a dense model."""
         if record_routing:
             require_routers(model)
+        self.unsampled_token_ids = vision_token_ids(model)
+        """Token ids never sampled: a vision-language model's image placeholders (a response holding one would take
+        an image's place in the trainer's forward)."""
         self.decode_rows_run = 0
         """Rows × forwards of the last ``generate``'s decode loops (the work that dropping ended rows saves)."""
         self.fast_decode_unsupported = (
@@ -142,15 +146,19 @@ class HFRollout:
         prompt_width = input_ids.shape[1]
         capture = None if record is None else RoutingCapture(
             record, len(prompts) * params.n, prompt_width + params.max_new_tokens, routers(self.model)[0].top_k)
-        cache = self._shared_prefill(input_ids, attention_mask, params.n)
+        images = PromptImages.of(self.model, prompts)
+        cache = self._shared_prefill(input_ids, attention_mask, params.n, images)
         if capture is not None and cache is not None:
             capture.place(torch.arange(len(prompts)), prompt_width - 1, repeat=params.n)
         input_ids, attention_mask = input_ids.repeat_interleave(params.n, 0), attention_mask.repeat_interleave(params.n, 0)
-        positions = position_ids_from_mask(attention_mask)
+        positions = position_ids_from_mask(attention_mask) if images is None else images.positions(params.n)
+        first_step = {}
         if cache is None:
             cache = DynamicCache(config=getattr(self.model, "config", None))
+            # the first forward runs the whole prompts (one sample each: a prompt with images is never one token)
+            first_step = {} if images is None else dict(images.inputs)
         else:  # the cache holds all but the last prompt token
-            input_ids, positions = input_ids[:, -1:], positions[:, -1:]
+            input_ids, positions = input_ids[:, -1:], positions[..., -1:]
         batch = _DecodeBatch(input_ids, attention_mask, positions, cache)
         rows, device = input_ids.shape[0], input_ids.device
         tokens = torch.full((rows, params.max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
@@ -159,7 +167,8 @@ class HFRollout:
         step = -1
         for step in range(params.max_new_tokens):
             logits, batch.cache = forwards(batch.input_ids, batch.attention_mask, batch.positions, batch.cache,
-                                           self._last_logits_only(batch.input_ids))
+                                           {**self._last_logits_only(batch.input_ids), **first_step})
+            first_step = {}
             self.decode_rows_run += len(batch.live)
             if capture is not None:  # this step's inputs end at column P + step
                 capture.place(batch.live, prompt_width + step)
@@ -182,19 +191,26 @@ class HFRollout:
         uniforms = None
         if params.do_sample:
             uniforms = torch.rand((rows, 1), dtype=scaled.dtype, device=scaled.device)[batch.live]
-        token = next_tokens(scaled, do_sample=params.do_sample, top_k=params.top_k, top_p=params.top_p,
+        candidates = scaled
+        if self.unsampled_token_ids:  # never sampled; the log-prob stays that of the whole distribution, as top-k's
+            candidates = scaled.index_fill(-1, torch.tensor(self.unsampled_token_ids, device=scaled.device),
+                                           float("-inf"))
+        token = next_tokens(candidates, do_sample=params.do_sample, top_k=params.top_k, top_p=params.top_p,
                             uniforms=uniforms).masked_fill(batch.ended, self.pad_token_id)
         log_prob = scaled.log_softmax(dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
         return token, log_prob.masked_fill(batch.ended, 0.0)
 
-    def _shared_prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int):
+    def _shared_prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int,
+                        images: Optional[PromptImages] = None):
         """The KV cache of ``[b, P - 1]`` prompt prefixes, repeated to ``b·n`` rows (``None`` for ``n == 1`` or
-        one-token prompts: the decode loop's first forward then runs the whole prompt)."""
+        one-token prompts: the decode loop's first forward then runs the whole prompt). ``images``: the prompts'
+        images, which the prefix holds (a prompt ends in text: the chat template's assistant header)."""
         if n == 1 or input_ids.shape[1] < 2:
             return None
         prefix_mask = attention_mask[:, :-1]
+        vision = {} if images is None else {**images.inputs, "position_ids": images.prompt_positions[..., :-1]}
         cache = self.model(input_ids=input_ids[:, :-1], attention_mask=prefix_mask,
-                           position_ids=position_ids_from_mask(prefix_mask), use_cache=True,
+                           **{"position_ids": position_ids_from_mask(prefix_mask), **vision}, use_cache=True,
                            **self._last_logits_only(input_ids[:, :-1])).past_key_values
         cache.batch_repeat_interleave(n)
         return cache
@@ -274,7 +290,7 @@ class _DecodeBatch:
 
     def advance(self, token: torch.Tensor) -> None:
         """Feed ``token [A]`` at the next position."""
-        self.input_ids, self.positions = token.unsqueeze(-1), self.positions[:, -1:] + 1
+        self.input_ids, self.positions = token.unsqueeze(-1), self.positions[..., -1:] + 1
         self.attention_mask = torch.cat([self.attention_mask, self.attention_mask.new_ones(len(token), 1)], dim=1)
 
     def drop_ended(self) -> None:
@@ -282,8 +298,9 @@ class _DecodeBatch:
         keep = _rows_to_keep(self.ended, self.cache)
         if keep is None:
             return
-        self.live, self.ended, self.input_ids, self.positions, self.attention_mask = (
-            t[keep] for t in (self.live, self.ended, self.input_ids, self.positions, self.attention_mask))
+        self.live, self.ended, self.input_ids, self.attention_mask = (
+            t[keep] for t in (self.live, self.ended, self.input_ids, self.attention_mask))
+        self.positions = self.positions.index_select(-2, keep)  # [A, q], or mRoPE's [3, A, q]
         self.cache = _select_rows(self.cache, keep)
 
 

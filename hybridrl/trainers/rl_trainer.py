@@ -40,6 +40,7 @@ from hybridrl.trainers.generation import Generation, start_generation
 from hybridrl.agents.episode_rows import episode_rows
 from hybridrl.trainers.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups, num_groups,
                                           prompts_without_greedy, remax_baselines, remax_params, shape_rewards)
+from hybridrl.data.images import image_reader
 from hybridrl.data.loader import build_prompt_loaders
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rewards.custom import RewardFunctionSource
@@ -91,7 +92,7 @@ class RLTrainer:
         self.run_dir = Path(config.trainer.default_local_dir)
         self.tokenizer = load_tokenizer(config.model)
         episodes = episode_runner(config, self.tokenizer)  # a chat template that cannot show the tools: refused now
-        self.loaders = build_prompt_loaders(config.data, self.tokenizer)
+        self.loaders = build_prompt_loaders(config.data, self.tokenizer, image_reader(config.model.path))
         reward_source = RewardFunctionSource.from_config(config.custom_reward_function)
         reward_source.load()  # a bad reward file, name or keyword fails now, before Ray starts
         for loader in filter(None, self.loaders):

@@ -76,11 +76,13 @@ ones (``None``: derived from the spec — ``head_dim`` as hidden / heads, ``moe_
 width); the mixture-of-experts ones get 4 experts, 2 per token."""
 
 
-def build_char_tokenizer(characters: str = DEFAULT_CHARACTERS, tool_chat: bool = False):
+def build_char_tokenizer(characters: str = DEFAULT_CHARACTERS, tool_chat: bool = False,
+                         extra_specials: Sequence[str] = ()):
     """A character-level ``PreTrainedTokenizerFast`` with pad/eos tokens and a two-role chat template.
 
     ``tool_chat``: add the ``<|tool|>`` token (after every character, so the others keep their ids), the characters
-    of tool calls and :data:`TOOL_CHAT_TEMPLATE`.
+    of tool calls and :data:`TOOL_CHAT_TEMPLATE`. ``extra_specials``: more whole tokens after those (a vision
+    model's image placeholders).
 
     Returns:
         tokenizer whose vocabulary is ``SPECIAL_TOKENS`` followed by each distinct character of ``characters``.
@@ -89,7 +91,7 @@ def build_char_tokenizer(characters: str = DEFAULT_CHARACTERS, tool_chat: bool =
     from transformers import PreTrainedTokenizerFast
 
     ordered_characters = list(dict.fromkeys(characters + (TOOL_CHARACTERS if tool_chat else "")))
-    specials = [*SPECIAL_TOKENS, *([TOOL_TOKEN] if tool_chat else [])]
+    specials = [*SPECIAL_TOKENS, *([TOOL_TOKEN] if tool_chat else []), *extra_specials]
     words = list(TOOL_WORDS) if tool_chat else []
     vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *ordered_characters, *specials[4:],
                                                          *words])}

@@ -37,6 +37,7 @@ from hybridrl.hybrid_engine.publish import PublishedLayout, RankPublication, Wei
 from hybridrl.modeling.fsdp import shard_model
 from hybridrl.modeling.lora import adapted_layers, adapters_disabled, lora_enabled, merged_state_dict
 from hybridrl.modeling.model_builder import build_model, load_tokenizer, torch_dtype
+from hybridrl.modeling.multimodal import freeze_vision_tower
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout import EngineInputs, RolloutEngine, build_rollout_engine, holds_own_weights
 from hybridrl.rollout.base import SamplingParams
@@ -85,6 +86,8 @@ class ActorRolloutRefWorker(Worker):
         """The reference's and the teacher's forwards: they route on their own."""
         actor_model = build_model(config.model, "actor", device_type=device_type).to(self.device)
         split_sequences(self, actor_model, sp_size)
+        if config.actor.freeze_vision_tower:
+            freeze_vision_tower(actor_model)
         self.routing = ActorRouting(actor_model, config.actor.router_replay.mode)
         self.forward = replace(self.frozen_forward, routes_by_record=self.routing.enabled)
         shard_model(actor_model, self.dp_mesh, sharding_options(config.model.dtype, config.actor.fsdp,

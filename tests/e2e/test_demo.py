@@ -46,3 +46,18 @@ def test_agent_demo_runs_sft_on_demonstrations_then_multi_turn_grpo(tmp_path, ca
         assert row["agent/turns"] >= 1 and row["agent/env_failures"] == 0 and row["agent/prefix_mismatches"] == 0
     printed = capsys.readouterr().out
     assert "hybridrl demo-agent" in printed and "tool calls per episode" in printed
+
+
+def test_vision_demo_runs_the_format_lesson_then_grpo_on_images(tmp_path, capsys):
+    """`make demo-vlm`'s path: a tiny random Qwen2-VL, the text-only format lesson (SFT), then GRPO on the shapes
+    task's images; the export between the stages carries the image processor."""
+    from hybridrl.demo import VISION
+
+    figures = run_demo(["trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.ray.num_cpus=4",
+                        "data.synthetic_task_kwargs.num_val=8", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
+                        "actor.ppo_micro_batch_size_per_gpu=16"],
+                       tmp_path, sft_overrides=["trainer.total_training_steps=2", "trainer.ray.num_cpus=4"], demo=VISION)
+    assert (tmp_path / "sft" / "hf" / "preprocessor_config.json").is_file()
+    assert [row["step"] for row in read_metrics(figures["run_dir"]) if row["step"] > 0] == [1, 2]
+    assert 0.0 <= figures["accuracy_after_rl"] <= 1.0
+    assert "hybridrl demo-vlm" in capsys.readouterr().out

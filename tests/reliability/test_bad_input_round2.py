@@ -198,6 +198,58 @@ def router_replay_on_a_dense_model(tmp, model):
         "actor.router_replay.mode='R3'", "needs a mixture-of-experts model", "is dense"]
 
 
+def _vlm(tmp: Path, drop: tuple[str, ...] = ()) -> Path:
+    from hybridrl.utils.tiny_vlm import save_tiny_vlm
+
+    path = save_tiny_vlm(tmp / "vlm")
+    for name in drop:
+        (path / name).unlink()
+    return path
+
+
+def _image_rows(tmp: Path, image: str) -> list[str]:
+    row = {"data_source": "shapes", "prompt": [{"role": "user", "content": "<image>What colour?"}],
+           "images": [{"bytes": None, "path": image}], "reward_model": {"ground_truth": "red"}}
+    return train_files(jsonl_lines(tmp / "images.jsonl", [encoded(row)] * 8))
+
+
+def image_missing(tmp, model):
+    return [f"model.path={_vlm(tmp)}", *_image_rows(tmp, str(tmp / "gone.png"))], [
+        "images.jsonl: row 0", "image 0", "gone.png' does not exist"]
+
+
+def image_unreadable(tmp, model):
+    (tmp / "bad.png").write_bytes(b"not an image")
+    return [f"model.path={_vlm(tmp)}", *_image_rows(tmp, str(tmp / "bad.png"))], [
+        "images.jsonl: row 0", "image 0", "cannot be decoded"]
+
+
+def image_rows_for_a_text_model(tmp, model):
+    from PIL import Image
+
+    Image.new("RGB", (56, 56), "red").save(tmp / "red.png")
+    return _image_rows(tmp, str(tmp / "red.png")), [
+        "images.jsonl: row 0", "has 1 image(s)", "text-only model"]
+
+
+def vision_model_without_its_image_processor(tmp, model):
+    return [f"model.path={_vlm(tmp, drop=('preprocessor_config.json',))}"], [
+        "model.path", "without its image processor", "preprocessor_config.json"]
+
+
+def vision_model_on_vllm(tmp, model):
+    return [f"model.path={_vlm(tmp)}", "rollout=vllm_cpu"], ["rollout.name='vllm'", "takes images"]
+
+
+def vision_model_with_a_critic(tmp, model):
+    return [f"model.path={_vlm(tmp)}", "algorithm=gae", "critic.ppo_micro_batch_size_per_gpu=2"], [
+        "critic.enable=True", "does not read images"]
+
+
+def frozen_vision_tower_of_a_text_model(tmp, model):
+    return ["actor.freeze_vision_tower=true"], ["actor.freeze_vision_tower=True", "text-only model"]
+
+
 def tokenizer_path_not_a_directory(tmp, model):
     return [f"model.tokenizer_path={tmp / 'nope'}"], ["model.tokenizer_path", "is not a directory"]
 
@@ -241,6 +293,8 @@ FILE_CASES = [plugin_missing, plugin_raises, plugin_module_missing, unknown_mode
               weights_not_safetensors, vocabulary_smaller_than_the_tokenizer, tensor_parallel_not_dividing_the_heads,
               tensor_parallel_not_fitting_the_kv_heads, sequence_parallel_not_dividing_the_heads,
               sequence_parallel_not_dividing_a_critics_heads, router_replay_on_a_dense_model,
+              image_missing, image_unreadable, image_rows_for_a_text_model, vision_model_without_its_image_processor,
+              vision_model_on_vllm, vision_model_with_a_critic, frozen_vision_tower_of_a_text_model,
               tokenizer_path_not_a_directory,
               critic_model_missing, prompt_with_an_unknown_character,
               prompt_is_a_number, data_file_is_a_directory, run_dir_is_a_file, run_dir_under_a_file]
