@@ -20,8 +20,10 @@ IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 
 @dataclass(frozen=True)
 class TinyVLMSpec:
-    """Shape of a tiny Qwen2-VL: a text decoder and a vision tower of ``vision_depth`` blocks."""
+    """Shape of a tiny Qwen2-VL (``architecture="qwen2_vl"``) or Qwen2.5-VL (``"qwen2_5_vl"``, windowed vision
+    attention, a gated MLP in the tower): a text decoder and a vision tower of ``vision_depth`` blocks."""
 
+    architecture: str = "qwen2_vl"
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 2
@@ -34,28 +36,39 @@ class TinyVLMSpec:
 
 
 def build_tiny_vlm(spec: TinyVLMSpec, tokenizer, *, seed: int = 0):
-    """A randomly initialised ``Qwen2VLForConditionalGeneration`` (fp32) for ``tokenizer``'s vocabulary."""
+    """A randomly initialised ``Qwen2VLForConditionalGeneration`` / ``Qwen2_5_VLForConditionalGeneration`` (fp32)
+    for ``tokenizer``'s vocabulary."""
     import torch
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig,
+                              Qwen2VLForConditionalGeneration)
 
+    if spec.architecture not in ("qwen2_vl", "qwen2_5_vl"):
+        raise ValueError(f"TinyVLMSpec.architecture={spec.architecture!r}: expected qwen2_vl or qwen2_5_vl")
     head_dim = spec.hidden_size // spec.num_heads
     section = [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]  # t, h, w halves of the rotary dims
     token = tokenizer.convert_tokens_to_ids
-    config = Qwen2VLConfig(
+    tower = dict(depth=spec.vision_depth, num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+    if spec.architecture == "qwen2_vl":
+        config_class, model_class = Qwen2VLConfig, Qwen2VLForConditionalGeneration
+        tower.update(embed_dim=spec.vision_embed_dim, hidden_size=spec.hidden_size, mlp_ratio=2)
+    else:
+        config_class, model_class = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+        tower.update(hidden_size=spec.vision_embed_dim, intermediate_size=2 * spec.vision_embed_dim,
+                     out_hidden_size=spec.hidden_size, window_size=56, fullatt_block_indexes=[spec.vision_depth - 1])
+    config = config_class(
         text_config=dict(vocab_size=len(tokenizer), hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
                          num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
                          intermediate_size=spec.intermediate_size, max_position_embeddings=512,
                          rope_scaling={"type": "mrope", "mrope_section": section},
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None),
-        vision_config=dict(depth=spec.vision_depth, embed_dim=spec.vision_embed_dim, hidden_size=spec.hidden_size,
-                           num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2),
+        vision_config=tower,
         image_token_id=token("<|image_pad|>"), video_token_id=token("<|video_pad|>"),
         vision_start_token_id=token("<|vision_start|>"), vision_end_token_id=token("<|vision_end|>"),
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
         tie_word_embeddings=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return Qwen2VLForConditionalGeneration(config).float()
+        return model_class(config).float()
 
 
 def build_tiny_image_processor(spec: TinyVLMSpec):

@@ -1,4 +1,4 @@
-"""Images end to end on a tiny random Qwen2-VL: verl-layout rows (``images`` column, ``<image>`` placeholders) become
+"""Images end to end on a tiny random Qwen2-VL and Qwen2.5-VL: verl-layout rows (``images`` column, ``<image>`` placeholders) become
 prompts with image tokens and batches with their vision inputs; the HF engine generates from them; and the trainer's
 forwards score the generated tokens with the log-probs the engine sampled them at — padded and packed rows, shared
 prompt prefill or not — so what is trained is what was generated."""
@@ -18,7 +18,7 @@ from hybridrl.modeling.sequences import response_log_probs
 from hybridrl.protocol import Fields
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.hf import HFRollout
-from hybridrl.utils.tiny_vlm import save_tiny_vlm
+from hybridrl.utils.tiny_vlm import TinyVLMSpec, save_tiny_vlm
 
 
 def png(size=(56, 56), shapes=1) -> bytes:
@@ -41,14 +41,14 @@ def rows():
             row("just text", [])]
 
 
-@pytest.fixture(scope="module")
-def vlm(tmp_path_factory):
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def vlm(request, tmp_path_factory):
     from transformers import AutoTokenizer
 
     from hybridrl.config.schema import ModelConfig
     from hybridrl.modeling.model_builder import build_model
 
-    path = save_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model")
+    path = save_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model", TinyVLMSpec(architecture=request.param))
     model = build_model(ModelConfig(path=str(path), dtype="float32"), "actor").eval()
     return model, AutoTokenizer.from_pretrained(path), ImagePrompts(str(path))
 
@@ -109,3 +109,36 @@ def test_bad_images_are_named(vlm, tmp_path):
         PromptDataset.from_rows(too_few, tokenizer, options)
     with pytest.raises(ValueError, match=r"rows: row 0: the row has 1 image\(s\).*text-only model"):
         PromptDataset.from_rows(rows()[:1], tokenizer, PromptOptions(max_prompt_length=64))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batches_with_images_accumulate_the_whole_batchs_gradients(vlm, packed, mode):
+    """Rows with images (and one without) split into micro-batches of one row: the gradients of one pass over the
+    whole batch, the loss normalised by the global token count (image tokens are prompt tokens: they count nowhere,
+    here as in the reference)."""
+    from hybridrl.config.schema import ActorConfig
+    from hybridrl.engines.base import TrainingEngine
+    from hybridrl.engines.losses import PolicyLoss, SequenceForward
+    from hybridrl.engines.micro_batches import DataParallelGroup, MicroBatching
+
+    model, tokenizer, _ = vlm
+    _, prompts = prompt_batch(vlm)
+    rollout = HFRollout(model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id]).generate(
+        prompts, SamplingParams(n=2, max_new_tokens=6, seed=1))
+    rollout[Fields.ADVANTAGES] = torch.linspace(-1, 1, len(rollout)).unsqueeze(1).expand_as(
+        rollout[Fields.RESPONSE_MASK]).contiguous()
+    rollout[Fields.OLD_LOG_PROBS] = rollout[Fields.ROLLOUT_LOG_PROBS] - 0.05
+    loss = PolicyLoss(forward=SequenceForward(packed=packed), temperature=1.0, actor=ActorConfig(loss_agg_mode=mode))
+    gradients = []
+    for micro_batch_size in (len(rollout), 1):
+        model.zero_grad()
+        engine = TrainingEngine(model, dp=DataParallelGroup(), micro_batching=MicroBatching(micro_batch_size=micro_batch_size))
+        model.train()
+        engine.accumulate_gradients(rollout, loss)
+        model.eval()
+        gradients.append({name: param.grad.clone() for name, param in model.named_parameters() if param.grad is not None})
+    whole, split = gradients
+    assert whole.keys() == split.keys() and any(name.startswith("model.visual") for name in whole)
+    for name, grad in whole.items():
+        assert torch.allclose(split[name], grad, rtol=1e-4, atol=1e-7), name
