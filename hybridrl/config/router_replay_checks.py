@@ -8,8 +8,10 @@ from hybridrl.config.errors import ConfigError
 from hybridrl.config.schema import ROUTER_REPLAY_MODES, TrainConfig
 
 KEY = "actor.router_replay.mode"
-EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
-"""``config.json`` keys that give an MoE model's experts per layer (Qwen-MoE, Mixtral, DeepSeek)."""
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts")
+"""``config.json`` keys that give the experts per layer of an MoE model whose routers transformers writes as top-k
+router modules returning their choice (``MixtralTopKRouter``, ``Qwen3MoeTopKRouter``, OLMoE, Qwen2-MoE, …): what
+routing replay hooks (:mod:`hybridrl.modeling.routing_replay`)."""
 
 
 def check_router_replay(config: TrainConfig, error: ConfigError) -> None:
@@ -30,7 +32,12 @@ def check_router_replay_model(config: TrainConfig, model_config: dict, error: Co
     mode = config.actor.router_replay.mode
     if mode == "disabled" or mode not in ROUTER_REPLAY_MODES:
         return
-    if not any(isinstance(model_config.get(key), int) and model_config[key] > 1 for key in EXPERT_COUNT_KEYS):
-        error.add(KEY, mode, f"needs a mixture-of-experts model, but {config.model.path} is dense (its config.json "
-                             f"has none of {', '.join(EXPERT_COUNT_KEYS)}): a dense model routes nothing; set "
-                             f"{KEY}=disabled")
+    if any(isinstance(model_config.get(key), int) and model_config[key] > 1 for key in EXPERT_COUNT_KEYS):
+        return
+    if isinstance(model_config.get("n_routed_experts"), int):
+        error.add(KEY, mode, f"does not hook {config.model.path}'s DeepSeek-style routers yet (n_routed_experts: the "
+                             "router returns scores and the MoE block chooses); Mixtral- and Qwen-MoE-style top-k "
+                             "routers are supported")
+        return
+    error.add(KEY, mode, f"needs a mixture-of-experts model, but {config.model.path} is dense (its config.json has "
+                         f"none of {', '.join(EXPERT_COUNT_KEYS)}): a dense model routes nothing; set {KEY}=disabled")

@@ -193,8 +193,9 @@ class PromptDataset(Sequence[TokenizedPrompt]):
         token_ids = _tokenized_or_named(texts, records, tokenizer, options.apply_chat_template)
         prompts = []
         for row_id, (record, text, ids) in enumerate(zip(records, texts, token_ids)):
-            if record.images:  # one image pad per merged patch (the images are decoded here once: a bad one is named)
-                ids = options.images.expanded(ids, options.images.vision_inputs(record.images, record.where))
+            if options.images is not None:  # one pad per merged patch, counted from each image's size
+                ids = options.images.expanded(ids, options.images.image_tokens(record.images, record.where),
+                                              record.where)
             kept = _apply_length_policy(ids, record.where, options, has_images=bool(record.images))
             if kept is not None:
                 prompts.append(TokenizedPrompt(row_id, tuple(kept), text, record.data_source, record.ground_truth,

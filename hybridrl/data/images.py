@@ -5,8 +5,10 @@ holding a list per row of images — each raw bytes, a file path, or a dict ``{"
 :class:`ImagePrompts` turns them into what a Qwen2-VL-class policy reads: ``<image>`` becomes the model's vision tokens
 (``<|vision_start|><|image_pad|><|vision_end|>``, the names read from the model's config), the model's image processor
 (saved beside it) gives each image's patches, and ``<|image_pad|>`` is repeated once per merged patch. A dataset keeps
-each row's images as given and decodes them when its batch is formed (:meth:`ImagePrompts.vision_inputs`), so a
-large image set is not held decoded in memory. An image that is missing or cannot be decoded is refused with its row.
+each row's images as given: building it reads each image's header for its size (how many tokens it becomes, by the
+processor's resize rule), and its pixels are decoded when its batch is formed (:meth:`ImagePrompts.vision_inputs`),
+so a large image set is neither decoded at start-up nor held decoded. An image that is missing or whose header is not
+an image's is refused with its row at start-up; one whose pixels are corrupt, with its row when its batch is formed.
 """
 
 from __future__ import annotations
@@ -30,23 +32,35 @@ def image_reader(model_path: str) -> Optional["ImagePrompts"]:
 def load_image(value: Any, where: str):
     """``value`` (bytes, a path, ``{"bytes", "path"}``, or a PIL image) as an RGB PIL image; ``ValueError`` naming
     ``where`` when it is missing or cannot be decoded."""
-    from PIL import Image, UnidentifiedImageError
+    return _decoded(lambda: opened_image(value, where).convert("RGB"), where)
+
+
+def opened_image(value: Any, where: str):
+    """``value`` opened as a PIL image without decoding its pixels (its size is known); ``ValueError`` naming
+    ``where`` when it is missing or its header is not an image's."""
+    from PIL import Image
 
     if isinstance(value, Image.Image):
-        return value.convert("RGB")
+        return value
     if isinstance(value, dict):
         value = value.get("bytes") or value.get("path")
-    try:
-        if isinstance(value, (bytes, bytearray)):
-            return Image.open(io.BytesIO(value)).convert("RGB")
-        if isinstance(value, (str, Path)) and str(value):
-            if not Path(value).is_file():
-                raise ValueError(f"{where}: image file {str(value)!r} does not exist")
-            return Image.open(value).convert("RGB")
-    except (UnidentifiedImageError, OSError) as error:
-        raise ValueError(f"{where}: the image cannot be decoded ({type(error).__name__}: {error})") from None
+    if isinstance(value, (bytes, bytearray)):
+        return _decoded(lambda: Image.open(io.BytesIO(value)), where)
+    if isinstance(value, (str, Path)) and str(value):
+        if not Path(value).is_file():
+            raise ValueError(f"{where}: image file {str(value)!r} does not exist")
+        return _decoded(lambda: Image.open(value), where)
     raise ValueError(f"{where}: an image must be bytes, a file path or a dict with 'bytes' or 'path'; got "
                      f"{type(value).__name__}")
+
+
+def _decoded(read, where: str):
+    from PIL import UnidentifiedImageError
+
+    try:
+        return read()
+    except (UnidentifiedImageError, OSError) as error:
+        raise ValueError(f"{where}: the image cannot be decoded ({type(error).__name__}: {error})") from None
 
 
 def row_images(row: dict, key: str, where: str) -> tuple:
@@ -88,6 +102,20 @@ class ImagePrompts:
             return prompt.replace(PLACEHOLDER, tokens)
         return [{**message, "content": message["content"].replace(PLACEHOLDER, tokens)} for message in prompt]
 
+    def image_tokens(self, images: Sequence[Any], where: str) -> list[int]:
+        """How many image tokens each of a row's images becomes, from its size alone (the image's header: its pixels
+        are not decoded) by the processor's own resize rule; a missing or unreadable image is refused, named."""
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        size, patch = self.processor.size, int(self.processor.patch_size)
+        counts = []
+        for index, image in enumerate(images):
+            width, height = opened_image(image, f"{where}: image {index}").size
+            rows, columns = smart_resize(height, width, factor=patch * int(self.processor.merge_size),
+                                         min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
+            counts.append((rows // patch) * (columns // patch) // self.merge)
+        return counts
+
     def vision_inputs(self, images: Sequence[Any], where: str) -> Optional[dict]:
         """``{"pixel_values": [patches, D], "image_grid_thw": [images, 3]}`` of a row's images (``None``: none)."""
         if not images:
@@ -96,12 +124,13 @@ class ImagePrompts:
         processed = self.processor(images=decoded, return_tensors="pt")
         return {"pixel_values": processed["pixel_values"], "image_grid_thw": processed["image_grid_thw"]}
 
-    def expanded(self, ids: Sequence[int], vision: Optional[dict]) -> list[int]:
-        """``ids`` with the ``i``-th image pad repeated once per merged patch of image ``i``."""
-        if vision is None:
-            return list(ids)
-        counts = [int(grid.prod()) // self.merge for grid in vision["image_grid_thw"]]
+    def expanded(self, ids: Sequence[int], counts: Sequence[int], where: str) -> list[int]:
+        """``ids`` with the ``i``-th image pad repeated ``counts[i]`` times (:meth:`image_tokens`); a prompt whose
+        text holds the image pad itself (one per image is what ``<image>`` gives) is refused, named by ``where``."""
         pad, out, image = self.token_ids[1], [], 0
+        if sum(1 for token in ids if token == pad) != len(counts):
+            raise ValueError(f"{where}: the prompt's text holds the model's image pad token itself; write '<image>' "
+                             "where an image goes, with the image in the images column")
         for token in ids:
             if token == pad:
                 out.extend([pad] * counts[image])

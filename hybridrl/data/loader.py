@@ -67,7 +67,7 @@ def collate_prompts(prompts: Sequence[TokenizedPrompt], uids: Sequence[str], pad
         input_ids[row, length - size:] = torch.tensor(prompt.input_ids, dtype=torch.long)
         attention_mask[row, length - size:] = 1
     vision = {}
-    if images is not None and any(prompt.images for prompt in prompts):
+    if images is not None:  # on every batch of an image reader, so that batches concatenate (None: a text row)
         vision = {Fields.MULTI_MODAL_INPUTS: [images.vision_inputs(prompt.images, prompt.where) for prompt in prompts]}
     return Batch(
         tensors={Fields.INPUT_IDS: input_ids, Fields.ATTENTION_MASK: attention_mask},

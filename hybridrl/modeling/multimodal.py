@@ -72,13 +72,16 @@ def padded_vision_call(model: nn.Module, input_ids: torch.Tensor, attention_mask
 
 
 def packed_vision_call(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       vision: dict[str, torch.Tensor], response_length: int) -> dict[str, torch.Tensor]:
+                       vision: Optional[dict[str, torch.Tensor]], response_length: int) -> dict[str, torch.Tensor]:
     """The same for the rows' real tokens packed into one ``[1, N]`` row: ``position_ids [4, 1, N]``, the text
     positions (restarting at each sequence: what the model builds its block-diagonal mask from) before the three
-    mRoPE axes."""
-    positions, _ = mrope_positions(model, input_ids, attention_mask, vision["image_grid_thw"], response_length)
+    mRoPE axes. Text-only rows (``vision`` ``None``) need it too: given ``[1, N]`` positions a Qwen2-VL builds no
+    per-sequence mask, and packed sequences would attend to each other."""
     real = attention_mask.bool()
     text = position_ids_from_mask(attention_mask)[real]
+    if vision is None:
+        return {"position_ids": text.view(1, 1, -1).expand(4, 1, -1)}
+    positions, _ = mrope_positions(model, input_ids, attention_mask, vision["image_grid_thw"], response_length)
     packed = torch.cat([text.unsqueeze(0), positions[:, real]]).unsqueeze(1)
     return {**vision, "position_ids": packed}
 

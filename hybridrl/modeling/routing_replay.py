@@ -173,6 +173,8 @@ def _hand_out_routing(layer: nn.Module, args: tuple, kwargs: dict, *, columns: l
     rank's positions under sequence parallelism), consumed by the router's next call."""
     experts = kwargs.get(ROUTING_KEYWORD)
     if experts is None:
+        for _, router in columns:  # a forward that raised before its router ran must not hand this one its record
+            router._hybridrl_chosen = None
         return None
     call = kwargs.get(CALL_KEYWORD)
     for column, router in columns:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from hybridrl.algorithms import token_log_probs_and_entropy
-from hybridrl.modeling.multimodal import packed_vision_call, padded_vision_call, stacked_vision_inputs
+from hybridrl.modeling.multimodal import packed_vision_call, padded_vision_call, stacked_vision_inputs, takes_images
 from hybridrl.modeling.positions import position_ids_from_mask
 from hybridrl.modeling.routing_replay import ROUTING_KEYWORD
 from hybridrl.modeling.scored_head import runs_head_on_scored_positions, scored_head_log_probs
@@ -94,7 +94,7 @@ def head_call(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.T
     vision = stacked_vision_inputs(multi_modal)
     if packed:
         call = _packed_call(model, input_ids, attention_mask, response_length)
-        if vision is not None:
+        if takes_images(model):  # text rows too: the model builds its per-sequence mask from the text positions
             call = HeadCall({**call.inputs, **packed_vision_call(model, input_ids, attention_mask, vision,
                                                                  response_length)}, call.select)
         return _with_routing(call, routed_experts, lambda experts: experts[attention_mask.bool()].unsqueeze(0))

@@ -23,6 +23,7 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from hybridrl.config.schema import TrainConfig
+from hybridrl.data.images import image_reader
 from hybridrl.data.dataset import PromptDataset, PromptOptions
 from hybridrl.data.synthetic import build_synthetic_task
 from hybridrl.trainers.checkpoints import TRAINER_STATE, CheckpointManager
@@ -157,7 +158,7 @@ def eval_config(source: EvalSource, model_dir: Path, overrides: Sequence[str], c
 def eval_dataset(config: TrainConfig, tokenizer, files: Sequence[str] = (), limit: Optional[int] = None) -> PromptDataset:
     """The test set: ``files`` (verl's row layout, with ``reward_model.ground_truth``) when given, else the config's
     synthetic task's held-out set, else ``data.val_files``; the first ``limit`` prompts when set."""
-    data, options = config.data, PromptOptions.from_data_config(config.data)
+    data, options = config.data, PromptOptions.from_data_config(config.data, image_reader(config.model.path))
     if files:
         dataset = PromptDataset.from_files(files, tokenizer, options, name="eval")
     elif data.synthetic_task is not None:
@@ -172,7 +173,8 @@ def eval_dataset(config: TrainConfig, tokenizer, files: Sequence[str] = (), limi
     if limit is not None:
         if limit < 1:
             raise ValueError(f"--limit={limit}: must be a positive number of prompts")
-        dataset = PromptDataset(dataset.prompts[:limit], name=dataset.name, num_filtered=dataset.num_filtered)
+        dataset = PromptDataset(dataset.prompts[:limit], name=dataset.name, num_filtered=dataset.num_filtered,
+                                images=dataset.images)
     return dataset
 
 

@@ -103,14 +103,18 @@ def first_groups(batch: Batch, count: int) -> Batch:
 
 
 def left_pad_prompts(batch: Batch, width: int, pad_token_id: int) -> Batch:
-    """Widen the prompt part of a rollout batch to ``width`` columns by left padding (so batches can be concatenated)."""
+    """Widen the prompt part of a rollout batch to ``width`` columns by left padding (so batches can be concatenated);
+    a routing record (``routed_experts``) widens with "not recorded"."""
     extra = width - batch[Fields.PROMPTS].shape[1]
     if extra <= 0:
         return batch
     padded = batch.select(*batch.keys())
-    for name, fill in ((Fields.PROMPTS, pad_token_id), (Fields.INPUT_IDS, pad_token_id), (Fields.ATTENTION_MASK, 0)):
+    for name, fill in ((Fields.PROMPTS, pad_token_id), (Fields.INPUT_IDS, pad_token_id), (Fields.ATTENTION_MASK, 0),
+                       (Fields.ROUTED_EXPERTS, -1)):
+        if name not in batch:
+            continue
         tensor = batch[name]
-        padded[name] = torch.cat([tensor.new_full((len(batch), extra), fill), tensor], dim=1)
+        padded[name] = torch.cat([tensor.new_full((len(batch), extra, *tensor.shape[2:]), fill), tensor], dim=1)
     return padded
 
 

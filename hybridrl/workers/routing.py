@@ -37,4 +37,8 @@ class ActorRouting:
                              "the rollout engine did not record routing (rollout.name=hf records it)")
         self.state.reset()
         result = forwards()
+        recorded_here = bool((batch[Fields.ROUTED_EXPERTS] >= 0).any())
+        if recorded_here and self.state.recorded == 0:  # the keyword never reached the routers: nothing replayed
+            raise RuntimeError(f"actor.router_replay.mode={self.mode}: the batch carries recorded routing but no "
+                               "router of the model saw it (its decoder layers do not pass forward keywords on)")
         return result, self.state.agreement(ranks.group)

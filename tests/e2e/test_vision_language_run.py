@@ -3,7 +3,7 @@ the synthetic ``shapes`` image task, HF rollout, FSDP2 on 2 CPU ranks. The image
 forward: the trainer's log-probs of the sampled tokens equal the engine's (a forward without the images would be off
 by 1e-3 and more, ``tests/unit/modeling/test_multimodal.py``). With ``actor.freeze_vision_tower`` the exported
 policy keeps the vision tower's starting weights while the language model's move, and the export carries the image
-processor, so it reads images as the model it came from."""
+processor, so it reads images as the model it came from — and ``hybridrl eval`` of the run reads them too."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from hybridrl.cli import main
 from hybridrl.config import load_config
 from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tiny_vlm import save_tiny_vlm
@@ -19,7 +20,9 @@ from hybridrl.utils.tracking import read_metrics
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
 
 
-def test_images_reach_generation_and_training_and_a_frozen_tower_stays(tmp_path):
+@pytest.fixture(scope="module")
+def vision_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("vision_run")
     model_dir = save_tiny_vlm(tmp_path / "model")
     config = load_config([
         f"model.path={model_dir}", "model.dtype=float32", f"trainer.default_local_dir={tmp_path / 'run'}",
@@ -30,7 +33,11 @@ def test_images_reach_generation_and_training_and_a_frozen_tower_stays(tmp_path)
         "data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size_per_gpu=2",
         "actor.old_log_prob=recompute", "algorithm=grpo", "actor.optim.lr=1e-2", "model.use_remove_padding=true",
         "actor.freeze_vision_tower=true"])
-    result = RLTrainer(config).fit()
+    return tmp_path, model_dir, RLTrainer(config).fit()
+
+
+def test_images_reach_generation_and_training_and_a_frozen_tower_stays(vision_run):
+    tmp_path, model_dir, result = vision_run
     rows = [row for row in read_metrics(tmp_path / "run") if "actor/pg_loss" in row]
     assert len(rows) == 2
     for row in rows:
@@ -45,3 +52,12 @@ def test_images_reach_generation_and_training_and_a_frozen_tower_stays(tmp_path)
     assert all(torch.equal(after[name], before[name]) for name in vision)
     assert any(not torch.equal(after[name], before[name]) for name in language)
     assert (result.export_dir / "preprocessor_config.json").is_file()
+
+
+@pytest.mark.long
+def test_eval_of_the_run_reads_the_images(vision_run, capsys):
+    """`hybridrl eval` reads the held-out drawings with the run's image processor."""
+    tmp_path, _, _ = vision_run
+    assert main(["eval", str(tmp_path / "run"), "--limit", "4", "--output", str(tmp_path / "eval")]) == 0
+    out = capsys.readouterr().out
+    assert "shapes" in out and "pass@1" in out

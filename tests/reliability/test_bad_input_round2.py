@@ -198,6 +198,12 @@ def router_replay_on_a_dense_model(tmp, model):
         "actor.router_replay.mode='R3'", "needs a mixture-of-experts model", "is dense"]
 
 
+def router_replay_on_deepseek_style_routers(tmp, model):
+    path = _with_heads(tmp, model, n_routed_experts=8)  # DeepSeek's key: its router returns scores, not a choice
+    return [f"model.path={path}", "actor.router_replay.mode=R3"], [
+        "actor.router_replay.mode='R3'", "DeepSeek-style routers"]
+
+
 def _vlm(tmp: Path, drop: tuple[str, ...] = ()) -> Path:
     from hybridrl.utils.tiny_vlm import save_tiny_vlm
 
@@ -244,6 +250,24 @@ def vision_model_on_vllm(tmp, model):
 def vision_model_with_a_critic(tmp, model):
     return [f"model.path={_vlm(tmp)}", "algorithm=gae", "critic.ppo_micro_batch_size_per_gpu=2"], [
         "critic.enable=True", "does not read images"]
+
+
+def vision_model_with_prompt_replay(tmp, model):
+    return [f"model.path={_vlm(tmp)}", "data.replay.enable=true"], ["data.replay.enable=True", "without their images"]
+
+
+def vision_model_of_an_unsupported_type(tmp, model):
+    path = _vlm(tmp)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "model_type": "llava"}))
+    return [f"model.path={path}"], ["model.path", "vision-language model of type 'llava'", "qwen2_vl"]
+
+
+def literal_image_token_in_a_prompt(tmp, model):
+    row = {"data_source": "shapes", "prompt": [{"role": "user", "content": "<|image_pad|> what colour?"}],
+           "reward_model": {"ground_truth": "red"}}
+    return [f"model.path={_vlm(tmp)}", *train_files(jsonl_lines(tmp / "pad.jsonl", [encoded(row)] * 8))], [
+        "pad.jsonl: row 0", "holds the model's image pad token itself", "<image>"]
 
 
 def frozen_vision_tower_of_a_text_model(tmp, model):
@@ -293,8 +317,11 @@ FILE_CASES = [plugin_missing, plugin_raises, plugin_module_missing, unknown_mode
               weights_not_safetensors, vocabulary_smaller_than_the_tokenizer, tensor_parallel_not_dividing_the_heads,
               tensor_parallel_not_fitting_the_kv_heads, sequence_parallel_not_dividing_the_heads,
               sequence_parallel_not_dividing_a_critics_heads, router_replay_on_a_dense_model,
+              router_replay_on_deepseek_style_routers,
               image_missing, image_unreadable, image_rows_for_a_text_model, vision_model_without_its_image_processor,
-              vision_model_on_vllm, vision_model_with_a_critic, frozen_vision_tower_of_a_text_model,
+              vision_model_on_vllm, vision_model_with_a_critic, vision_model_with_prompt_replay,
+              vision_model_of_an_unsupported_type, literal_image_token_in_a_prompt,
+              frozen_vision_tower_of_a_text_model,
               tokenizer_path_not_a_directory,
               critic_model_missing, prompt_with_an_unknown_character,
               prompt_is_a_number, data_file_is_a_directory, run_dir_is_a_file, run_dir_under_a_file]

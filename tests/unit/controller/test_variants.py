@@ -69,3 +69,17 @@ def test_prompt_rows_give_one_prompt_per_group():
     assert len(prompts) == 2 and group_of_row.tolist() == [0, 0, 1, 1]
     assert torch.equal(prompts[Fields.INPUT_IDS], batch[Fields.PROMPTS][[0, 2]])
     assert np.asarray(prompts["ground_truth"]).tolist() == ["1", "1"]
+
+
+def test_refilled_groups_keep_their_routing_record_aligned():
+    """MoE routing replay with dynamic sampling: a generation batch with narrower prompts is left-padded, and its
+    routed_experts [B, T, routers, k] with it ("not recorded" in the new columns), so each token keeps its experts."""
+    first, second = rollout([1, 0], [2, 2]), rollout([0, 1], [3, 3], prompt_width=5, uids=["h0", "h0"])
+    for batch in (first, second):
+        width = batch[Fields.INPUT_IDS].shape[1]
+        batch[Fields.ROUTED_EXPERTS] = torch.arange(2 * width * 3 * 2, dtype=torch.int16).view(2, width, 3, 2)
+    merged = concat_rollouts([first, second], pad_token_id=0)
+    experts = merged[Fields.ROUTED_EXPERTS]
+    assert experts.shape == (4, 11, 3, 2)
+    assert bool((experts[:2, :2] == -1).all()) and torch.equal(experts[:2, 2:], first[Fields.ROUTED_EXPERTS])
+    assert torch.equal(experts[2:], second[Fields.ROUTED_EXPERTS])

@@ -81,3 +81,13 @@ def test_the_shapes_task_answers_are_in_the_pixels():
     assert {row["reward_model"]["ground_truth"] for row in count} == {"1", "2", "3"}
     lesson = task.sft_examples(4)
     assert all("<image>" not in str(example.prompt) for example in lesson)  # the format lesson has no images
+
+
+@pytest.mark.parametrize("size", [(56, 56), (84, 56), (300, 120), (20, 400), (1000, 900)])
+def test_token_counts_from_the_image_size_match_the_processor(vlm, size):
+    """Start-up counts each image's tokens from its header size alone; they must be what the processor gives when
+    the batch is formed (a mismatch would misplace every image token)."""
+    _, images = vlm
+    image = {"bytes": diagram(*size), "path": None}
+    processed = images.vision_inputs([image], "row")
+    assert images.image_tokens([image], "row") == [int(processed["image_grid_thw"][0].prod()) // images.merge]

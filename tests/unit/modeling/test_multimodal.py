@@ -142,3 +142,21 @@ def test_micro_batches_with_images_accumulate_the_whole_batchs_gradients(vlm, pa
     assert whole.keys() == split.keys() and any(name.startswith("model.visual") for name in whole)
     for name, grad in whole.items():
         assert torch.allclose(split[name], grad, rtol=1e-4, atol=1e-7), name
+
+
+def test_packed_text_rows_of_a_vision_model_stay_apart(vlm):
+    """Text-only rows packed into one row on a vision-language model: each sequence attends to itself only, so the
+    packed log-probs are the padded ones (given [1, N] positions a Qwen2-VL would build no per-sequence mask)."""
+    model, tokenizer, _ = vlm
+    _, prompts = prompt_batch(vlm)
+    text_rows = prompts.index(torch.tensor([3, 3]))  # the text-only row, twice: a packed leak would change the second
+    rollout = HFRollout(model, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id]).generate(
+        text_rows, SamplingParams(n=2, max_new_tokens=6, seed=2))
+    with torch.no_grad():
+        padded, _ = response_log_probs(model, rollout[Fields.INPUT_IDS], rollout[Fields.ATTENTION_MASK], 6,
+                                       multi_modal=rollout[Fields.MULTI_MODAL_INPUTS])
+        packed, _ = response_log_probs(model, rollout[Fields.INPUT_IDS], rollout[Fields.ATTENTION_MASK], 6,
+                                       packed=True, multi_modal=rollout[Fields.MULTI_MODAL_INPUTS])
+    mask = rollout[Fields.RESPONSE_MASK].bool()
+    assert (packed - padded).abs()[mask].max() < 1e-5
+    assert (packed - rollout[Fields.ROLLOUT_LOG_PROBS]).abs()[mask].max() < 1e-4

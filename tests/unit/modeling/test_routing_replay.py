@@ -96,9 +96,10 @@ def test_refusals():
 # out as each forward lays out its tokens.
 
 def rollout_rows():
-    """Two rows of [left-padded prompt | right-padded response]: P = 5, R = 4."""
+    """Two rows of [left-padded prompt | right-padded response]: P = 5, R = 4; the first and last columns are padding
+    in both rows, so the padded forward trims them and the record must be laid out from column 1."""
     ids = torch.randint(4, 60, (2, 9), generator=torch.Generator().manual_seed(2))
-    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1, 1, 1]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1, 1, 1, 0]])
     return ids * mask, mask
 
 
@@ -141,7 +142,8 @@ def test_padded_and_packed_forwards_replay_the_same_routing(architecture):
     with recorded_routing(model) as used:  # the experts the padded forward used are the record's at real tokens
         response_log_probs(model, ids, mask, 4, routed_experts=experts)
     kept = torch.stack([calls[0].view(2, -1, experts.shape[-1]) for calls in used], dim=2)
-    trimmed = experts[:, -kept.shape[1]:]
+    assert kept.shape[1] == 7  # columns 1..7: the trimmed forward
+    trimmed = experts[:, 1:8]
     real = trimmed[..., 0, 0] >= 0
     assert torch.equal(kept[real].sort(-1).values, trimmed[real].sort(-1).values)
 
@@ -188,3 +190,20 @@ def test_installing_on_a_dense_model_is_refused():
 
     with pytest.raises(ValueError, match="needs a mixture-of-experts model"):
         install_routing_replay(build_tiny_model(TinyModelSpec(), 60, pad_token_id=0, eos_token_id=1))
+
+
+def test_a_record_that_reaches_no_router_is_refused():
+    """R3 on a batch with recorded routing whose forwards never pass it on (here: a forward without the keyword):
+    refused, not silently trained on the trainer's own routing."""
+    from hybridrl.engines.micro_batches import DataParallelGroup
+    from hybridrl.protocol import Batch, Fields
+    from hybridrl.workers.routing import ActorRouting
+
+    model = tiny_moe("qwen3_moe")
+    ids, mask = rollout_rows()
+    batch = Batch(tensors={Fields.INPUT_IDS: ids, Fields.ROUTED_EXPERTS: recorded_rows(model, ids, mask)})
+    routing = ActorRouting(model, "R3")
+    with pytest.raises(RuntimeError, match="no router of the model saw it"):
+        routing.measured(batch, DataParallelGroup(), lambda: model(input_ids=ids))
+    with pytest.raises(ValueError, match="the batch has no 'routed_experts'"):
+        routing.measured(Batch(tensors={Fields.INPUT_IDS: ids}), DataParallelGroup(), lambda: None)
