@@ -86,7 +86,9 @@ def replayed_routing(model: nn.Module, experts: Sequence[torch.Tensor]) -> Itera
                          f"{len(found)} routers")
     # prepended: any other hook on the router (a recorder) sees the replayed routing
     handles = [router.register_forward_hook(
-        lambda module, args, output, chosen=chosen: _replayed(module, output, chosen), prepend=True)
+        lambda module, args, output, chosen=chosen: _replayed(
+            module, output, _aligned(chosen, output[2], "the replayed forward must see the recorded tokens")),
+        prepend=True)
         for router, chosen in zip(found, experts)]
     try:
         yield
@@ -95,12 +97,22 @@ def replayed_routing(model: nn.Module, experts: Sequence[torch.Tensor]) -> Itera
             handle.remove()
 
 
-def _replayed(router: nn.Module, output: tuple, chosen: torch.Tensor) -> tuple:
-    logits, scores, indices = output
+def _aligned(chosen: torch.Tensor, indices: torch.Tensor, hint: str) -> torch.Tensor:
+    """``chosen [T, k]`` on ``indices``' device and dtype; a record of another shape is refused (``hint``: why)."""
     if chosen.shape != indices.shape:
         raise ValueError(f"routing replay: recorded experts {tuple(chosen.shape)} for a router call that routes "
-                         f"{tuple(indices.shape)} (tokens × top-k): the replayed forward must see the recorded tokens")
-    chosen = chosen.to(indices.device, indices.dtype)
+                         f"{tuple(indices.shape)} (tokens × top-k): {hint}")
+    return chosen.to(indices.device, indices.dtype)
+
+
+def _same_experts(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """``[T]``: whether each token's top-k experts are the same set in ``first`` and ``second`` (``[T, k]`` each)."""
+    return (first.sort(dim=-1).values == second.sort(dim=-1).values).all(dim=-1)
+
+
+def _replayed(router: nn.Module, output: tuple, chosen: torch.Tensor) -> tuple:
+    """The router's ``output`` routed to ``chosen`` (aligned ``[T, k]``; a row with a −1: its own choice)."""
+    logits, scores, indices = output
     chosen = torch.where((chosen < 0).any(dim=-1, keepdim=True), indices, chosen)  # unrecorded: its own choice
     probabilities = torch.softmax(logits.float(), dim=-1)
     replayed = probabilities.gather(-1, chosen)
@@ -114,7 +126,7 @@ def routing_agreement(recorded: Sequence[torch.Tensor], routed: Sequence[torch.T
     (each a list over layers of ``[T, k]`` indices): the metric to watch when replay is off."""
     same = total = 0
     for a, b in zip(recorded, routed, strict=True):
-        same += int((a.sort(dim=-1).values == b.sort(dim=-1).values).all(dim=-1).sum())
+        same += int(_same_experts(a, b).sum())
         total += a.shape[0]
     return same / total if total else 1.0
 
@@ -191,13 +203,9 @@ def _route_as_recorded(router: nn.Module, args: tuple, output: tuple, *, state: 
     if chosen is None:
         return None
     router._hybridrl_chosen = None
-    indices = output[2]
-    if chosen.shape != indices.shape:
-        raise ValueError(f"routing replay: recorded experts {tuple(chosen.shape)} for a router call that routes "
-                         f"{tuple(indices.shape)} (tokens × top-k): the keyword must align with the input ids")
-    chosen = chosen.to(indices.device, indices.dtype)
+    chosen = _aligned(chosen, output[2], "the keyword must align with the input ids")
     recorded = (chosen >= 0).all(dim=-1)
-    same = (chosen.sort(dim=-1).values == indices.sort(dim=-1).values).all(dim=-1) & recorded
+    same = _same_experts(chosen, output[2]) & recorded
     state.matched += int(same.sum())
     state.recorded += int(recorded.sum())
     return _replayed(router, output, chosen) if state.replay else None

@@ -81,7 +81,7 @@ class HFRollout:
         :mod:`hybridrl.rollout.routing_capture`); refused for a dense model."""
         if record_routing:
             require_routers(model)
-        self.unsampled_token_ids = vision_token_ids(model)
+        self.unsampled_token_ids = torch.tensor(vision_token_ids(model), dtype=torch.long)
         """Token ids never sampled: a vision-language model's image placeholders (a response holding one would take
         an image's place in the trainer's forward)."""
         self.decode_rows_run = 0
@@ -192,9 +192,8 @@ class HFRollout:
         if params.do_sample:
             uniforms = torch.rand((rows, 1), dtype=scaled.dtype, device=scaled.device)[batch.live]
         candidates = scaled
-        if self.unsampled_token_ids:  # never sampled; the log-prob stays that of the whole distribution, as top-k's
-            candidates = scaled.index_fill(-1, torch.tensor(self.unsampled_token_ids, device=scaled.device),
-                                           float("-inf"))
+        if len(self.unsampled_token_ids):  # never sampled; the log-prob stays that of the whole distribution
+            candidates = scaled.index_fill(-1, self.unsampled_token_ids.to(scaled.device), float("-inf"))
         token = next_tokens(candidates, do_sample=params.do_sample, top_k=params.top_k, top_p=params.top_p,
                             uniforms=uniforms).masked_fill(batch.ended, self.pad_token_id)
         log_prob = scaled.log_softmax(dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
