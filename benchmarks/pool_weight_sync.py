@@ -3,10 +3,11 @@
     PYTHONPATH=. python benchmarks/pool_weight_sync.py [--size medium] [--syncs 5] [--rounds 2]
 
 For each transport of ``rollout.weight_transport`` — ``shared_memory`` (the trainer writes one host-shared copy that
-the replica reads in place) and ``object_store`` (the trainer puts its rows into Ray's object store and the replica
-fetches them: the cross-node transport, here on one node) — a 1-rank FSDP2 trainer and a 1-rank vLLM (CPU) pool are
+the replica reads in place), ``object_store`` (the trainer puts its rows into Ray's object store and the replica
+fetches them) and ``collective`` (the trainer sends its rows to the replica over a gloo group, TCP; NCCL on GPU) —
+the last two are the cross-node transports, here on one node — a 1-rank FSDP2 trainer and a 1-rank vLLM (CPU) pool are
 started as ``RLTrainer`` starts them, and ``Generation.sync_weights`` (publish on the trainer, load into the engine,
-fingerprints checked) is timed ``--syncs`` times after one warm-up. The transports alternate round by round, in a
+fingerprints checked) is timed ``--syncs`` times after one warm-up. The transports' order reverses round by round, in a
 fresh pair of groups each, so a change of machine load hits them alike. The floor is ``copy M``: one
 ``dst.copy_(src)`` of the model's bytes in the engine's dtype, in this process; ``ratio = sync / copy M``.
 
@@ -30,7 +31,7 @@ SIZES = {
     "tiny": TinyModelSpec(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256),
     "medium": TinyModelSpec(hidden_size=512, num_layers=8, num_heads=16, num_kv_heads=4, intermediate_size=1408),
 }
-TRANSPORTS = ("shared_memory", "object_store")
+TRANSPORTS = ("shared_memory", "object_store", "collective")
 
 
 def split_config(model_dir: Path, transport: str):

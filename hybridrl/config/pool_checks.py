@@ -27,9 +27,10 @@ def check_rollout_pool(config: TrainConfig, error: ConfigError) -> None:
     if transport == "shared_memory" and config.trainer.nnodes > 1:
         error.add("rollout.weight_transport", transport, "a host-shared copy reaches replicas on the trainer's "
                   f"host only; trainer.nnodes={config.trainer.nnodes}: use object_store (or auto)")
-    if resolved_weight_transport(config) == "object_store" and config.async_training.partial_rollout:
+    resolved = resolved_weight_transport(config)
+    if resolved != "shared_memory" and config.async_training.partial_rollout:
         error.add("async_training.partial_rollout", True, "new weights reach a generation in flight through the "
-                  "host's shared memory, which the object_store weight transport does not use; turn partial "
+                  f"host's shared memory, which the {resolved} weight transport does not use; turn partial "
                   "rollout off, or keep the pool on the trainer's host (rollout.weight_transport=shared_memory)")
 
 

@@ -24,7 +24,7 @@ class SamplingConfig(FreezableConfig):
     """Top-k sampling when ``do_sample`` is true (-1 disables)."""
 
 
-WEIGHT_TRANSPORTS = ("auto", "shared_memory", "object_store")
+WEIGHT_TRANSPORTS = ("auto", "shared_memory", "object_store", "collective")
 
 CPU_KV_BLOCK_SIZE = 32
 """``rollout.block_size`` when unset on CPU, and what a vLLM KV block on CPU must be a multiple of (its CPU attention
@@ -67,8 +67,11 @@ class RolloutConfig(FreezableConfig):
     weights: ``shared_memory`` (the trainer's ranks write one host-shared copy in ``/dev/shm`` that the replicas read
     in place: the replicas on the trainer's host),
     ``object_store`` (each trainer rank puts its rows into Ray's object store and the replicas fetch them, across
-    nodes over the network; on a GPU cluster NCCL would be faster) or ``auto`` (``shared_memory`` for a local Ray
-    instance on one node, ``object_store`` when attached to a cluster or with ``trainer.nnodes > 1``)."""
+    nodes over the network), ``collective`` (each trainer rank sends its rows to each replica's ranks over a process
+    group of their own: gloo over TCP on CPU, NCCL on GPU — across nodes, and on GPU the fast way; set
+    ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` where the nodes' default interface is not the one they share) or
+    ``auto`` (``shared_memory`` for a local Ray instance on one node, ``object_store`` when attached to a cluster or
+    with ``trainer.nnodes > 1``). Partial rollout needs ``shared_memory``."""
     gpu_memory_utilization: float = 0.5
     """vLLM: fraction of device memory for weights + KV cache (GPU)."""
     kv_cache_memory_mb: Optional[int] = None

@@ -16,6 +16,7 @@ from hybridrl.config.sequence_parallel_checks import check_sequence_parallel_hea
 from hybridrl.config.vision_checks import check_vision_policy
 from hybridrl.config.checks import _require, critic_enabled
 from hybridrl.config.errors import ConfigError
+from hybridrl.config.rollout_placement import colocated_replicas
 from hybridrl.config.precision import check_precision_on_device
 from hybridrl.config.rollout_schema import CPU_KV_BLOCK_SIZE
 from hybridrl.config.schema import TrainConfig
@@ -82,6 +83,7 @@ def _check_this_machine(config: TrainConfig, error: ConfigError) -> None:
     if config.trainer.device == "auto" and device == "cpu":
         _check_cpu_limits(config, error)
     _check_object_store(config, error)
+    _check_weight_channel(config, device, error)
     _check_precision_here(config, device, error)
 
 
@@ -94,6 +96,15 @@ def _check_object_store(config: TrainConfig, error: ConfigError) -> None:
     if wanted >= total_mb:
         error.add("trainer.ray.object_store_memory_mb", wanted,
                   f"is more than this machine's memory ({total_mb} MiB); a few hundred MiB to a few GiB is usual")
+
+
+def _check_weight_channel(config: TrainConfig, device: str, error: ConfigError) -> None:
+    """The ``collective`` weight transport runs over NCCL on GPU, which joins each device once per group: a replica
+    colocated on the actor's devices (``rollout.engine_process=own``) would join the same device twice."""
+    if device == "cuda" and config.rollout.weight_transport == "collective" and colocated_replicas(config):
+        error.add("rollout.weight_transport", "collective", "on GPU it runs over NCCL, which cannot join an actor "
+                  "rank and a replica on the same device (rollout.engine_process=own shares the actor's devices); "
+                  "use shared_memory, or a standalone pool (rollout.n_gpus > 0)")
 
 
 def _check_precision_here(config: TrainConfig, device: str, error: ConfigError) -> None:

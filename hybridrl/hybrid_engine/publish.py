@@ -19,7 +19,9 @@ Across hosts (``rollout.weight_transport=object_store``) the arena is replaced b
 rank casts its rows of every parameter into one flat buffer and puts it there (:meth:`WeightPublisher.publish`
 returns the reference), the controller hands the ranks' references to the replicas with the load call, and each
 rollout rank fetches them — over the network when it is on another node — and assembles each full tensor from the
-ranks' rows, one parameter at a time (:meth:`PublishedWeights.stream`). The fingerprints are the same either way.
+ranks' rows, one parameter at a time (:meth:`PublishedWeights.stream`). With ``collective`` the same buffers travel
+over a process group of the trainer's ranks and each replica's ranks instead (``channel.py``: gloo on CPU, NCCL on
+GPU; one point-to-point message per trainer rank and replica rank). The fingerprints are the same every way.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridrl.hybrid_engine.channel import ChannelAddress, WeightChannel, host_channel
 from hybridrl.hybrid_engine.checksums import SyncChecksums
 from hybridrl.hybrid_engine.plan import box_numel, box_slices, fsdp_row_ranges
 from hybridrl.hybrid_engine.shared_memory import FILE_PREFIX, SHM_DIR, SharedArena, arena_offsets
@@ -45,7 +48,7 @@ from hybridrl.hybrid_engine.sync import WeightSource, local_shards, param_metas
 from hybridrl.hybrid_engine.checkpoint_names import engine_rule
 from hybridrl.hybrid_engine.tp_rules import Box, RuleFn, resolve_split
 
-TRANSPORTS = ("shared_memory", "object_store")
+TRANSPORTS = ("shared_memory", "object_store", "collective")
 
 
 @dataclass(frozen=True)
@@ -62,14 +65,18 @@ class PublishedLayout:
     tp_size: int
     regions: tuple[tuple[Box, ...], ...]
     transport: str = "shared_memory"
-    """``shared_memory`` (``path`` names the arena) or ``object_store`` (no arena: each publication's rows travel as
-    one object per trainer rank)."""
+    """``shared_memory`` (``path`` names the arena), ``object_store`` (no arena: each publication's rows travel as
+    one object per trainer rank) or ``collective`` (the same buffers over each replica's :class:`WeightChannel`)."""
     writers: int = 1
     """Trainer ranks publishing: each holds the FSDP rows ``fsdp_row_ranges(shape[0], writers)[rank]``."""
 
     def rows_of(self, writer: int) -> list[tuple[int, int]]:
         """Trainer rank ``writer``'s row range of every parameter."""
         return [fsdp_row_ranges(shape[0], self.writers)[writer] for shape in self.shapes]
+
+    def flat_numel(self, writer: int) -> int:
+        """Elements of trainer rank ``writer``'s flat buffer (``object_store`` / ``collective``)."""
+        return _flat_offsets(self.shapes, self.rows_of(writer))[1]
 
 
 @dataclass(frozen=True)
@@ -129,17 +136,33 @@ class WeightPublisher:
             transport=transport, writers=self.world_size)
         self.rows = self.layout.rows_of(self.rank)
         self.flat_offsets, self.flat_numel = _flat_offsets(shapes, self.rows)
+        self.device = next(model.parameters()).device
+        self.channels: dict[int, WeightChannel] = {}  # collective: one per replica, by the replica's index
+        self._channel_stores: dict[int, object] = {}  # rank 0: the rendezvous stores it hosts
+        self._abandoned: list[WeightChannel] = []  # the channels of replicas that died (their sends stay referenced)
 
-    def publish(self, checked: bool) -> RankPublication:
-        """Write this rank's rows of every parameter (into the arena, or into a buffer put into Ray's object store);
-        with ``checked``, also this rank's fingerprints ``[tp_size, params]`` (int64) of what each TP rank will read
-        of them (the controller sums them over the ranks)."""
+    def host_channel(self, replica: int, readers: int) -> ChannelAddress:
+        """Rank 0: host the rendezvous of replica ``replica``'s channel (``readers``: its tensor-parallel ranks)."""
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        self._channel_stores[replica], address = host_channel(self.world_size, readers, backend)
+        return address
+
+    def join_channel(self, replica: int, address: ChannelAddress) -> None:
+        """Join replica ``replica``'s channel as writer ``self.rank`` (blocks until its ranks have joined too)."""
+        self.channels[replica] = WeightChannel.join(address, self.rank)
+
+    def publish(self, checked: bool, replicas: Optional[Sequence[int]] = None) -> RankPublication:
+        """Write this rank's rows of every parameter (into the arena, or into a buffer put into Ray's object store or
+        sent over each live replica's channel — ``replicas``: their indices, ``None`` = all); with ``checked``, also
+        this rank's fingerprints ``[tp_size, params]`` (int64) of what each TP rank will read of them (the
+        controller sums them over the ranks)."""
         shards = local_shards(self.model, self.world_size)
         if self.source is not None:
             shards = self.source.shards(shards)
         layout = self.layout
         checks = SyncChecksums(layout.names, layout.tp_size) if checked else None
-        flat = torch.empty(self.flat_numel, dtype=layout.dtype) if self.arena is None else None
+        flat = None if self.arena is not None else torch.empty(
+            self.flat_numel, dtype=layout.dtype, device=self.device if layout.transport == "collective" else "cpu")
         for index, name in enumerate(layout.names):
             start, stop = self.rows[index]
             rows = self._rows_view(index, flat)
@@ -154,9 +177,23 @@ class WeightPublisher:
         expected = checks.expected if checks is not None else None
         if flat is None:
             return RankPublication(expected)
+        if layout.transport == "collective":
+            self._send(flat, replicas)
+            return RankPublication(expected)
         import ray
 
         return RankPublication(expected, (ray.put(flat.view(torch.uint8).numpy()),))
+
+    def _send(self, flat: torch.Tensor, replicas: Optional[Sequence[int]]) -> None:
+        """Post ``flat`` on the channel of every live replica; a replica no longer live is abandoned."""
+        if not self.channels:
+            raise RuntimeError("rollout.weight_transport=collective: no replica's channel was opened")
+        for replica in [index for index in self.channels if replicas is not None and index not in replicas]:
+            channel = self.channels.pop(replica)
+            channel.abandon()
+            self._abandoned.append(channel)
+        for channel in self.channels.values():
+            channel.send(flat)
 
     def _rows_view(self, index: int, flat: Optional[torch.Tensor]) -> torch.Tensor:
         """This rank's rows of parameter ``index``: in the arena, or in the flat buffer of this publication."""
@@ -176,13 +213,17 @@ class WeightPublisher:
 class PublishedWeights:
     """A rollout rank's side: the arena mapped, streamed into its engine, checked against the trainer's sums."""
 
-    def __init__(self, layout: PublishedLayout, tp_rank: int, rank: int = 0) -> None:
-        self.layout, self.tp_rank, self.rank = layout, tp_rank, rank
+    def __init__(self, layout: PublishedLayout, tp_rank: int, rank: int = 0,
+                 channel: Optional[WeightChannel] = None) -> None:
+        if layout.transport == "collective" and channel is None:
+            raise ValueError("rollout.weight_transport=collective: the replica rank has not joined its channel")
+        self.layout, self.tp_rank, self.rank, self.channel = layout, tp_rank, rank, channel
         self.arena = SharedArena.attach(layout.path, layout.nbytes) if layout.transport == "shared_memory" else None
         self.regions = {name: layout.regions[tp_rank][index] for index, name in enumerate(layout.names)}
         self.checks: Optional[SyncChecksums] = None
         self.fetched_bytes = 0
-        """Bytes of the last publication fetched from the object store (0 with shared memory)."""
+        """Bytes of the last publication fetched from the object store or received over the channel (0 with shared
+        memory)."""
 
     @property
     def delivered_bytes(self) -> int:
@@ -193,27 +234,39 @@ class PublishedWeights:
     def stream(self, checked: bool, rows: Sequence = ()) -> Iterator[tuple[str, torch.Tensor]]:
         """``(hf_name, full tensor)`` of every parameter (the engine reads its region of each); ``checked``:
         fingerprint this rank's regions for :meth:`verify`. ``rows``: with the object-store transport, the trainer
-        ranks' references in rank order (:class:`RankPublication`), fetched here."""
+        ranks' references in rank order (:class:`RankPublication`), fetched here; with ``collective`` the trainer
+        ranks' buffers are received here."""
         layout = self.layout
         self.checks = SyncChecksums(layout.names, layout.tp_size) if checked else None
         if layout.transport == "shared_memory":
             tensors = ((name, self.arena.view(layout.offsets[i], layout.shapes[i], layout.dtype))
                        for i, name in enumerate(layout.names))
         else:
-            tensors = self._assembled(rows)
+            tensors = self._assembled(self._fetched(rows))
         return self.checks.observe(tensors, self.regions, full_shaped=True) if checked else tensors
 
-    def _assembled(self, rows: Sequence) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full tensors from the trainer ranks' flat buffers (fetched from the object store), one at a time."""
-        import ray
-
+    def _fetched(self, rows: Sequence) -> list[torch.Tensor]:
+        """The trainer ranks' flat buffers of one publication, in rank order: received over the channel, or fetched
+        from the object store (``rows``: their references)."""
         layout = self.layout
-        if len(rows) != layout.writers:
-            raise ValueError(f"a publication of {layout.writers} trainer ranks came with {len(rows)} row references")
-        with warnings.catch_warnings():  # the object store's buffers are read-only, and only read here
-            warnings.simplefilter("ignore", UserWarning)
-            buffers = [torch.from_numpy(array).view(layout.dtype) for array in ray.get(list(rows))]
+        if layout.transport == "collective":
+            buffers = self.channel.receive([layout.flat_numel(writer) for writer in range(layout.writers)],
+                                           layout.dtype)
+        else:
+            import ray
+
+            if len(rows) != layout.writers:
+                raise ValueError(f"a publication of {layout.writers} trainer ranks came with {len(rows)} row "
+                                 "references")
+            with warnings.catch_warnings():  # the object store's buffers are read-only, and only read here
+                warnings.simplefilter("ignore", UserWarning)
+                buffers = [torch.from_numpy(array).view(layout.dtype) for array in ray.get(list(rows))]
         self.fetched_bytes = sum(buffer.numel() * buffer.element_size() for buffer in buffers)
+        return buffers
+
+    def _assembled(self, buffers: Sequence[torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full tensors from the trainer ranks' flat buffers, one at a time."""
+        layout = self.layout
         offsets = [_flat_offsets(layout.shapes, layout.rows_of(writer))[0] for writer in range(layout.writers)]
         for index, name in enumerate(layout.names):
             shape, parts = layout.shapes[index], []

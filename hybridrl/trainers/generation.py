@@ -11,8 +11,9 @@
   replica — same prompts, same seed, so the same samples — and the run goes on with the others; only when none is
   left does the error reach the trainer (``trainer.max_restarts`` then applies). A sync is two calls in order: every
   trainer rank publishes its rows (``ActorRolloutRefWorker.publish_weights``), then every live replica loads them,
-  checked against the trainer ranks' summed fingerprints. Each generation names the ``policy_version`` it expects
-  the engines to hold, so a skipped sync is an error, not a silent off-policy step.
+  checked against the trainer ranks' summed fingerprints (with ``rollout.weight_transport=collective`` the publish
+  posts its sends over each replica's process group and returns; the load receives them). Each generation names the
+  ``policy_version`` it expects the engines to hold, so a skipped sync is an error, not a silent off-policy step.
 
 **One policy version** (docs/concepts.md): the trainer owns the count — training steps done when the weights were
 taken — and hands it to every sync (:meth:`Generation.sync_weights`) and every relabelling of unchanged weights
@@ -63,6 +64,8 @@ class Generation:
                  replicas: Sequence[WorkerGroup[RolloutWorker]] = (), partial_rollout: bool = False) -> None:
         self.actor, self.rollout_name, self.replicas = actor, rollout_name, list(replicas)
         self.layout = actor.call(ActorRolloutRefWorker.published_layout) if self.replicas else None
+        if self.layout is not None and self.layout.transport == "collective":
+            self._open_channels()
         self.notice: Optional[PublicationNotice] = None  # partial rollout: replicas poll it during generation
         if partial_rollout and self.replicas:
             self.notice = PublicationNotice.create()
@@ -71,6 +74,16 @@ class Generation:
         self.policy_version = 0  # of the weights the engines hold (or will, once the queued loads run)
         self.loads: list = []  # load futures queued by sync_weights(wait=False), not yet waited for
         self.replicas_lost = 0
+
+    def _open_channels(self) -> None:
+        """``rollout.weight_transport=collective``: a process group from the trainer's ranks to each replica's ranks,
+        joined by both sides at once (the trainer's rank 0 hosts each rendezvous)."""
+        for index, replica in enumerate(self.replicas):
+            address = self.actor.call(ActorRolloutRefWorker.host_weight_channel, index, replica.world_size)
+            joins = [self.actor.call_async(ActorRolloutRefWorker.join_weight_channel, index, address),
+                     replica.call_async(RolloutWorker.join_weight_channel, address)]
+            for join in joins:
+                join.result()
 
     def live_replicas(self) -> list[WorkerGroup[RolloutWorker]]:
         return [replica for replica in self.replicas if not replica.is_stopped]
@@ -130,7 +143,8 @@ class Generation:
                 return dict(NO_WEIGHT_SYNC)
             return self.actor.call(ActorRolloutRefWorker.sync_rollout_weights, policy_version)
         previous = self.finish_loads()
-        published = self.actor.call(ActorRolloutRefWorker.publish_weights)
+        live = [index for index, replica in enumerate(self.replicas) if not replica.is_stopped]
+        published = self.actor.call(ActorRolloutRefWorker.publish_weights, live)
         fingerprints = [publication.expected for publication in published]
         expected = None if fingerprints[0] is None else torch.stack(fingerprints).sum(0)
         rows = [reference for publication in published for reference in publication.rows]  # trainer rank order

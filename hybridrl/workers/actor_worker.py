@@ -33,6 +33,7 @@ from hybridrl.engines.optim import build_optimizer, build_scheduler
 from hybridrl.engines.passes import log_probs
 from hybridrl.hybrid_engine import WeightResharder, bucket_bytes_from_mb
 from hybridrl.hybrid_engine.lora_weights import MergedLoraWeights
+from hybridrl.hybrid_engine.channel import ChannelAddress
 from hybridrl.hybrid_engine.publish import PublishedLayout, RankPublication, WeightPublisher
 from hybridrl.modeling.fsdp import shard_model
 from hybridrl.modeling.lora import adapted_layers, adapters_disabled, lora_enabled, merged_state_dict
@@ -41,7 +42,7 @@ from hybridrl.modeling.multimodal import freeze_vision_tower
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout import EngineInputs, RolloutEngine, build_rollout_engine, holds_own_weights
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.runtime import Worker, dp_leaders, dp_split, one_to_all
+from hybridrl.runtime import Worker, dp_leaders, dp_split, one_to_all, rank_zero
 from hybridrl.utils.collectives import CollectiveTimer
 from hybridrl.utils.distributed import full_tensor
 from hybridrl.utils.seeding import derive_seed
@@ -223,12 +224,24 @@ class ActorRolloutRefWorker(Worker):
         weights are now those of ``policy_version``; refused if the actor did change since the last sync."""
         self.engine_weights.relabel(policy_version)
 
+    @rank_zero
+    def host_weight_channel(self, replica: int, readers: int) -> ChannelAddress:
+        """``rollout.weight_transport=collective``: host the rendezvous of replica ``replica``'s channel (its
+        ``readers`` tensor-parallel ranks); every trainer rank then joins it (``join_weight_channel``)."""
+        return self._publisher().host_channel(replica, readers)
+
+    @one_to_all(collect="first")
+    def join_weight_channel(self, replica: int, address: ChannelAddress) -> None:
+        """Join replica ``replica``'s channel; returns once the replica's ranks have joined too."""
+        self._publisher().join_channel(replica, address)
+
     @one_to_all
-    def publish_weights(self) -> RankPublication:
+    def publish_weights(self, replicas: Optional[list[int]] = None) -> RankPublication:
         """Write this rank's rows of the current weights for the rollout pool; returns this rank's publication:
         (``rollout.verify_weight_sync``) its fingerprints ``[t_g, params]``, which the controller sums, and with the
-        object-store transport the reference to its rows."""
-        return self._publisher().publish(checked=self.config.rollout.verify_weight_sync)
+        object-store transport the reference to its rows. ``replicas``: the live replicas' indices (the
+        ``collective`` transport sends to those alone; ``None``: all)."""
+        return self._publisher().publish(checked=self.config.rollout.verify_weight_sync, replicas=replicas)
 
     def _publisher(self) -> WeightPublisher:
         if self.publisher is None:

@@ -7,7 +7,8 @@ Each replica is its own worker group of ``t_g`` ranks (its own process group: a 
 down, and its prompts go to a live one — ``trainers/generation.py``). A replica
 is one ``t_g``-way tensor-parallel vLLM engine in the same SPMD form as the colocated engine: every rank runs vLLM's
 ``external_launcher`` executor in-process over the replica's group. There is no training model here: new weights
-arrive through the trainer's published arena (``hybrid_engine/publish.py``), checked against the trainer's
+arrive as the trainer publishes them (``hybrid_engine/publish.py``: a shared arena, the object store or a
+process group, ``rollout.weight_transport``), checked against the trainer's
 fingerprints, and each load records the trainer's ``policy_version`` of them, so a generation asked for at another
 version is refused (a skipped sync cannot pass silently).
 """
@@ -25,6 +26,7 @@ from hybridrl.agents.lockstep import ReplicaGroup
 from hybridrl.config.plugins import load_plugins
 from hybridrl.config.rollout_placement import colocated_replicas
 from hybridrl.config.schema import TrainConfig
+from hybridrl.hybrid_engine.channel import ChannelAddress, WeightChannel
 from hybridrl.hybrid_engine.publish import PublicationNotice, PublishedLayout, PublishedWeights
 from hybridrl.modeling.model_builder import load_tokenizer
 from hybridrl.protocol import Batch
@@ -68,6 +70,7 @@ class RolloutWorker(Worker):
             max_model_len=engine_context_length(config, episodes),
             dtype=config.model.dtype, seed=config.trainer.seed))
         self.published: Optional[PublishedWeights] = None
+        self.channel: Optional[WeightChannel] = None  # rollout.weight_transport=collective: from the trainer's ranks
         # the trainer's policy_version of the weights the engine holds (None: random, rollout.load_format=dummy)
         self.policy_version: Optional[int] = 0 if config.rollout.load_format != "dummy" else None
         self.notice: Optional[PublicationNotice] = None  # partial rollout: polled between engine steps
@@ -150,8 +153,14 @@ class RolloutWorker(Worker):
 
     def _published_for(self, layout: PublishedLayout) -> PublishedWeights:
         if self.published is None or self.published.layout.path != layout.path:
-            self.published = PublishedWeights(layout, self.context.tp_rank, rank=self.rank)
+            self.published = PublishedWeights(layout, self.context.tp_rank, rank=self.rank, channel=self.channel)
         return self.published
+
+    @one_to_all(collect="first")
+    def join_weight_channel(self, address: ChannelAddress) -> None:
+        """``rollout.weight_transport=collective``: join the channel the trainer's ranks send weights over, as reader
+        ``tp_rank`` (returns once every member has joined)."""
+        self.channel = WeightChannel.join(address, address.writers + self.context.tp_rank)
 
     @one_to_all(collect="first")
     def relabel_weights(self, policy_version: int) -> None:

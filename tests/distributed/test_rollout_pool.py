@@ -49,11 +49,15 @@ def start_split(runtime, config, name: str):
 @pytest.fixture(scope="module", params=[(1, "shared_memory"),
                                         pytest.param((1, "object_store"), marks=pytest.mark.long),
                                         pytest.param((2, "shared_memory"), marks=pytest.mark.long),
-                                        pytest.param((2, "object_store"), marks=pytest.mark.long)],
-                ids=["pool1", "pool1_object_store", "pool2_tp2", "pool2_tp2_object_store"])
+                                        pytest.param((2, "object_store"), marks=pytest.mark.long),
+                                        pytest.param((1, "collective"), marks=pytest.mark.long),
+                                        pytest.param((2, "collective"), marks=pytest.mark.long)],
+                ids=["pool1", "pool1_object_store", "pool2_tp2", "pool2_tp2_object_store", "pool1_collective",
+                     "pool2_tp2_collective"])
 def split(request, ray_runtime, model_dir):
-    """1 trainer rank + one replica of ``t_g = M`` on a pool of ``M``, weights through host shared memory or Ray's
-    object store. The ``t_g = 2`` pools and the object store run with ``make test-long`` (a start took 116 s, and
+    """1 trainer rank + one replica of ``t_g = M`` on a pool of ``M``, weights through host shared memory, Ray's
+    object store or a gloo group of the trainer's and the replica's ranks (``collective``). The ``t_g = 2`` pools,
+    the object store and the collective run with ``make test-long`` (a start took 116 s, and
     79 s, inside the parallel suite, 2026-12-02 and -04; ``test_vllm_tensor_parallel`` keeps a ``t_g = 2`` engine in
     ``make test``, and the colocated replicas in processes of their own, ``test_architectures``' OLMo-2 case, the
     shared-memory publication)."""
@@ -93,8 +97,8 @@ def check_pool_follows_the_trainer_through_published_weights(split, model_dir, t
     stats = generation.sync_weights()
     assert stats["weight_sync/delivered_bytes"] == (rank0_slice_bytes(model_dir) if pool_size == 2
                                                     else full_model_bytes(model_dir))
-    object_store = generation.layout.transport == "object_store"
-    assert stats["weight_sync/bytes"] == (full_model_bytes(model_dir) if object_store else 0)  # fetched whole
+    fetched = generation.layout.transport in ("object_store", "collective")
+    assert stats["weight_sync/bytes"] == (full_model_bytes(model_dir) if fetched else 0)  # fetched whole
     after = generation.generate(prompt_batch(tokenizer), params)
     assert log_prob_gap(actor, after) < 1e-4
     assert log_prob_gap(actor, rollout) > 1e-3
@@ -106,7 +110,8 @@ def check_pool_refuses_to_generate_from_weights_it_was_not_given(split, tokenize
     params = SamplingParams(n=2, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=11)
     rollout = generation.generate(prompt_batch(tokenizer), params)
     update(actor, rollout, step=1)
-    actor.call(ActorRolloutRefWorker.publish_weights)  # published, but never loaded
+    if generation.layout.transport != "collective":  # a collective publication is always paired with its load
+        actor.call(ActorRolloutRefWorker.publish_weights)  # published, but never loaded
     asked = generation.policy_version + 1
     with pytest.raises(WorkerError, match=f"holds the weights of version {asked - 1} but generation asked for "
                                           f"version {asked}: a weight sync was skipped"):
@@ -139,11 +144,13 @@ def test_split_pool(split, model_dir, tokenizer):
 
 
 @pytest.mark.long
-def test_a_dead_replica_is_reported_and_its_prompts_resubmitted(ray_runtime, model_dir, tokenizer, caplog):
+@pytest.mark.parametrize("transport", ["shared_memory", "collective"])
+def test_a_dead_replica_is_reported_and_its_prompts_resubmitted(ray_runtime, model_dir, tokenizer, caplog, transport):
     """Two replicas of t_g = 1; one is killed (SIGKILL). The next batch still gets every response: the dead
     replica's chunk goes to the live one with the chunk's own seed, so the samples are the ones it would have
-    drawn; the loss is logged and counted, and weights still sync into the survivor."""
-    actor, replicas = start_split(ray_runtime, split_config(model_dir, 2, 1), "resubmit")
+    drawn; the loss is logged and counted, and weights still sync into the survivor (over a process group, the
+    dead replica's channel is abandoned, not waited on)."""
+    actor, replicas = start_split(ray_runtime, split_config(model_dir, 2, 1, transport), f"resubmit_{transport}")
     try:
         generation = Generation(actor, "vllm", replicas)
         params = SamplingParams(n=2, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=5)
@@ -153,7 +160,8 @@ def test_a_dead_replica_is_reported_and_its_prompts_resubmitted(ray_runtime, mod
             survivor_only = generation.generate(prompt_batch(tokenizer), params)
         assert torch.equal(survivor_only[Fields.RESPONSES], both[Fields.RESPONSES])
         assert torch.equal(survivor_only[Fields.ROLLOUT_LOG_PROBS], both[Fields.ROLLOUT_LOG_PROBS])
-        assert "resubmit_rollout1" in caplog.text and "resubmitted to 'resubmit_rollout0'" in caplog.text
+        assert f"resubmit_{transport}_rollout1" in caplog.text
+        assert f"resubmitted to 'resubmit_{transport}_rollout0'" in caplog.text
         assert "rank 0" in caplog.text
         update(actor, both, step=0)
         stats = generation.sync_weights()
