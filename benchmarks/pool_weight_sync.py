@@ -11,7 +11,9 @@ fingerprints checked) is timed ``--syncs`` times after one warm-up. The transpor
 fresh pair of groups each, so a change of machine load hits them alike. The floor is ``copy M``: one
 ``dst.copy_(src)`` of the model's bytes in the engine's dtype, in this process; ``ratio = sync / copy M``.
 
-Both syncs include vLLM's own reload of the weights into its CPU model (the same work either way). Writes
+``publish`` is the trainer's side (its copy of the rows and their fingerprints, and the call), ``load`` the
+replica's as timed inside it (receiving or mapping, fingerprints, vLLM's load); the rest of a sync is the calls.
+Every sync includes vLLM's own reload of the weights into its CPU model (the same work either way). Writes
 ``benchmarks/results/pool_weight_sync.json``.
 """
 
@@ -60,14 +62,15 @@ def time_syncs(runtime, model_dir: Path, transport: str, syncs: int) -> dict:
     try:
         generation = Generation(actor, "vllm", [replica])
         generation.sync_weights()
-        seconds, loads = [], []
+        seconds, loads, publishes = [], [], []
         for _ in range(syncs):
             started = time.perf_counter()
             metrics = generation.sync_weights()
             seconds.append(time.perf_counter() - started)
             loads.append(metrics["weight_sync/seconds"])
+            publishes.append(metrics["weight_sync/publish_seconds"])
         return {"sync_s": common.median(seconds), "best_sync_s": min(seconds), "load_s": common.median(loads),
-                "fetched_bytes": metrics["weight_sync/bytes"]}
+                "publish_s": common.median(publishes), "fetched_bytes": metrics["weight_sync/bytes"]}
     finally:
         for group in (replica, actor):
             group.shutdown()
@@ -115,12 +118,14 @@ def main() -> None:
     for transport, results in runs.items():
         sync_s = common.median([result["sync_s"] for result in results])
         rows.append({"transport": transport, "sync_ms": 1e3 * sync_s, "load_ms": 1e3 * common.median(
-            [result["load_s"] for result in results]), "ratio_to_copy": sync_s / floor_s,
+            [result["load_s"] for result in results]), "publish_ms": 1e3 * common.median(
+            [result["publish_s"] for result in results]), "ratio_to_copy": sync_s / floor_s,
             "fetched_MB": results[-1]["fetched_bytes"] / 2**20})
     print(f"\nmodel {args.size}: {model_bytes / 2**20:.1f} MiB in bf16; copy M = {1e3 * floor_s:.2f} ms "
           f"(best of 7, one thread); load average at start {machine['load_average_1m_5m_15m_at_start']}")
     for row in rows:
-        print(f"{row['transport']:>14}: sync {row['sync_ms']:8.1f} ms (engine load {row['load_ms']:7.1f} ms), "
+        print(f"{row['transport']:>14}: sync {row['sync_ms']:8.1f} ms (publish {row['publish_ms']:6.1f} ms as the "
+              f"controller waits for it, load on the replica {row['load_ms']:7.1f} ms), "
               f"{row['ratio_to_copy']:6.1f}x one copy, fetched {row['fetched_MB']:.1f} MiB")
     common.write_json("pool_weight_sync", {"machine": machine, "size": args.size, "model_bytes": model_bytes,
                                               "copy_floor_s": floor_s, "rows": rows, "runs": runs})

@@ -28,6 +28,7 @@ calls alone — not from timing: every row records it (``policy_version``).
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
@@ -135,7 +136,9 @@ class Generation:
 
         ``wait=False`` (standalone pool, asynchronous training): the loads are queued behind the generations the
         replicas are running and this returns after publishing; the metrics are those of the previous loads. The next
-        sync (or :meth:`finish_loads`) waits for them first: the published arena is rewritten only once read."""
+        sync (or :meth:`finish_loads`) waits for them first: the published arena is rewritten only once read.
+        ``weight_sync/publish_seconds`` (replicas in processes of their own): this sync's publish, as the controller
+        waited for it (the trainer ranks' copy and fingerprints, and the call)."""
         policy_version = self.policy_version + 1 if policy_version is None else policy_version
         if not self.replicas:
             self.policy_version = policy_version
@@ -144,7 +147,9 @@ class Generation:
             return self.actor.call(ActorRolloutRefWorker.sync_rollout_weights, policy_version)
         previous = self.finish_loads()
         live = [index for index, replica in enumerate(self.replicas) if not replica.is_stopped]
+        started = time.perf_counter()
         published = self.actor.call(ActorRolloutRefWorker.publish_weights, live)
+        publish_seconds = time.perf_counter() - started
         fingerprints = [publication.expected for publication in published]
         expected = None if fingerprints[0] is None else torch.stack(fingerprints).sum(0)
         rows = [reference for publication in published for reference in publication.rows]  # trainer rank order
@@ -153,7 +158,7 @@ class Generation:
         self.loads = [replica.call_async(RolloutWorker.load_published_weights, self.layout, expected, policy_version,
                                          rows) for replica in self._require_live("load_published_weights")]
         self.policy_version = policy_version
-        return self.finish_loads() if wait else previous
+        return {**(self.finish_loads() if wait else previous), "weight_sync/publish_seconds": publish_seconds}
 
     def advance(self, policy_version: int) -> None:
         """The trainer moved on to ``policy_version`` without changing the actor's weights (``trainer.critic_warmup``):
