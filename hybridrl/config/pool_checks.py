@@ -27,6 +27,8 @@ def check_rollout_pool(config: TrainConfig, error: ConfigError) -> None:
     if transport == "shared_memory" and config.trainer.nnodes > 1:
         error.add("rollout.weight_transport", transport, "a host-shared copy reaches replicas on the trainer's "
                   f"host only; trainer.nnodes={config.trainer.nnodes}: use object_store (or auto)")
+    timeout = config.rollout.weight_transport_timeout_s
+    _require(error, "rollout.weight_transport_timeout_s", timeout, timeout > 0, "must be > 0 (seconds)")
     resolved = resolved_weight_transport(config)
     if resolved != "shared_memory" and config.async_training.partial_rollout:
         error.add("async_training.partial_rollout", True, "new weights reach a generation in flight through the "

@@ -72,6 +72,11 @@ class RolloutConfig(FreezableConfig):
     ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` where the nodes' default interface is not the one they share) or
     ``auto`` (``shared_memory`` for a local Ray instance on one node, ``object_store`` when attached to a cluster or
     with ``trainer.nnodes > 1``). Partial rollout needs ``shared_memory``."""
+    weight_transport_timeout_s: float = 1800.0
+    """``weight_transport=collective``: how long the trainer's ranks and a replica's ranks wait for each other — to
+    join at start, and for a posted send to be received. A replica receives new weights after the generation it is
+    running (asynchronous training), so keep this above the longest generation; NCCL's watchdog ends a process whose
+    send waited longer."""
     gpu_memory_utilization: float = 0.5
     """vLLM: fraction of device memory for weights + KV cache (GPU)."""
     kv_cache_memory_mb: Optional[int] = None

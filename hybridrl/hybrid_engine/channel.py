@@ -7,17 +7,27 @@ reading full tensors: vLLM narrows its slices itself). A publication is one poin
 (writer, reader) pair: writer ``w`` sends its flat buffer of rows — the object-store transport's buffer — to every
 reader, and each reader receives the ``W`` buffers and assembles the full tensors from them.
 
+Each publication is preceded, on every pair, by a one-number header: the ``policy_version`` it carries. Messages of
+one pair arrive in the order they were posted, so a reader that finds another version than the one its load was
+called for has met a publication that was never paired with its load, and refuses it (the fingerprints would catch
+it too, but only with ``rollout.verify_weight_sync`` on).
+
 Sends are posted and return at once (the transport moves the bytes in the background), so a trainer publishing for
 a replica that is still generating (``async_training``) does not wait for it. The buffer and its sends are held
 until the next publication, which the controller starts only once every live replica's load returned, so by then
-they are complete. Messages of one pair arrive in the order they were posted: no tags are needed.
+they are complete; ``timeout_s`` bounds how long a posted send may wait for its receive (NCCL's watchdog counts from
+the post), so it must exceed the longest generation a replica runs before it loads.
 
-One channel per replica: a replica that dies takes only its own channel down, and the trainer stops sending to it
-(:meth:`WeightChannel.abandon`).
+One channel per replica: a replica that dies takes only its own channel down — a send that fails, or a replica the
+controller reports lost, abandons its channel (:meth:`WeightChannel.abandon`) and the others go on. The replica
+receives whole buffers in the group's device memory (GPU with NCCL): room for one more copy of its share of the
+rows, besides the engine's weights.
 
 Opening is collective over the group: the trainer's rank 0 hosts the rendezvous store (:func:`host_channel`), the
 controller hands its :class:`ChannelAddress` to every member, and each builds the group (:meth:`WeightChannel.join`),
-which returns once all ``W + t`` have. The address is picklable; the store lives as long as the hosting rank keeps it.
+which connects every (writer, reader) pair with one small message and so returns once all ``W + t`` have joined
+(NCCL would otherwise connect a pair at its first message, inside a publication, while the reader is not yet
+listening). The address is picklable; the store lives as long as the hosting rank keeps it.
 """
 
 from __future__ import annotations
@@ -42,8 +52,9 @@ class ChannelAddress:
     writers: int
     readers: int
     backend: str = "gloo"
-    timeout_s: float = 600.0
-    """How long a member waits for the others — to join, or for a message — before the call fails."""
+    timeout_s: float = 1800.0
+    """How long a member waits for the others — to join, or for a message — before the call fails
+    (``rollout.weight_transport_timeout_s``)."""
 
     @property
     def world_size(self) -> int:
@@ -63,7 +74,7 @@ def node_address() -> str:
 
 
 def host_channel(writers: int, readers: int, backend: str = "gloo",
-                 timeout_s: float = 600.0, host: Optional[str] = None) -> tuple[dist.TCPStore, ChannelAddress]:
+                 timeout_s: float = 1800.0, host: Optional[str] = None) -> tuple[dist.TCPStore, ChannelAddress]:
     """The rendezvous store of a channel (on a free port of ``host``, default this node's IP) and its address.
     Keep the store until every member has joined (the hosting rank keeps it for the channel's life)."""
     if backend not in BACKENDS:
@@ -75,21 +86,20 @@ def host_channel(writers: int, readers: int, backend: str = "gloo",
 
 
 class WeightChannel:
-    """One member's end of a channel (see the module docstring)."""
+    """One member's end of a channel (see the module docstring). ``group``: the torch backend (gloo or NCCL)."""
 
-    def __init__(self, group: dist.ProcessGroup, address: ChannelAddress, rank: int) -> None:
+    def __init__(self, group, address: ChannelAddress, rank: int) -> None:
         self.group, self.address, self.rank = group, address, rank
-        self._pending: list = []  # the last publication's send works and its buffer (kept alive until complete)
+        self._pending: list = []  # the last publication's send works, header and buffer (alive until complete)
 
     @classmethod
-    def join(cls, address: ChannelAddress, rank: int, store: Optional[dist.Store] = None) -> "WeightChannel":
-        """Build the group as member ``rank`` (writers ``0 … W-1``, readers ``W …``); blocks until every member has
-        joined. ``store``: the hosting rank's own store (others connect to ``address``)."""
+    def join(cls, address: ChannelAddress, rank: int) -> "WeightChannel":
+        """Build the group as member ``rank`` (writers ``0 … W-1``, readers ``W …``) and connect every
+        (writer, reader) pair; blocks until every member has joined."""
         if not 0 <= rank < address.world_size:
             raise ValueError(f"channel rank {rank} is outside its {address.world_size} members")
         timeout = datetime.timedelta(seconds=address.timeout_s)
-        if store is None:
-            store = dist.TCPStore(address.host, address.port, address.world_size, False, timeout=timeout)
+        store = dist.TCPStore(address.host, address.port, address.world_size, False, timeout=timeout)
         if address.backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
@@ -99,45 +109,73 @@ class WeightChannel:
             options._timeout = timeout
             options._devices = [_gloo_device()]
             group = dist.ProcessGroupGloo(store, rank, address.world_size, options)
-        return cls(group, address, rank)
+        channel = cls(group, address, rank)
+        channel._connect_pairs()
+        return channel
 
     @property
     def is_writer(self) -> bool:
         return self.rank < self.address.writers
 
-    def send(self, buffer: torch.Tensor) -> None:
-        """Writer: post ``buffer`` (1-D, contiguous) to every reader and return; the sends complete in the background.
-        Waits first for the previous publication's sends (complete by the time the controller publishes again)."""
+    @property
+    def readers(self) -> range:
+        return range(self.address.writers, self.address.world_size)
+
+    def _connect_pairs(self) -> None:
+        """One message on every (writer, reader) pair, so that each is connected before the first publication."""
+        token = torch.zeros(1, dtype=torch.int64, device=self.address.device)
+        if self.is_writer:
+            works = [self.group.send([token], reader, 0) for reader in self.readers]
+        else:
+            works = [self.group.recv([token], writer, 0) for writer in range(self.address.writers)]
+        for work in works:
+            work.wait()
+
+    def send(self, buffer: torch.Tensor, policy_version: int) -> None:
+        """Writer: post ``buffer`` (1-D, contiguous), headed by ``policy_version``, to every reader and return; the
+        sends complete in the background. :meth:`wait_sent` first, for the previous publication's."""
         assert self.is_writer, "only a trainer rank sends"
         self.wait_sent()
+        header = torch.tensor([policy_version], dtype=torch.int64, device=buffer.device)
         payload = buffer.view(torch.uint8)
-        works = [self.group.send([payload], reader, 0)
-                 for reader in range(self.address.writers, self.address.world_size)]
-        self._pending = [payload, *works]
+        works = [work for reader in self.readers
+                 for work in (self.group.send([header], reader, 0), self.group.send([payload], reader, 0))]
+        self._pending = [header, payload, *works]
 
     def wait_sent(self) -> None:
-        """Writer: block until the last publication's sends completed."""
+        """Writer: wait for the last publication's sends (on NCCL: until the device stream has them ordered)."""
         for item in self._pending:
             if not isinstance(item, torch.Tensor):
                 item.wait()
         self._pending = []
 
-    def receive(self, numels: Sequence[int], dtype: torch.dtype) -> list[torch.Tensor]:
-        """Reader: the writers' buffers of one publication, ``numels[w]`` elements of ``dtype`` from writer ``w``."""
+    def receive(self, numels: Sequence[int], dtype: torch.dtype, policy_version: int) -> list[torch.Tensor]:
+        """Reader: the writers' buffers of the publication of ``policy_version``, ``numels[w]`` elements of
+        ``dtype`` from writer ``w``; ``ValueError`` when a writer's header names another version."""
         assert not self.is_writer, "only a replica rank receives"
         if len(numels) != self.address.writers:
             raise ValueError(f"{len(numels)} buffer sizes for a channel of {self.address.writers} writers")
-        buffers = [torch.empty(numel, dtype=dtype, device=self.address.device) for numel in numels]
-        works = [self.group.recv([buffer.view(torch.uint8)], writer, 0) for writer, buffer in enumerate(buffers)]
-        for work in works:
+        device = self.address.device
+        headers = [torch.empty(1, dtype=torch.int64, device=device) for _ in numels]
+        buffers = [torch.empty(numel, dtype=dtype, device=device) for numel in numels]
+        for work in [self.group.recv([header], writer, 0) for writer, header in enumerate(headers)]:
+            work.wait()
+        for writer, header in enumerate(headers):
+            if int(header) != policy_version:
+                raise ValueError(f"trainer rank {writer} sent the weights of version {int(header)} where version "
+                                 f"{policy_version} was expected: a publication was not paired with its load")
+        for work in [self.group.recv([buffer.view(torch.uint8)], writer, 0) for writer, buffer in enumerate(buffers)]:
             work.wait()
         return buffers
 
     def abandon(self) -> None:
-        """Writer: the replica at the other end died; stop waiting on what was sent to it. The posted sends and
-        their buffer stay referenced (released with the channel), so the transport never reads freed memory."""
-        self._abandoned = self._pending
-        self._pending = []
+        """Writer: the replica at the other end died; stop waiting for it and abort the group (a send posted to it
+        never completes; its buffer stays referenced until this channel goes)."""
+        self.group.abort()
+
+    def close(self) -> None:
+        """Shut the group down (its last sends are not waited for)."""
+        self.group.shutdown()
 
 
 def _gloo_device():

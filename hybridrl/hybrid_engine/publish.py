@@ -27,6 +27,7 @@ GPU; one point-to-point message per trainer rank and replica rank). The fingerpr
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import tempfile
@@ -47,6 +48,8 @@ from hybridrl.hybrid_engine.shared_memory import FILE_PREFIX, SHM_DIR, SharedAre
 from hybridrl.hybrid_engine.sync import WeightSource, local_shards, param_metas
 from hybridrl.hybrid_engine.checkpoint_names import engine_rule
 from hybridrl.hybrid_engine.tp_rules import Box, RuleFn, resolve_split
+
+logger = logging.getLogger(__name__)
 
 TRANSPORTS = ("shared_memory", "object_store", "collective")
 
@@ -112,14 +115,16 @@ class WeightPublisher:
         tp_size: the rollout pool's tensor-parallel size (which regions each engine rank reads).
         dtype: the engine's dtype (the cast happens on the way in).
         rule / source: as for ``WeightResharder``.
+        transport: one of :data:`TRANSPORTS`; channel_timeout_s: ``collective``'s :class:`ChannelAddress` timeout.
     """
 
     def __init__(self, model: nn.Module, *, tp_size: int, dtype: torch.dtype,
                  group: Optional[dist.ProcessGroup] = None, rule: Optional[RuleFn] = None,
-                 source: Optional[WeightSource] = None, transport: str = "shared_memory") -> None:
+                 source: Optional[WeightSource] = None, transport: str = "shared_memory",
+                 channel_timeout_s: float = 1800.0) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
-        self.model, self.group, self.source = model, group, source
+        self.model, self.group, self.source, self.channel_timeout_s = model, group, source, channel_timeout_s
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         rule = rule or engine_rule(model, tp_size)
@@ -144,18 +149,22 @@ class WeightPublisher:
     def host_channel(self, replica: int, readers: int) -> ChannelAddress:
         """Rank 0: host the rendezvous of replica ``replica``'s channel (``readers``: its tensor-parallel ranks)."""
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        self._channel_stores[replica], address = host_channel(self.world_size, readers, backend)
+        self._channel_stores[replica], address = host_channel(self.world_size, readers, backend,
+                                                              self.channel_timeout_s)
         return address
 
     def join_channel(self, replica: int, address: ChannelAddress) -> None:
         """Join replica ``replica``'s channel as writer ``self.rank`` (blocks until its ranks have joined too)."""
         self.channels[replica] = WeightChannel.join(address, self.rank)
 
-    def publish(self, checked: bool, replicas: Optional[Sequence[int]] = None) -> RankPublication:
+    def publish(self, checked: bool, replicas: Optional[Sequence[int]] = None,
+                policy_version: int = 0) -> RankPublication:
         """Write this rank's rows of every parameter (into the arena, or into a buffer put into Ray's object store or
-        sent over each live replica's channel — ``replicas``: their indices, ``None`` = all); with ``checked``, also
-        this rank's fingerprints ``[tp_size, params]`` (int64) of what each TP rank will read of them (the
-        controller sums them over the ranks)."""
+        sent over each live replica's channel — ``replicas``: their indices, ``None`` = all — headed by
+        ``policy_version``); with ``checked``, also this rank's fingerprints ``[tp_size, params]`` (int64) of what
+        each TP rank will read of them (the controller sums them over the ranks)."""
+        if self.layout.transport == "collective":  # before a new buffer: the previous one goes first
+            self._settle_channels(replicas)
         shards = local_shards(self.model, self.world_size)
         if self.source is not None:
             shards = self.source.shards(shards)
@@ -178,22 +187,38 @@ class WeightPublisher:
         if flat is None:
             return RankPublication(expected)
         if layout.transport == "collective":
-            self._send(flat, replicas)
+            for replica, channel in list(self.channels.items()):
+                self._unless_failed(replica, lambda: channel.send(flat, policy_version))
             return RankPublication(expected)
         import ray
 
         return RankPublication(expected, (ray.put(flat.view(torch.uint8).numpy()),))
 
-    def _send(self, flat: torch.Tensor, replicas: Optional[Sequence[int]]) -> None:
-        """Post ``flat`` on the channel of every live replica; a replica no longer live is abandoned."""
+    def _settle_channels(self, replicas: Optional[Sequence[int]]) -> None:
+        """Abandon the channels of replicas no longer live, and wait for the previous publication's sends on the
+        others (complete by now: the controller waited for their loads)."""
         if not self.channels:
-            raise RuntimeError("rollout.weight_transport=collective: no replica's channel was opened")
-        for replica in [index for index in self.channels if replicas is not None and index not in replicas]:
-            channel = self.channels.pop(replica)
-            channel.abandon()
-            self._abandoned.append(channel)
-        for channel in self.channels.values():
-            channel.send(flat)
+            raise RuntimeError("rollout.weight_transport=collective: no live replica's channel is open")
+        for replica in list(self.channels):
+            if replicas is not None and replica not in replicas:
+                self._abandon(replica, "the controller reported it lost")
+            else:
+                self._unless_failed(replica, self.channels[replica].wait_sent)
+
+    def _unless_failed(self, replica: int, operation) -> None:
+        """Run ``operation`` on replica ``replica``'s channel; a transport failure (the replica died unnoticed)
+        abandons the channel instead of failing the publication: the replica's load then fails, and the controller
+        counts it lost."""
+        try:
+            operation()
+        except RuntimeError as error:
+            self._abandon(replica, str(error).splitlines()[0][:200])
+
+    def _abandon(self, replica: int, reason: str) -> None:
+        logger.warning("weight channel to rollout replica %d abandoned: %s", replica, reason)
+        channel = self.channels.pop(replica)
+        channel.abandon()
+        self._abandoned.append(channel)  # its sends' buffers stay referenced
 
     def _rows_view(self, index: int, flat: Optional[torch.Tensor]) -> torch.Tensor:
         """This rank's rows of parameter ``index``: in the arena, or in the flat buffer of this publication."""
@@ -205,9 +230,12 @@ class WeightPublisher:
         return flat[offset:offset + (stop - start) * math.prod(shape[1:])].view(stop - start, *shape[1:])
 
     def close(self) -> None:
-        """Rank 0 deletes the arena's file (the readers' mappings stay valid until they let go)."""
+        """Rank 0 deletes the arena's file (the readers' mappings stay valid until they let go); the channels are
+        shut down."""
         if self.rank == 0 and self.arena is not None:
             self.arena.remove()
+        for channel in self.channels.values():
+            channel.close()
 
 
 class PublishedWeights:
@@ -231,27 +259,28 @@ class PublishedWeights:
         size = self.layout.dtype.itemsize
         return sum(box_numel(region) for region in self.regions.values()) * size
 
-    def stream(self, checked: bool, rows: Sequence = ()) -> Iterator[tuple[str, torch.Tensor]]:
+    def stream(self, checked: bool, rows: Sequence = (),
+               policy_version: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
         """``(hf_name, full tensor)`` of every parameter (the engine reads its region of each); ``checked``:
         fingerprint this rank's regions for :meth:`verify`. ``rows``: with the object-store transport, the trainer
         ranks' references in rank order (:class:`RankPublication`), fetched here; with ``collective`` the trainer
-        ranks' buffers are received here."""
+        ranks' buffers of the publication of ``policy_version`` are received here."""
         layout = self.layout
         self.checks = SyncChecksums(layout.names, layout.tp_size) if checked else None
         if layout.transport == "shared_memory":
             tensors = ((name, self.arena.view(layout.offsets[i], layout.shapes[i], layout.dtype))
                        for i, name in enumerate(layout.names))
         else:
-            tensors = self._assembled(self._fetched(rows))
+            tensors = self._assembled(self._fetched(rows, policy_version))
         return self.checks.observe(tensors, self.regions, full_shaped=True) if checked else tensors
 
-    def _fetched(self, rows: Sequence) -> list[torch.Tensor]:
+    def _fetched(self, rows: Sequence, policy_version: int) -> list[torch.Tensor]:
         """The trainer ranks' flat buffers of one publication, in rank order: received over the channel, or fetched
         from the object store (``rows``: their references)."""
         layout = self.layout
         if layout.transport == "collective":
             buffers = self.channel.receive([layout.flat_numel(writer) for writer in range(layout.writers)],
-                                           layout.dtype)
+                                           layout.dtype, policy_version)
         else:
             import ray
 

@@ -148,7 +148,7 @@ class Generation:
         previous = self.finish_loads()
         live = [index for index, replica in enumerate(self.replicas) if not replica.is_stopped]
         started = time.perf_counter()
-        published = self.actor.call(ActorRolloutRefWorker.publish_weights, live)
+        published = self.actor.call(ActorRolloutRefWorker.publish_weights, live, policy_version)
         publish_seconds = time.perf_counter() - started
         fingerprints = [publication.expected for publication in published]
         expected = None if fingerprints[0] is None else torch.stack(fingerprints).sum(0)

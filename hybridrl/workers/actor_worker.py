@@ -147,7 +147,8 @@ class ActorRolloutRefWorker(Worker):
             self.publisher = WeightPublisher(actor_model, tp_size=config.rollout.tensor_model_parallel_size,
                                              dtype=torch_dtype(config.model.dtype), group=ranks.group,
                                              source=MergedLoraWeights(actor_model) if self.lora else None,
-                                             transport=resolved_weight_transport(config))
+                                             transport=resolved_weight_transport(config),
+                                             channel_timeout_s=config.rollout.weight_transport_timeout_s)
             self.engine_weights = EngineWeights(None, verify=False, loaded_current=True)
             return None
         resharder = None
@@ -236,12 +237,14 @@ class ActorRolloutRefWorker(Worker):
         self._publisher().join_channel(replica, address)
 
     @one_to_all
-    def publish_weights(self, replicas: Optional[list[int]] = None) -> RankPublication:
+    def publish_weights(self, replicas: Optional[list[int]] = None, policy_version: int = 0) -> RankPublication:
         """Write this rank's rows of the current weights for the rollout pool; returns this rank's publication:
         (``rollout.verify_weight_sync``) its fingerprints ``[t_g, params]``, which the controller sums, and with the
         object-store transport the reference to its rows. ``replicas``: the live replicas' indices (the
-        ``collective`` transport sends to those alone; ``None``: all)."""
-        return self._publisher().publish(checked=self.config.rollout.verify_weight_sync, replicas=replicas)
+        ``collective`` transport sends to those alone; ``None``: all), and ``policy_version`` heads what it sends (the
+        loads check it)."""
+        return self._publisher().publish(checked=self.config.rollout.verify_weight_sync, replicas=replicas,
+                                         policy_version=policy_version)
 
     def _publisher(self) -> WeightPublisher:
         if self.publisher is None:

@@ -141,7 +141,7 @@ class RolloutWorker(Worker):
         trainer ranks' fingerprints, summed; ``None``: unchecked) is compared with what this rank read; ``rows``: the
         trainer ranks' object-store references in rank order (``rollout.weight_transport=object_store``). A load
         that a generation in flight already took (partial rollout) is not repeated. Returns rank 0's sync
-        metrics (``weight_sync/bytes``: what it fetched from the object store)."""
+        metrics (``weight_sync/bytes``: what it fetched from the object store or received over its channel)."""
         started = time.perf_counter()
         self._published_for(layout)
         if self.notice is None or policy_version > self._held():
@@ -161,6 +161,7 @@ class RolloutWorker(Worker):
         """``rollout.weight_transport=collective``: join the channel the trainer's ranks send weights over, as reader
         ``tp_rank`` (returns once every member has joined)."""
         self.channel = WeightChannel.join(address, address.writers + self.context.tp_rank)
+        self.published = None  # rebuilt on the new channel at the next load
 
     @one_to_all(collect="first")
     def relabel_weights(self, policy_version: int) -> None:
@@ -177,7 +178,8 @@ class RolloutWorker(Worker):
 
     def _load(self, expected: Optional[torch.Tensor], policy_version: int, rows: Sequence = ()) -> None:
         assert self.published is not None
-        self.engine.update_weights(self.published.stream(checked=expected is not None, rows=rows),
+        self.engine.update_weights(self.published.stream(checked=expected is not None, rows=rows,
+                                                         policy_version=policy_version),
                                    policy_version=policy_version)
         if expected is not None:
             self.published.verify(expected)
@@ -190,7 +192,10 @@ class RolloutWorker(Worker):
             time.sleep(self.config.trainer.fault_injection.rollout_step_delay_s)
 
     def close(self) -> None:
-        """Release the engine (a tensor-parallel engine's process groups go before the worker's)."""
+        """Release the engine (a tensor-parallel engine's process groups go before the worker's) and the weight
+        channel."""
         close = getattr(getattr(self, "engine", None), "close", None)
         if callable(close):
             close()
+        if getattr(self, "channel", None) is not None:
+            self.channel.close()

@@ -124,7 +124,7 @@ def check_a_damaged_publication_is_named(split, tokenizer):
     """Fingerprints that do not match what the pool read (as a corrupted arena would give) stop the load with the
     parameter's name, on the rank that read it."""
     generation, actor, _ = split
-    published = actor.call(ActorRolloutRefWorker.publish_weights)
+    published = actor.call(ActorRolloutRefWorker.publish_weights, None, generation.policy_version + 1)
     expected = torch.stack([publication.expected for publication in published]).sum(0)
     expected[:, 3] += 1
     rows = [reference for publication in published for reference in publication.rows]
@@ -166,6 +166,29 @@ def test_a_dead_replica_is_reported_and_its_prompts_resubmitted(ray_runtime, mod
         update(actor, both, step=0)
         stats = generation.sync_weights()
         assert (stats["rollout/replicas_live"], stats["rollout/replicas_lost"]) == (1.0, 1.0)
+        assert log_prob_gap(actor, generation.generate(prompt_batch(tokenizer), params)) < 1e-4
+    finally:
+        for group in (*replicas, actor):
+            stop(group)
+
+
+@pytest.mark.long
+def test_a_replica_that_dies_unnoticed_does_not_stop_a_collective_sync(ray_runtime, model_dir, tokenizer, caplog):
+    """A replica killed between two syncs, with no generation in between to notice it: the next publication posts
+    to (or fails on) its channel, its load fails, it is counted lost, and the survivor has the new weights; the
+    sync after that abandons its channel instead of waiting on it."""
+    actor, replicas = start_split(ray_runtime, split_config(model_dir, 2, 1, "collective"), "unnoticed")
+    try:
+        generation = Generation(actor, "vllm", replicas)
+        params = SamplingParams(n=2, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=5)
+        rollout = generation.generate(prompt_batch(tokenizer), params)
+        os.kill(replicas[1].locations[0].pid, signal.SIGKILL)
+        update(actor, rollout, step=0)
+        stats = generation.sync_weights()
+        assert (stats["rollout/replicas_live"], stats["rollout/replicas_lost"]) == (1.0, 1.0)
+        assert log_prob_gap(actor, generation.generate(prompt_batch(tokenizer), params)) < 1e-4
+        update(actor, rollout, step=1)
+        generation.sync_weights()
         assert log_prob_gap(actor, generation.generate(prompt_batch(tokenizer), params)) < 1e-4
     finally:
         for group in (*replicas, actor):

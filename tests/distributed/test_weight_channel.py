@@ -20,6 +20,7 @@ from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
+
 def tiny_llama() -> torch.nn.Module:
     spec = TinyModelSpec(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
     return build_tiny_model(spec, vocab_size=48, pad_token_id=0, eos_token_id=1, seed=3)
@@ -59,9 +60,9 @@ def publish_twice_over_a_channel(rank: int, world: int, writers: int = 2, backen
     else:
         layout = shared(None, rank)
         reader = PublishedWeights(layout, tp_rank=rank - writers, rank=rank, channel=channel)
-    for scale in (1.0, 2.0):  # the second publication must be the one the second load receives
+    for version, scale in ((1, 1.0), (2, 2.0)):  # the second publication must be the one the second load receives
         if rank < writers:
-            expected = publisher.publish(checked=True).expected
+            expected = publisher.publish(checked=True, policy_version=version).expected
             # the readers receive only after this barrier: a send that waited for its receiver would hang here
             dist.barrier()
             summed(expected, layout, device)
@@ -71,7 +72,7 @@ def publish_twice_over_a_channel(rank: int, world: int, writers: int = 2, backen
         else:
             dist.barrier()
             total = summed(None, layout, device)
-            received = dict(reader.stream(checked=True))
+            received = dict(reader.stream(checked=True, policy_version=version))
             reader.verify(total)
             assert list(received) == [name for name, _ in reference.named_parameters()]
             for name, param in reference.named_parameters():
@@ -83,6 +84,25 @@ def publish_twice_over_a_channel(rank: int, world: int, writers: int = 2, backen
 
 def test_trainer_ranks_send_published_rows_to_a_replica_over_their_own_group():
     run_on_gloo(4, publish_twice_over_a_channel)
+
+
+def a_publication_of_another_version(rank: int, world: int) -> None:
+    """Writer 0 sends version 3; the reader, loading version 4, refuses it before taking the rows."""
+    store, address = host_channel(1, 1, host="127.0.0.1") if rank == 0 else (None, None)
+    channel = WeightChannel.join(shared(address, rank), rank)
+    if rank == 0:
+        channel.send(torch.arange(6, dtype=torch.float32), policy_version=3)
+    else:
+        with pytest.raises(ValueError, match="trainer rank 0 sent the weights of version 3 where version 4 was "
+                                             "expected: a publication was not paired with its load"):
+            channel.receive([6], torch.float32, policy_version=4)
+    dist.barrier()
+    if rank == 0:
+        channel.abandon()  # the rows were never received: nothing to wait for
+
+
+def test_a_publication_that_was_not_paired_with_its_load_is_refused():
+    run_on_gloo(2, a_publication_of_another_version)
 
 
 def test_a_channel_rank_outside_the_group_and_an_unknown_backend_are_refused():

@@ -1,8 +1,8 @@
 """``rollout.weight_transport=collective`` on GPU: the trainer's rows travel over NCCL, buffers on the devices.
 
-Skipped without 2 CUDA devices (NCCL joins each device once per group; the one GPU machine these sessions borrow has
-one). One trainer rank on ``cuda:0`` sends to a replica rank on ``cuda:1``; on CPU the same runs over gloo with two of
-each in ``tests/distributed/test_weight_channel.py``.
+Skipped without 2 CUDA devices (NCCL joins each device once per group, so a one-GPU machine cannot run it). One
+trainer rank on ``cuda:0`` sends to a replica rank on ``cuda:1``; on CPU the same runs over gloo with two of each in
+``tests/distributed/test_weight_channel.py``.
 """
 
 from __future__ import annotations

@@ -149,6 +149,12 @@ def cuda_without_gpu(tmp, model):
     return ["trainer.device=cuda"], ["trainer.device='cuda'", "no CUDA device is visible"]
 
 
+def nccl_channel_to_colocated_replicas(tmp, model):
+    return (["trainer.device=cuda", "rollout.name=vllm", "rollout.engine_process=own",
+             "rollout.weight_transport=collective"],
+            ["rollout.weight_transport='collective'", "NCCL, which cannot join an actor rank and a replica"])
+
+
 def reward_path_missing(tmp, model):
     return [f"custom_reward_function.path={tmp / 'reward.py'}"], ["custom_reward_function.path", "existing .py file"]
 
@@ -185,6 +191,7 @@ CASES = [data_file_missing, data_file_wrong_suffix, jsonl_empty, parquet_empty, 
          jsonl_not_json, jsonl_fewer_rows_than_a_batch, jsonl_unknown_data_source, val_file_bad_row,
          model_path_missing, model_dir_without_config, model_config_not_json, model_without_weights,
          model_without_tokenizer, tokenizer_without_chat_template, float16_on_cpu, cuda_without_gpu,
+         nccl_channel_to_colocated_replicas,
          reward_path_missing, reward_name_missing, reward_file_fails_to_import, reward_wrong_signature,
          resume_path_missing, resume_path_not_a_checkpoint]
 

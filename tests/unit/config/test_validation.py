@@ -53,6 +53,8 @@ BAD_CONFIGS = [
     (["rollout.name=vllm", "rollout.n_gpus=1", "rollout.weight_transport=collective",
       "async_training.mode=one_step_off", "async_training.partial_rollout=true"], "async_training.partial_rollout",
      "the collective weight transport does not use"),
+    (["rollout.name=vllm", "rollout.n_gpus=1", "rollout.weight_transport=collective",
+      "rollout.weight_transport_timeout_s=0"], "rollout.weight_transport_timeout_s", "> 0"),
     (["rollout.multi_turn.enable=true"], "rollout.multi_turn.enable", "set rollout.name=vllm"),
     (["rollout.name=vllm", "rollout.multi_turn.enable=true", "rollout.multi_turn.max_assistant_turns=0"],
      "rollout.multi_turn.max_assistant_turns", ">= 1"),
