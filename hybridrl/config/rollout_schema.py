@@ -68,8 +68,9 @@ class RolloutConfig(FreezableConfig):
     in place: the replicas on the trainer's host),
     ``object_store`` (each trainer rank puts its rows into Ray's object store and the replicas fetch them, across
     nodes over the network), ``collective`` (each trainer rank sends its rows to each replica's ranks over a process
-    group of their own: gloo over TCP on CPU, NCCL on GPU — across nodes, and on GPU the fast way; set
-    ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` where the nodes' default interface is not the one they share) or
+    group of their own: gloo over TCP on CPU, NCCL on GPU — across nodes; the NCCL path is tested only on a machine
+    with 2 GPUs, not yet measured; set ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` where the nodes' default
+    interface is not the one they share) or
     ``auto`` (``shared_memory`` for a local Ray instance on one node, ``object_store`` when attached to a cluster or
     with ``trainer.nnodes > 1``). Partial rollout needs ``shared_memory``."""
     weight_transport_timeout_s: float = 1800.0
