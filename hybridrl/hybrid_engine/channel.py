@@ -40,6 +40,8 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from hybridrl.utils.distributed import node_address
+
 BACKENDS = ("gloo", "nccl")
 
 
@@ -64,13 +66,6 @@ class ChannelAddress:
     def device(self) -> torch.device:
         """Where the messages' buffers live: the current GPU for NCCL, host memory for gloo."""
         return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
-
-
-def node_address() -> str:
-    """This process's node IP as Ray knows it (``127.0.0.1`` outside Ray)."""
-    import ray
-
-    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
 
 
 def host_channel(writers: int, readers: int, backend: str = "gloo",

@@ -146,13 +146,10 @@ class WorkerHost:
 
     def locate(self, rank: int) -> tuple[RankLocation, int]:
         """Where this rank runs, and a port free on its node (used as ``MASTER_PORT`` when this is rank 0)."""
-        node_ip, node_id = "127.0.0.1", ""
         import ray
 
-        if ray.is_initialized():
-            node_ip = ray.util.get_node_ip_address()
-            node_id = ray.get_runtime_context().get_node_id()
-        return RankLocation(rank, node_ip, node_id, os.getpid()), dist_utils.find_free_port()
+        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        return RankLocation(rank, dist_utils.node_address(), node_id, os.getpid()), dist_utils.find_free_port()
 
     def start(self, spec: RankSpec, worker_cls: type[Worker], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Join the process group, build the meshes, then construct ``worker_cls(*args, **kwargs)`` with its context."""

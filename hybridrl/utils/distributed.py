@@ -99,6 +99,13 @@ def rank_env(rank: int, world_size: int, local_rank: int, local_world_size: int,
     }
 
 
+def node_address() -> str:
+    """This process's node IP as Ray knows it (``127.0.0.1`` outside Ray): the address other nodes reach it at."""
+    import ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+
+
 def find_free_port() -> int:
     """A TCP port free on this host right now (the OS picks it; a tiny race with other processes remains)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
