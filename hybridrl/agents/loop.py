@@ -25,7 +25,7 @@ from hybridrl.agents.environment import Environment, EnvironmentFailure, Message
 from hybridrl.agents.trajectory import ChatRenderer, TemplateMismatch, Trajectory
 from hybridrl.rollout.base import RequestQueue, SamplingParams
 from hybridrl.rollout.server import Request, ReplicaServer, serve
-from hybridrl.rollout.vllm_requests import Completion
+from hybridrl.rollout.completion import Completion
 from hybridrl.utils.seeding import derive_seed
 
 logger = logging.getLogger(__name__)

@@ -74,9 +74,9 @@ class RolloutEngine(Protocol):
 
 
 class RequestQueue(Protocol):
-    """Request-level generation on one engine (``VLLMRequests`` is the reference): token ids in; token ids, their
-    log-probs and each token's ``policy_version`` out, many requests in flight. What multi-turn episodes, partial
-    rollout and the replica server (``rollout/server.py``) drive; ``generate`` is built on it."""
+    """Request-level generation on one engine (``VLLMRequests``, ``HFRequests``): token ids in; token ids, their
+    log-probs and each token's ``policy_version`` out, many requests in flight. What the replica server
+    (``rollout/server.py``) drives, for multi-turn episodes, partial rollout and every engine's ``generate``."""
 
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: Optional[str] = None,
                streamed: bool = True) -> str:

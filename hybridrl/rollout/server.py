@@ -1,6 +1,7 @@
 """A replica as a server: many callers, one engine thread, token ids in and out (docs/architecture.md §6).
 
-``ReplicaServer`` puts a request queue (``VLLMRequests``, or a tensor-parallel leader's ``LeaderRequests``) behind
+``ReplicaServer`` puts a request queue (``VLLMRequests``, a tensor-parallel leader's ``LeaderRequests``, the HF
+engine's ``HFRequests``) behind
 an asynchronous, thread-safe interface. One thread owns the engine: it takes the callers' commands between engine
 steps — submit, abort, pause, resume, or any function to run on the engine (a weight update, sleep / wake) — and
 steps while anything is in flight, handing each request's new tokens to its caller as they come. Callers are
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from concurrent import futures
 import logging
 import queue
 import threading
@@ -35,11 +37,14 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence, 
 import torch
 
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.rollout.vllm_requests import Completion, PauseMode
+from hybridrl.rollout.completion import Completion, PauseMode
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_CALLERS = futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="replica-caller")
+"""The threads :func:`serve` runs its callers' event loops on (kept between calls: a thread start per call costs
+a thread switch of the engine's thread)."""
 Request = tuple[Sequence[int], SamplingParams, Optional[str]]
 """One request to submit: prompt ids, sampling parameters (one response), its id (``None``: the queue names it)."""
 
@@ -105,10 +110,13 @@ class ReplicaServer:
         name: the engine thread's name (logs).
         after_step: called with ``requests`` on the engine thread after every engine step; it may ``pause("keep")``,
             update the weights and ``resume()`` (partial rollout takes newer weights so).
+        own_thread: start a thread of its own for the engine; ``False``: the engine runs in the thread that calls
+            :meth:`run_here` (what :func:`serve` does with its caller's thread).
     """
 
     def __init__(self, requests, version: Callable[[], Optional[int]] = lambda: None,
-                 name: str = "replica", after_step: Optional[Callable[[Any], None]] = None) -> None:
+                 name: str = "replica", after_step: Optional[Callable[[Any], None]] = None,
+                 own_thread: bool = True) -> None:
         self._requests, self._version, self._after_step = requests, version, after_step
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._waiters: dict[str, _Waiter] = {}
@@ -119,8 +127,10 @@ class ReplicaServer:
         # is per thread, so the engine thread takes its creator's
         self._torch_threads = torch.get_num_threads()
         self._cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
-        self._thread = threading.Thread(target=self._serve, name=f"{name}-engine", daemon=True)
-        self._thread.start()
+        self._thread: Optional[threading.Thread] = None
+        if own_thread:
+            self._thread = threading.Thread(target=self._serve, name=f"{name}-engine", daemon=True)
+            self._thread.start()
 
     # --- the callers' side ----------------------------------------------------------------------------------------
 
@@ -207,19 +217,29 @@ class ReplicaServer:
     def health(self) -> ReplicaHealth:
         """The replica's state now (read without waiting for the engine thread)."""
         since = None if self._last_step is None else time.monotonic() - self._last_step
-        return ReplicaHealth(alive=not self._closed and self._thread.is_alive(), in_flight=len(self._waiters),
+        alive = not self._closed and (self._thread is None or self._thread.is_alive())
+        return ReplicaHealth(alive=alive, in_flight=len(self._waiters),
                              paused=self._requests.paused, policy_version=self._version(),
                              engine_steps=self._engine_steps, seconds_since_step=since,
                              error=None if self._error is None else f"{type(self._error).__name__}: {self._error}")
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the engine thread; requests still waiting end with :class:`ReplicaClosed`."""
+        """Stop the engine thread; requests still waiting end with :class:`ReplicaClosed`. Without a thread of its
+        own (:meth:`run_here`) it tells the engine loop to end and returns: the loop answers those requests."""
         if not self._closed:
             self._commands.put(None)
+            if self._thread is None:
+                return
             self._thread.join(timeout_s)
         self._fail_waiting(ReplicaClosed(self._closed_reason()))  # a command queued as the thread ended
 
     # --- the engine thread ----------------------------------------------------------------------------------------
+
+    def run_here(self) -> None:
+        """Run the engine loop in the calling thread until :meth:`close` (a server made with ``own_thread=False``)."""
+        if self._thread is not None:
+            raise RuntimeError("run_here() on a server whose engine has a thread of its own")
+        self._serve()
 
     def _serve(self) -> None:
         torch.set_num_threads(self._torch_threads)
@@ -257,23 +277,29 @@ class ReplicaServer:
             block = False
 
     def _step(self) -> None:
-        for completion in self._requests.step():
-            self._deliver(completion)
+        self._deliver(self._requests.step())
         self._engine_steps += 1
         self._last_step = time.monotonic()
         if self._after_step is not None:
             self._after_step(self._requests)
 
-    def _deliver(self, completion: Completion) -> None:
-        waiter = self._waiters.get(completion.request_id)
-        if waiter is None:
-            return
-        start = waiter.sent
-        waiter.sent = len(completion.token_ids)
-        if completion.finished:  # before the caller hears of it: health() then counts it done
-            del self._waiters[completion.request_id]
-        waiter.put(Delta(completion.request_id, completion.token_ids[start:], completion.log_probs[start:],
-                         completion.policy_versions[start:], completion.finish_reason))
+    def _deliver(self, completions: Sequence[Completion]) -> None:
+        """Hand each completion's new tokens to its caller: one wake-up of each caller's loop for them all (a
+        thread-safe call per request costs a socket write and a thread switch each)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Delta]]] = {}
+        for completion in completions:
+            waiter = self._waiters.get(completion.request_id)
+            if waiter is None:
+                continue
+            start = waiter.sent
+            waiter.sent = len(completion.token_ids)
+            if completion.finished:  # before the caller hears of it: health() then counts it done
+                del self._waiters[completion.request_id]
+            by_loop.setdefault(waiter.loop, []).append((waiter.queue, Delta(
+                completion.request_id, completion.token_ids[start:], completion.log_probs[start:],
+                completion.policy_versions[start:], completion.finish_reason)))
+        for loop, deliveries in by_loop.items():
+            _post(loop, _put_each, deliveries)
 
     def _submit_all(self, requests: list[Request], waiters: list[_Waiter], streamed: bool) -> list[str]:
         """Queue every request (none when one is refused: those queued before it are aborted)."""
@@ -294,14 +320,13 @@ class ReplicaServer:
         if request_id not in self._requests.in_flight:
             return None
         completion = self._requests.abort(request_id)
-        self._deliver(completion)
+        self._deliver([completion])
         return completion
 
     def _pause(self, mode: PauseMode) -> list[Completion]:
         affected = self._requests.pause(mode)
-        for completion in affected:
-            if completion.finished:  # abort / wait: their callers are answered now; keep: they wait on
-                self._deliver(completion)
+        # abort / wait: their callers are answered now; keep: they wait on
+        self._deliver([completion for completion in affected if completion.finished])
         return affected
 
     def _fail_waiting(self, error: BaseException) -> None:
@@ -324,31 +349,30 @@ class ReplicaServer:
 
 def serve(requests, work: Callable[[ReplicaServer], Awaitable[T]], **server_args: Any) -> T:
     """Run ``work(server)`` on a :class:`ReplicaServer` over ``requests`` for the length of this call and return
-    its result; the server closes afterwards (its engine thread has ended when this returns). ``server_args``:
-    :class:`ReplicaServer`'s keywords. Works from inside a running event loop too (a notebook): the work then
-    runs on a loop of its own in another thread."""
-    server = ReplicaServer(requests, **server_args)
-    try:
-        return _run_to_end(lambda: work(server))
-    finally:
-        server.close()
+    its result; the server closes afterwards. ``server_args``: :class:`ReplicaServer`'s keywords.
 
-
-def _run_to_end(coroutine: Callable[[], Awaitable[T]]) -> T:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine())
+    The engine steps in the calling thread and ``work`` runs on an event loop of its own in a helper thread (also
+    from inside a running event loop: a notebook). The engine's kernels thus run on the thread whose OpenMP team is
+    warm: a thread started per call builds a team of its own, and the two teams' workers contend for the cores (the
+    HF engine's tiny-model ``generate`` ran 2.3× slower on a new thread on the 2-core VM)."""
+    server = ReplicaServer(requests, own_thread=False, **server_args)
     outcome: dict[str, Any] = {}
+    ended = threading.Event()
 
-    def in_thread() -> None:
+    def caller() -> None:
         try:
-            outcome["result"] = asyncio.run(coroutine())
-        except BaseException as error:  # noqa: BLE001 - raised in the caller
+            outcome["result"] = asyncio.run(work(server))
+        except BaseException as error:  # noqa: BLE001 - raised in the calling thread
             outcome["error"] = error
-    thread = threading.Thread(target=in_thread, name="replica-caller")
-    thread.start()
-    thread.join()
+        finally:
+            server.close()
+            ended.set()
+    _CALLERS.submit(caller)
+    server.run_here()
+    while not ended.wait(0.05):  # a command the caller queued as the loop ended is answered, so the caller ends
+        server._fail_waiting(ReplicaClosed(server._closed_reason()))
+    if server._error is not None and not isinstance(server._error, Exception):
+        raise server._error  # KeyboardInterrupt, SystemExit, a termination signal: the run's, not the work's
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
@@ -360,6 +384,11 @@ def _post(loop: asyncio.AbstractEventLoop, function: Callable[..., None], *args:
         loop.call_soon_threadsafe(function, *args)
     except RuntimeError:  # "Event loop is closed"
         pass
+
+
+def _put_each(deliveries: list[tuple[asyncio.Queue, Any]]) -> None:
+    for queue_, item in deliveries:
+        queue_.put_nowait(item)
 
 
 def _settle(future: asyncio.Future, result: Any, error: Optional[BaseException]) -> None:

@@ -36,7 +36,8 @@ from hybridrl.rollout.kv_budget import (CPU_BLOCK_SIZE, cache_splits, kv_bytes_p
                                         waves_warning)
 from hybridrl.rollout.server import Request, serve
 from hybridrl.rollout.vllm_extension import WORKER_EXTENSION
-from hybridrl.rollout.vllm_requests import Completion, VLLMRequests
+from hybridrl.rollout.completion import completions_as_rows, unpadded_rows
+from hybridrl.rollout.vllm_requests import VLLMRequests
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ class VLLMRollout:
         copies = 1 if params.do_sample else params.n  # vLLM refuses greedy n > 1: one greedy response, repeated
         requests: list[Request] = []
         row_ids: list[str] = []
-        for index, prompt in enumerate(_unpadded_rows(prompts)):
+        for index, prompt in enumerate(unpadded_rows(prompts)):
             for sample in range(params.n if params.do_sample else 1):
                 row_seed = None if params.seed is None else params.seed + index * params.n + sample
                 requests.append((prompt, params if row_seed is None else params.with_seed(row_seed),
@@ -174,7 +175,7 @@ class VLLMRollout:
                             version=lambda: self.policy_version, after_step=between_steps)
         finished = {completion.request_id: completion for completion in completions}
         rows = [finished[row_id] for row_id in row_ids]
-        responses, lengths, log_probs = self._collect(rows, params)
+        responses, lengths, log_probs = completions_as_rows(rows, params.max_new_tokens, self.pad_token_id)
         width = params.max_new_tokens
         length_mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
         mask = response_mask_from_eos(responses, self.eos_token_ids) * length_mask
@@ -198,20 +199,6 @@ class VLLMRollout:
             return self._vllm.SamplingParams(temperature=0.0, **common)
         return self._vllm.SamplingParams(temperature=params.temperature, top_p=params.top_p,
                                          top_k=max(params.top_k, 0), seed=params.seed, **common)
-
-    def _collect(self, rows: list[Completion],
-                 params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``responses [B·n, R]`` (pad-filled), ``lengths [B·n]``, ``log_probs [B·n, R]`` (fp32, 0 past the end)."""
-        width = params.max_new_tokens
-        responses = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        log_probs = torch.zeros((len(rows), width), dtype=torch.float32)
-        lengths = torch.zeros(len(rows), dtype=torch.long)
-        for row, completion in enumerate(rows):
-            token_ids = completion.token_ids[:width]
-            lengths[row] = len(token_ids)
-            responses[row, :len(token_ids)] = torch.tensor(token_ids, dtype=torch.long)
-            log_probs[row, :len(token_ids)] = torch.tensor(completion.log_probs[:width], dtype=torch.float32)
-        return responses, lengths, log_probs
 
     # --- weights -----------------------------------------------------------------------------------------------
 
@@ -430,12 +417,6 @@ def _process_settings_kept() -> Iterator[None]:
             os.environ.pop("LD_PRELOAD", None)
         else:
             os.environ["LD_PRELOAD"] = ld_preload
-
-
-def _unpadded_rows(prompts: Batch) -> list[list[int]]:
-    """The real (unpadded) token ids of each ``[B, P]`` prompt row, as Python lists."""
-    ids, mask = prompts[Fields.INPUT_IDS], prompts[Fields.ATTENTION_MASK].bool()
-    return [row[row_mask].tolist() for row, row_mask in zip(ids, mask)]
 
 
 class _ByteCounter:

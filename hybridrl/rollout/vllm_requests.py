@@ -32,41 +32,11 @@ per-request generator); ``generate`` gives row ``iÂ·n + j`` the seed ``seed + iÂ
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field, replace
-from typing import Iterator, Literal, Optional, Sequence
+from dataclasses import replace
+from typing import Iterator, Optional, Sequence
 
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.utils.seeding import derive_seed
-
-PauseMode = Literal["abort", "wait", "keep"]
-PAUSE_MODES = ("abort", "wait", "keep")
-
-
-@dataclass
-class Completion:
-    """One request's tokens so far. ``log_probs[k]`` and ``policy_versions[k]`` belong to ``token_ids[k]``;
-    ``finish_reason`` is ``"stop"`` (a stop token, kept as the last token), ``"length"``, ``"abort"`` or ``None``
-    while it runs. ``cached_prompt_tokens``: prompt tokens whose KV came from vLLM's prefix cache (whole blocks
-    another request computed) instead of this request's prefill."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    token_ids: list[int] = field(default_factory=list)
-    log_probs: list[float] = field(default_factory=list)
-    policy_versions: list[int] = field(default_factory=list)
-    finish_reason: Optional[str] = None
-    resubmissions: int = 0
-    streamed: bool = True
-    cached_prompt_tokens: int = 0
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def remaining_tokens(self) -> int:
-        return self.params.max_new_tokens - len(self.token_ids)
+from hybridrl.rollout.completion import PAUSE_MODES, Completion, PauseMode
 
 
 class VLLMRequests:
@@ -111,13 +81,8 @@ class VLLMRequests:
 
     def _add(self, completion: Completion) -> None:
         engine_id = f"{completion.request_id}#{completion.resubmissions}"
-        prompt = completion.prompt_token_ids + completion.token_ids
-        params = completion.params
-        if completion.resubmissions and params.seed is not None:
-            params = replace(params, seed=derive_seed(params.seed, "resubmission", completion.resubmissions))
-        self._engine.add_request(engine_id, {"prompt_token_ids": prompt},
-                                 self._to_vllm(replace(params, max_new_tokens=completion.remaining_tokens),
-                                               completion.streamed))
+        prompt, params = completion.continuation()
+        self._engine.add_request(engine_id, {"prompt_token_ids": prompt}, self._to_vllm(params, completion.streamed))
         self._running[engine_id] = completion
 
     @property

@@ -13,7 +13,8 @@ from hybridrl.modeling.attention import attention_implementation
 from hybridrl.modeling.single_rank import apply_compute_dtype
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.rollout.hf import HFRollout, _rows_to_keep
+from hybridrl.rollout.hf import HFRollout
+from hybridrl.rollout.hf_decode import _rows_to_keep
 
 VOCAB = 48
 ENDINGS = [1, 5, 9, 13]  # four EOS ids out of 48: rows end at spread-out steps

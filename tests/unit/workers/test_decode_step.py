@@ -142,7 +142,7 @@ def test_compute_parameters_in_place_swaps_the_casts_in_and_back():
 def test_a_step_that_cannot_be_built_falls_back_to_the_module(monkeypatch, caplog):
     """If building the step fails at run time (e.g. FSDP2 shards that were not gathered), generation goes on through
     the module's forward, with the same tokens, and the log names the failure."""
-    import hybridrl.rollout.hf as hf
+    import hybridrl.rollout.hf_decode as hf_decode
 
     def refuse(model, prepack=True):
         raise ValueError("the fast decode step needs gathered parameters (simulated)")
@@ -150,7 +150,7 @@ def test_a_step_that_cannot_be_built_falls_back_to_the_module(monkeypatch, caplo
     model = tiny("llama")
     params = SamplingParams(n=2, max_new_tokens=4, do_sample=False)
     expected, _ = engine_rollouts(model, True, params)
-    monkeypatch.setattr(hf, "DecodeStep", refuse)
+    monkeypatch.setattr(hf_decode, "DecodeStep", refuse)
     with caplog.at_level(logging.INFO, logger="hybridrl.rollout.hf"):
         out, engine = engine_rollouts(model, True, params)
     assert engine.decode_path == "module" and "could not be built" in caplog.text and "(simulated)" in caplog.text

@@ -1,0 +1,263 @@
+"""Request-level generation on the HF engine: what its replica server (``rollout/server.py``) drives.
+
+The HF engine decodes a batch of rows in lockstep on the training module, so requests run in **cohorts**: at a step
+with no cohort running, the requests waiting (first come, first served) become one — left-padded together, the
+consecutive requests for the same prompt with the same sampling settings sharing that prompt's prefill (up to
+``samples_per_prompt`` of them) — and each step decodes one token for every row of it (:class:`~hybridrl.rollout.
+hf_decode.ChunkDecode`). Requests submitted meanwhile wait for the next cohort. A request ends at its EOS (``stop``)
+or its length; an abort ends it at once; ``pause`` / ``resume`` behave as ``VLLMRequests``'s (a kept request
+continues in a later cohort, its prefix recomputed).
+
+Seeds: the requests of one cohort draw from one generator, seeded from its first request's seed; a cohort whose
+first seed is the one already in use continues that stream. ``HFRollout.generate`` gives every row its call's
+seed, so a batch split into cohorts (``micro_batch_size``) samples what one stream over those cohorts samples.
+Without a seed the draws come from torch's global generator. What a row samples depends on the cohort it ran in —
+unlike vLLM's per-request streams: the HF engine is the reference for exactness, not for request independence.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from dataclasses import dataclass, replace
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from hybridrl.protocol import Batch, Fields
+from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.completion import PAUSE_MODES, Completion, PauseMode
+from hybridrl.rollout.hf_decode import ChunkDecode, Forwards
+from hybridrl.rollout.routing_capture import RoutingCapture
+
+
+@dataclass
+class _Cohort:
+    """The requests decoding together: ``rows[r]`` is chunk row ``r``'s completion (``None`` once it left)."""
+
+    decode: ChunkDecode
+    rows: list[Optional[Completion]]
+
+
+class HFRequests:
+    """The request queue of the HF engine for one serving session (module docstring).
+
+    Args:
+        engine: the :class:`~hybridrl.rollout.hf.HFRollout`.
+        forwards: the session's :class:`~hybridrl.rollout.hf_decode.Forwards` (the caller keeps the parameters
+            gathered and packed around the session).
+        version: the ``policy_version`` of the weights the module holds now.
+        prompt_width: the least width cohorts are left-padded to (``generate``: its prompts' ``P``, so each row
+            runs at the shape it has in the batch).
+        samples_per_prompt: how many consecutive requests for one prompt share its prefill (``generate``: ``n``).
+        prompts_per_cohort: at most this many prompts per cohort (``None``: every request waiting).
+        images: the vision inputs (``Fields.MULTI_MODAL_INPUTS`` entries) of requests with images, by request id.
+        record: ``recorded_routing``'s lists: each cohort's routing is then kept in :attr:`captures`.
+        device: where the cohorts' tensors go (the module's device).
+    """
+
+    def __init__(self, engine, forwards: Forwards, *, version: Callable[[], Optional[int]] = lambda: None,
+                 prompt_width: int = 0, samples_per_prompt: int = 1, prompts_per_cohort: Optional[int] = None,
+                 images: Optional[dict[str, dict]] = None, record=None,
+                 device: torch.device | str = "cpu") -> None:
+        self._engine, self._forwards, self._version = engine, forwards, version
+        self._prompt_width, self._samples_per_prompt = prompt_width, max(samples_per_prompt, 1)
+        self._prompts_per_cohort, self._images, self._record = prompts_per_cohort, images or {}, record
+        self._device = torch.device(device)
+        self._waiting: collections.deque[Completion] = collections.deque()
+        self._cohort: Optional[_Cohort] = None
+        self._parked: list[Completion] = []
+        self._paused: Optional[str] = None
+        self._ids = itertools.count()
+        self._generator: Optional[torch.Generator] = None
+        self._generator_seed: Optional[int] = None
+        self.captures: list[RoutingCapture] = []
+        """Each finished cohort's routing, in order (with ``record``)."""
+
+    # --- submitting and stepping ---------------------------------------------------------------------------------
+
+    def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: Optional[str] = None,
+               streamed: bool = True) -> str:
+        """Queue one request (one response: ``params.n`` is ignored); it joins the next cohort. Its id."""
+        if self._paused is not None:
+            raise RuntimeError(f"the engine is paused ({self._paused!r}); resume() before submitting")
+        if not prompt_token_ids:
+            raise ValueError("submit: the prompt has no tokens")
+        completion = Completion(request_id or f"r{next(self._ids)}", list(prompt_token_ids), replace(params, n=1),
+                                streamed=streamed)
+        if completion.request_id in self.in_flight:
+            raise ValueError(f"submit: request id {completion.request_id!r} is already in flight")
+        self._waiting.append(completion)
+        return completion.request_id
+
+    @property
+    def in_flight(self) -> list[str]:
+        """Ids of the requests decoding or waiting for a cohort."""
+        running = [] if self._cohort is None else [c.request_id for c in self._cohort.rows if c is not None]
+        return running + [completion.request_id for completion in self._waiting]
+
+    def has_work(self) -> bool:
+        """Whether a cohort is decoding (with several ranks: until every rank's rows have ended) or one waits."""
+        return self._cohort is not None or bool(self._waiting)
+
+    @torch.no_grad()
+    def step(self) -> list[Completion]:
+        """One decode step of the running cohort (started first from the requests waiting if none runs); the
+        completions it advanced (streamed ones) or finished."""
+        if self._paused is not None:
+            raise RuntimeError(f"the engine is paused ({self._paused!r}); resume() before stepping")
+        if not self.has_work():
+            return []
+        cohort = self._cohort = self._cohort or self._start_cohort()
+        rows, tokens, log_probs = cohort.decode.step()
+        version, eos, touched = self._version(), set(self._engine.eos_token_ids), []
+        for row, token, log_prob in zip(rows.tolist(), tokens.tolist(), log_probs.tolist()):
+            completion = cohort.rows[row]
+            if completion is None:
+                continue
+            completion.token_ids.append(token)
+            completion.log_probs.append(log_prob)
+            completion.policy_versions.append(version)
+            if token in eos or completion.remaining_tokens <= 0:
+                completion.finish_reason = "stop" if token in eos else "length"
+                cohort.rows[row] = None
+            if completion.streamed or completion.finished:
+                touched.append(completion)
+        if cohort.decode.done:
+            self._end_cohort()
+        return touched
+
+    def run(self) -> list[Completion]:
+        """Step until nothing is in flight; the completions that finished, in the order they finished."""
+        done = []
+        while self.has_work():
+            done += [completion for completion in self.step() if completion.finished]
+        return done
+
+    def abort(self, request_id: str) -> Completion:
+        """End ``request_id`` now; its completion keeps the tokens generated so far (``finish_reason="abort"``)."""
+        for completion in self._waiting:
+            if completion.request_id == request_id:
+                self._waiting.remove(completion)
+                completion.finish_reason = "abort"
+                return completion
+        rows = [] if self._cohort is None else self._cohort.rows
+        for row, completion in enumerate(rows):
+            if completion is not None and completion.request_id == request_id:
+                rows[row] = None
+                self._cohort.decode.stop_rows(torch.tensor([row]))
+                completion.finish_reason = "abort"
+                return completion
+        raise KeyError(f"request {request_id!r} is not in flight")
+
+    # --- pause and resume ---------------------------------------------------------------------------------------
+
+    def pause(self, mode: PauseMode) -> list[Completion]:
+        """Stop generating (modes of ``VLLMRequests.pause``). The completions that ended or were parked."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        if self._paused is not None:
+            raise RuntimeError(f"the engine is already paused ({self._paused!r})")
+        if mode == "wait":
+            affected = self.run()
+        else:
+            affected = [self.abort(request_id) for request_id in self.in_flight]
+            if mode == "keep":
+                for completion in affected:
+                    completion.finish_reason = None
+                self._parked = affected
+        self._paused = mode
+        return affected
+
+    @property
+    def paused(self) -> Optional[str]:
+        """The pause mode in force, or ``None``."""
+        return self._paused
+
+    def resume(self) -> list[str]:
+        """Generate again; requests parked by ``pause("keep")`` wait for the next cohort (their ids)."""
+        if self._paused is None:
+            raise RuntimeError("resume() without pause()")
+        self._paused = None
+        parked, self._parked = self._parked, []
+        for completion in parked:
+            if completion.remaining_tokens <= 0:
+                completion.finish_reason = "length"
+                continue
+            completion.resubmissions += 1
+            self._waiting.append(completion)
+        return [completion.request_id for completion in parked if not completion.finished]
+
+    # --- cohorts ------------------------------------------------------------------------------------------------
+
+    def _start_cohort(self) -> _Cohort:
+        """The requests waiting, grouped by prompt, as one cohort (module docstring)."""
+        groups = self._take_groups()
+        prompts = self._prompt_batch([group[0] for group in groups])
+        params = groups[0][0].continuation()[1]
+        decode = ChunkDecode(self._engine, prompts, replace(params, n=len(groups[0])), self._forwards,
+                             self._record, self._generator_for(params.seed))
+        return _Cohort(decode, [completion for group in groups for completion in group])
+
+    def _end_cohort(self) -> None:
+        if self._cohort.decode.capture is not None:
+            self.captures.append(self._cohort.decode.capture)
+        for completion in self._cohort.rows:  # a row the decode left unfinished (cannot happen: reported if so)
+            if completion is not None:
+                completion.finish_reason = "length"
+        self._cohort = None
+
+    def _take_groups(self) -> list[list[Completion]]:
+        """The waiting requests of the next cohort: consecutive groups of the same size and sampling settings."""
+        groups: list[list[Completion]] = []
+        while self._waiting and (self._prompts_per_cohort is None or len(groups) < self._prompts_per_cohort):
+            group = self._leading_group()
+            if groups and (len(group) != len(groups[0]) or _settings(group[0]) != _settings(groups[0][0])):
+                break
+            groups.append([self._waiting.popleft() for _ in group])
+        return groups
+
+    def _leading_group(self) -> list[Completion]:
+        """The first waiting request and those after it for the same prompt and settings (≤ samples_per_prompt)."""
+        first = self._waiting[0]
+        group = [first]
+        for completion in itertools.islice(self._waiting, 1, self._samples_per_prompt):
+            if not _same_prompt(completion, first) or _settings(completion) != _settings(first):
+                break
+            group.append(completion)
+        return group
+
+    def _prompt_batch(self, firsts: list[Completion]) -> Batch:
+        """The cohort's prompts, one per group, left-padded to at least ``prompt_width``, with their images."""
+        prompts = [completion.continuation()[0] for completion in firsts]
+        width = max([self._prompt_width] + [len(prompt) for prompt in prompts])
+        input_ids = torch.full((len(prompts), width), self._engine.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt):] = 1
+        tensors = {Fields.INPUT_IDS: input_ids.to(self._device), Fields.ATTENTION_MASK: attention_mask.to(self._device)}
+        images = [self._images.get(completion.request_id) for completion in firsts]
+        non_tensors = {Fields.MULTI_MODAL_INPUTS: images} if any(image is not None for image in images) else {}
+        return Batch(tensors=tensors, non_tensors=non_tensors)
+
+    def _generator_for(self, seed: Optional[int]) -> Optional[torch.Generator]:
+        """The cohort's generator: the one in use when ``seed`` is its seed, a new one seeded so otherwise."""
+        if seed is None:
+            return None
+        if seed != self._generator_seed:
+            self._generator = torch.Generator(device=self._device).manual_seed(seed)
+            self._generator_seed = seed
+        return self._generator
+
+
+def _settings(completion: Completion) -> SamplingParams:
+    """What must agree for requests to decode in one cohort: the sampling settings but the seed (and ``n``,
+    always 1 here), with the tokens left as the length."""
+    return replace(completion.params, seed=None, max_new_tokens=completion.remaining_tokens)
+
+
+def _same_prompt(one: Completion, other: Completion) -> bool:
+    """Whether two requests continue from the same ids (their prompts followed by the tokens they have)."""
+    return (len(one.prompt_token_ids) + len(one.token_ids) == len(other.prompt_token_ids) + len(other.token_ids)
+            and one.prompt_token_ids + one.token_ids == other.prompt_token_ids + other.token_ids)
