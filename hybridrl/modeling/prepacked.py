@@ -9,7 +9,11 @@ runs far below its large-matrix rate; oneDNN's packed fp32 product is 1.5–2.5�
 533 → 315 µs and 32.2 → 15.1 ms). Inside :func:`linears_prepacked` each ``nn.Linear`` reorders its weight once, at its
 first call, and multiplies against that copy until the context exits (torch's ``mkldnn._reorder_linear_weight`` /
 ``mkldnn._linear_pointwise``, what inductor's CPU freezing uses). In bf16 the products are the same bits as
-``F.linear`` (both are oneDNN's; checked over decode, prefill and 3-D shapes, with and without bias); in fp32 they
+``F.linear`` (both are oneDNN's; checked over decode, prefill and 3-D shapes, with and without bias) up to a few
+hundred rows: from 295 rows (576→576) on 2 threads ``F.linear`` splits the sum otherwise, and a SmolLM2-shaped
+prompt forward of 8 × 43 tokens sampled other tokens packed than plain. So only products of at most
+:data:`PACKED_MAX_ROWS` rows, and one-token decode steps at any row count (what the fast decode step packs too),
+run packed: the prompts' forward then runs ``F.linear`` whichever decode path follows. In fp32 they
 differ from MKL's in the last bits (≤ 6e-6 absolute at SmolLM2's head); a row's result does not depend on how many
 rows run beside it from two rows up (MKL's does below 16 rows; a single row can take another kernel in both).
 
@@ -42,6 +46,11 @@ shapes of that row count. Repacking the weights every ``generate`` is not it (30
 within the first 500, flat after). It is a one-off compile per new row count, bounded by the kernel cache
 (``trainer.ray.cpu_kernel_cache_capacity``), not a leak, but the soak cannot tell the two apart; fp32 stays on
 MKL's ``F.linear`` (no per-shape kernels) until it can. Add ``torch.float32`` here to measure it."""
+
+
+PACKED_MAX_ROWS = 64
+"""Products of more rows than this run ``F.linear``, unless they are one-token decode steps (module docstring):
+the reorder a packed weight saves is a large share of a few-row product, a small one of a prompt's forward."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -90,8 +99,14 @@ class _PackedLinear:
     def _packable(self, input: torch.Tensor, weight: torch.Tensor) -> bool:
         dtype = weight.dtype
         return (not self.unstable and not torch.is_grad_enabled() and type(weight) in (torch.Tensor, nn.Parameter)
-                and input.dtype == dtype and weight.device.type == "cpu" and input.device.type == "cpu"
+                and _decode_shaped(input) and input.dtype == dtype and weight.device.type == "cpu" and input.device.type == "cpu"
                 and (self.module.bias is None or self.module.bias.dtype == dtype) and prepacking_available(dtype))
+
+
+def _decode_shaped(input: torch.Tensor) -> bool:
+    """Whether ``input [..., in]`` is a product to pack: at most :data:`PACKED_MAX_ROWS` rows, or ``[A, 1, in]``."""
+    rows = input.numel() // max(input.shape[-1], 1)
+    return rows <= PACKED_MAX_ROWS or (input.dim() == 3 and input.shape[1] == 1)
 
 
 @contextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.profiler import profile
 
@@ -126,3 +127,19 @@ def test_generation_is_the_same_with_and_without_packing(model, fast_decode, mon
     for field in (Fields.RESPONSES, Fields.RESPONSE_MASK):
         assert torch.equal(packed[field], plain[field]), field
     assert same(packed[Fields.ROLLOUT_LOG_PROBS], plain[Fields.ROLLOUT_LOG_PROBS])
+
+
+@pytest.mark.skipif(not prepacked.prepacking_available(torch.bfloat16),
+                    reason="this CPU / torch build has no oneDNN bf16 prepacked linear (no native bf16)")
+def test_a_prompt_forward_of_many_rows_runs_plain_products_and_decode_steps_stay_packed(monkeypatch):
+    """At 8 × 43 tokens of 576 (SmolLM2's width) on 2 threads ``F.linear`` sums otherwise than the packed product;
+    such a forward runs ``F.linear``, a one-token step of as many rows stays packed."""
+    torch.manual_seed(0)
+    layer = nn.Sequential(nn.Linear(576, 576, bias=False)).bfloat16()
+    products = counted_packed_products(monkeypatch)
+    prompt, step = torch.randn(8, 43, 576).bfloat16(), torch.randn(344, 1, 576).bfloat16()
+    with torch.no_grad(), prepacked.linears_prepacked(layer):
+        assert torch.equal(layer(prompt), F.linear(prompt, layer[0].weight))
+        assert products["packed"] == 0
+        layer(step)
+        assert products["packed"] == 1
