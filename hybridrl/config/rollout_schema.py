@@ -124,5 +124,5 @@ class RolloutConfig(FreezableConfig):
     hf_fast_decode: bool = True
     """``rollout.name=hf``: run each decode step of a llama / mistral / qwen2 / qwen3 model straight on its weights
     (fused q/k/v and gate/up products, no module dispatch): the module forward's logits bit for bit on CPU, and
-    generation 1.2× (SmolLM2-135M's shapes) to 1.3× (the demo's tiny model) faster there. Other models, and ``false``, run the module's
-    forward every step (the log says which)."""
+    generation 1.1× (SmolLM2-135M's shapes) to 1.3× (the demo's tiny model) faster there. Other models, and
+    ``false``, run the module's forward every step (the log says which)."""

@@ -7,7 +7,7 @@ per decode step; all ranks keep stepping until the slowest finishes. The ``n`` s
 prefill: the prompt runs once and its KV cache is repeated ``n`` times. Rows that have sampled an EOS leave the decode
 batch (their cache rows too) once an eighth of it has ended, without changing what is sampled: at SmolLM2's shapes
 with responses ending at spread-out lengths (mean 18 of 32 tokens) a ``generate`` of 8 prompts × 4 samples ran
-3.57 → 2.87 s on the 2-core AMD EPYC (``benchmarks/hf_decode.py``).
+2.50 → 2.04 s on the 2-core AMD EPYC (``benchmarks/hf_decode.py``, 2026-12-05).
 
 Prompts run through the module's forward. Decode steps of the model types :mod:`hybridrl.modeling.decode_step`
 covers run straight on the weights (``rollout.hf_fast_decode``, on by default: the same logits bit for bit on CPU,
