@@ -171,7 +171,7 @@ class HFRollout:
 async def _generate_to_the_end(server, queue: HFRequests, requests: list) -> list:
     """Every request finished, and the queue run to its end: with several ranks a cohort steps on until every
     rank's rows have ended, after this rank's requests have all been answered."""
-    completions = await server.generate_many(requests, streamed=False)
+    completions = await server.generate_batch(requests)
     await server.call(queue.run)
     return completions
 

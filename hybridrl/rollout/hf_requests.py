@@ -33,10 +33,40 @@ from hybridrl.rollout.routing_capture import RoutingCapture
 
 @dataclass
 class _Cohort:
-    """The requests decoding together: ``rows[r]`` is chunk row ``r``'s completion (``None`` once it left)."""
+    """The requests decoding together: ``rows[r]`` is chunk row ``r``'s completion (``None`` once it left),
+    ``active [rows]`` which rows still decode for a request, ``streamed`` those whose request hears of every token,
+    ``handed[r]`` how many of this cohort's tokens row ``r``'s completion holds. The tokens stay in the decode's
+    tensors until handed over: a streamed request's after every step, another's when it ends."""
 
     decode: ChunkDecode
     rows: list[Optional[Completion]]
+    active: torch.Tensor
+    streamed: set[int]
+    handed: list[int]
+
+    @classmethod
+    def of(cls, decode: ChunkDecode, completions: list[Completion]) -> "_Cohort":
+        active = torch.ones(len(completions), dtype=torch.bool, device=decode.tokens.device)
+        streamed = {row for row, completion in enumerate(completions) if completion.streamed}
+        return cls(decode, list(completions), active, streamed, [0] * len(completions))
+
+    def hand(self, row: int, version: Optional[int]) -> Completion:
+        """Row ``row``'s tokens so far, appended to its completion."""
+        completion, start, end = self.rows[row], self.handed[row], self.decode.steps
+        completion.token_ids += self.decode.tokens[row, start:end].tolist()
+        completion.log_probs += self.decode.log_probs[row, start:end].tolist()
+        completion.policy_versions += [version] * (end - start)
+        self.handed[row] = end
+        return completion
+
+    def finish(self, row: int, version: Optional[int], reason: str) -> Completion:
+        """End row ``row``'s request: its tokens handed over, ``finish_reason`` set, the row left."""
+        completion = self.hand(row, version)
+        completion.finish_reason = reason
+        self.rows[row] = None
+        self.active[row] = False
+        self.streamed.discard(row)
+        return completion
 
 
 class HFRequests:
@@ -64,6 +94,7 @@ class HFRequests:
         self._prompt_width, self._samples_per_prompt = prompt_width, max(samples_per_prompt, 1)
         self._prompts_per_cohort, self._images, self._record = prompts_per_cohort, images or {}, record
         self._device = torch.device(device)
+        self._eos = torch.tensor(engine.eos_token_ids, dtype=torch.long, device=self._device)
         self._waiting: collections.deque[Completion] = collections.deque()
         self._cohort: Optional[_Cohort] = None
         self._parked: list[Completion] = []
@@ -109,22 +140,19 @@ class HFRequests:
         if not self.has_work():
             return []
         cohort = self._cohort = self._cohort or self._start_cohort()
-        rows, tokens, log_probs = cohort.decode.step()
-        version, eos, touched = self._version(), set(self._engine.eos_token_ids), []
-        for row, token, log_prob in zip(rows.tolist(), tokens.tolist(), log_probs.tolist()):
-            completion = cohort.rows[row]
-            if completion is None:
-                continue
-            completion.token_ids.append(token)
-            completion.log_probs.append(log_prob)
-            completion.policy_versions.append(version)
-            if token in eos or completion.remaining_tokens <= 0:
-                completion.finish_reason = "stop" if token in eos else "length"
-                cohort.rows[row] = None
-            if completion.streamed or completion.finished:
+        decode = cohort.decode
+        decode.step()
+        version = self._version()
+        touched = [cohort.hand(row, version) for row in sorted(cohort.streamed)]
+        stopping = torch.isin(decode.tokens[:, decode.steps - 1], self._eos) & cohort.active
+        ending = cohort.active if decode.steps >= decode.params.max_new_tokens else stopping
+        stopped = stopping.tolist()
+        for row in ending.nonzero().flatten().tolist():
+            completion = cohort.finish(row, version, "stop" if stopped[row] else "length")
+            if not completion.streamed:
                 touched.append(completion)
-        if cohort.decode.done:
-            self._end_cohort()
+        if decode.done:
+            self._end_cohort(version)
         return touched
 
     def run(self) -> list[Completion]:
@@ -144,10 +172,8 @@ class HFRequests:
         rows = [] if self._cohort is None else self._cohort.rows
         for row, completion in enumerate(rows):
             if completion is not None and completion.request_id == request_id:
-                rows[row] = None
                 self._cohort.decode.stop_rows(torch.tensor([row]))
-                completion.finish_reason = "abort"
-                return completion
+                return self._cohort.finish(row, self._version(), "abort")
         raise KeyError(f"request {request_id!r} is not in flight")
 
     # --- pause and resume ---------------------------------------------------------------------------------------
@@ -197,15 +223,14 @@ class HFRequests:
         params = groups[0][0].continuation()[1]
         decode = ChunkDecode(self._engine, prompts, replace(params, n=len(groups[0])), self._forwards,
                              self._record, self._generator_for(params.seed))
-        return _Cohort(decode, [completion for group in groups for completion in group])
+        return _Cohort.of(decode, [completion for group in groups for completion in group])
 
-    def _end_cohort(self) -> None:
-        if self._cohort.decode.capture is not None:
-            self.captures.append(self._cohort.decode.capture)
-        for completion in self._cohort.rows:  # a row the decode left unfinished (cannot happen: reported if so)
-            if completion is not None:
-                completion.finish_reason = "length"
-        self._cohort = None
+    def _end_cohort(self, version: Optional[int]) -> None:
+        cohort, self._cohort = self._cohort, None
+        if cohort.decode.capture is not None:
+            self.captures.append(cohort.decode.capture)
+        for row in cohort.active.nonzero().flatten().tolist():  # none: every rank's rows have ended
+            cohort.finish(row, version, "length")
 
     def _take_groups(self) -> list[list[Completion]]:
         """The waiting requests of the next cohort: consecutive groups of the same size and sampling settings."""

@@ -92,6 +92,17 @@ class _Waiter:
 
 
 @dataclass
+class _Batch:
+    """Requests answered together (:meth:`ReplicaServer.generate_batch`): ``completions`` in order, filled as
+    they finish; ``future`` is settled in the caller's ``loop`` when ``remaining`` reaches 0."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    completions: list[Optional[Completion]]
+    remaining: int
+
+
+@dataclass
 class _Command:
     """A function to run on the engine thread, and where its result goes."""
 
@@ -120,6 +131,7 @@ class ReplicaServer:
         self._requests, self._version, self._after_step = requests, version, after_step
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._waiters: dict[str, _Waiter] = {}
+        self._batched: dict[str, tuple[_Batch, int]] = {}  # request id -> its batch and place in it
         self._engine_steps, self._last_step = 0, None
         self._error: Optional[BaseException] = None
         self._closed = False
@@ -154,6 +166,15 @@ class ReplicaServer:
         in order. ``streamed=False``: the engine reports each request once, at its end (cheaper per step; such
         requests cannot be paused with ``keep`` or ``abort``)."""
         return list(await asyncio.gather(*await self.submit_many(requests, streamed)))
+
+    async def generate_batch(self, requests: Sequence[Request]) -> list[Completion]:
+        """What ``generate_many(requests, streamed=False)`` returns, with one wake-up of this caller for the whole
+        batch instead of one per request (a step's batch: the caller's thread stays off the cores while the engine
+        steps)."""
+        loop = asyncio.get_running_loop()
+        batch = _Batch(loop, loop.create_future(), [None] * len(requests), len(requests))
+        await self.call(self._submit_batch, list(requests), batch)
+        return await batch.future
 
     async def submit_many(self, requests: Sequence[Request], streamed: bool = True) -> list[Awaitable[Completion]]:
         """Submit ``requests`` in one command; returns, in order, what each caller awaits for its finished
@@ -218,7 +239,7 @@ class ReplicaServer:
         """The replica's state now (read without waiting for the engine thread)."""
         since = None if self._last_step is None else time.monotonic() - self._last_step
         alive = not self._closed and (self._thread is None or self._thread.is_alive())
-        return ReplicaHealth(alive=alive, in_flight=len(self._waiters),
+        return ReplicaHealth(alive=alive, in_flight=len(self._waiters) + len(self._batched),
                              paused=self._requests.paused, policy_version=self._version(),
                              engine_steps=self._engine_steps, seconds_since_step=since,
                              error=None if self._error is None else f"{type(self._error).__name__}: {self._error}")
@@ -288,6 +309,9 @@ class ReplicaServer:
         thread-safe call per request costs a socket write and a thread switch each)."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Delta]]] = {}
         for completion in completions:
+            if completion.request_id in self._batched:
+                self._deliver_batched(completion)
+                continue
             waiter = self._waiters.get(completion.request_id)
             if waiter is None:
                 continue
@@ -300,6 +324,31 @@ class ReplicaServer:
                 completion.policy_versions[start:], completion.finish_reason)))
         for loop, deliveries in by_loop.items():
             _post(loop, _put_each, deliveries)
+
+    def _deliver_batched(self, completion: Completion) -> None:
+        if not completion.finished:
+            return
+        batch, index = self._batched.pop(completion.request_id)
+        batch.completions[index] = completion
+        batch.remaining -= 1
+        if batch.remaining == 0:
+            _post(batch.loop, _settle, batch.future, batch.completions, None)
+
+    def _submit_batch(self, requests: list[Request], batch: _Batch) -> None:
+        """Queue every request of ``batch`` (none when one is refused: those queued before it are aborted)."""
+        request_ids: list[str] = []
+        try:
+            for index, (prompt, params, request_id) in enumerate(requests):
+                request_ids.append(self._requests.submit(list(prompt), params, request_id=request_id,
+                                                         streamed=False))
+                self._batched[request_ids[-1]] = (batch, index)
+        except Exception:
+            for request_id in request_ids:
+                del self._batched[request_id]
+                self._requests.abort(request_id)
+            raise
+        if not requests:
+            _post(batch.loop, _settle, batch.future, [], None)
 
     def _submit_all(self, requests: list[Request], waiters: list[_Waiter], streamed: bool) -> list[str]:
         """Queue every request (none when one is refused: those queued before it are aborted)."""
@@ -333,6 +382,9 @@ class ReplicaServer:
         for waiter in self._waiters.values():
             waiter.put(error)
         self._waiters.clear()
+        for batch, _ in list(self._batched.values()):
+            _post(batch.loop, _settle, batch.future, None, error)
+        self._batched.clear()
         while True:
             try:
                 command = self._commands.get_nowait()
@@ -392,7 +444,7 @@ def _put_each(deliveries: list[tuple[asyncio.Queue, Any]]) -> None:
 
 
 def _settle(future: asyncio.Future, result: Any, error: Optional[BaseException]) -> None:
-    if future.cancelled():
+    if future.done():  # cancelled, or a batch failed after it was answered
         return
     if error is not None:
         future.set_exception(error)

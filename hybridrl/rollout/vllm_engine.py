@@ -171,7 +171,8 @@ class VLLMRollout:
                 row_ids += [requests[-1][2]] * copies
         self._warn_if_cache_runs_waves(len(requests))
         streamed = between_steps is not None
-        completions = serve(self.requests, lambda server: server.generate_many(requests, streamed=streamed),
+        completions = serve(self.requests, lambda server: server.generate_many(requests, streamed=True) if streamed
+                            else server.generate_batch(requests),
                             version=lambda: self.policy_version, after_step=between_steps)
         finished = {completion.request_id: completion for completion in completions}
         rows = [finished[row_id] for row_id in row_ids]

@@ -177,3 +177,20 @@ def test_the_server_streams_one_token_per_step_and_generate_is_its_requests(engi
         return [delta async for delta in server.stream(ids[0], SamplingParams(max_new_tokens=5, do_sample=False))]
     pieces = serve(one_by_one, deltas)
     assert [len(delta.token_ids) for delta in pieces] == [1] * len(pieces) and pieces[-1].finish_reason
+
+
+def test_a_batch_is_answered_whole_in_order_as_one_by_one_and_a_bad_request_refuses_it(engine):
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=9)
+    requests = [(prompt(30 + index), params, f"b{index}") for index in range(5)]
+
+    async def both(server: ReplicaServer):
+        batch = await server.generate_batch(requests)
+        with pytest.raises(ValueError, match="no tokens"):
+            await server.generate_batch([(prompt(40), params, "ok"), ([], params, "empty")])
+        assert server.health().in_flight == 0  # the refused batch left nothing queued
+        return batch
+    batch = serve(queue_of(engine), both)
+    one_by_one = serve(queue_of(engine), lambda server: server.generate_many(requests))
+    assert [c.request_id for c in batch] == [f"b{index}" for index in range(5)]
+    assert [(c.token_ids, c.log_probs, c.finish_reason) for c in batch] == \
+        [(c.token_ids, c.log_probs, c.finish_reason) for c in one_by_one]
