@@ -1,5 +1,6 @@
-"""What every request queue hands back (:class:`Completion`), its pause modes, and the two conversions between a
-batch of left-padded prompt rows and one request per response row that ``generate`` of each engine makes."""
+"""What every request queue hands back (:class:`Completion`), what every queue does alike (submitting's checks,
+``pause`` / ``resume``: :class:`PausableRequests`), and the two conversions between a batch of left-padded prompt
+rows and one request per response row that ``generate`` of each engine makes."""
 
 from __future__ import annotations
 
@@ -50,6 +51,74 @@ class Completion:
         if self.resubmissions and params.seed is not None:
             params = replace(params, seed=derive_seed(params.seed, "resubmission", self.resubmissions))
         return self.prompt_token_ids + self.token_ids, params
+
+
+class PausableRequests:
+    """``pause`` / ``resume`` of a request queue, the same for every engine's (modes in ``vllm_requests``'s module
+    docstring). A queue gives ``run()`` (step until nothing is in flight), ``abort(request_id)``, ``in_flight``,
+    ``_requeue(completion)`` (resubmit a kept request) and may refuse a mode (``_pause_refused``)."""
+
+    _paused: Optional[str] = None
+    _parked: list[Completion]
+
+    def pause(self, mode: PauseMode) -> list[Completion]:
+        """Stop generating, e.g. around a weight update. Returns the completions that ended (``abort``, ``wait``)
+        or were parked (``keep``)."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        if self._paused is not None:
+            raise RuntimeError(f"the engine is already paused ({self._paused!r})")
+        refusal = self._pause_refused(mode)
+        if refusal:
+            raise RuntimeError(refusal)
+        if mode == "wait":
+            affected = self.run()
+        else:
+            affected = [self.abort(request_id) for request_id in self.in_flight]
+            if mode == "keep":
+                for completion in affected:
+                    completion.finish_reason = None
+                self._parked = affected
+        self._paused = mode
+        return affected
+
+    @property
+    def paused(self) -> Optional[str]:
+        """The pause mode in force, or ``None``."""
+        return self._paused
+
+    def resume(self) -> list[str]:
+        """Generate again; requests parked by ``pause("keep")`` are resubmitted (ids of those resubmitted)."""
+        if self._paused is None:
+            raise RuntimeError("resume() without pause()")
+        self._paused = None
+        parked, self._parked = self._parked, []
+        for completion in parked:
+            if completion.remaining_tokens <= 0:
+                completion.finish_reason = "length"
+                continue
+            completion.resubmissions += 1
+            self._requeue(completion)
+        return [completion.request_id for completion in parked if not completion.finished]
+
+    def _new_request(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: Optional[str],
+                     streamed: bool) -> Completion:
+        """The completion of a request to submit (one response: ``params.n`` is ignored), or why it is refused."""
+        if self._paused is not None:
+            raise RuntimeError(f"the engine is paused ({self._paused!r}); resume() before submitting")
+        if not prompt_token_ids:
+            raise ValueError("submit: the prompt has no tokens")
+        request_id = request_id or f"r{next(self._ids)}"
+        if request_id in self.in_flight:
+            raise ValueError(f"submit: request id {request_id!r} is already in flight")
+        return Completion(request_id, list(prompt_token_ids), replace(params, n=1), streamed=streamed)
+
+    def _pause_refused(self, mode: PauseMode) -> Optional[str]:
+        """Why this queue cannot pause with ``mode`` now (``None``: it can)."""
+        return None
+
+    def _requeue(self, completion: Completion) -> None:
+        raise NotImplementedError
 
 
 def unpadded_rows(prompts: Batch) -> list[list[int]]:

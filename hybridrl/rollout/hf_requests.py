@@ -26,7 +26,7 @@ import torch
 
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.rollout.completion import PAUSE_MODES, Completion, PauseMode
+from hybridrl.rollout.completion import Completion, PausableRequests
 from hybridrl.rollout.hf_decode import ChunkDecode, Forwards
 from hybridrl.rollout.routing_capture import RoutingCapture
 
@@ -69,7 +69,7 @@ class _Cohort:
         return completion
 
 
-class HFRequests:
+class HFRequests(PausableRequests):
     """The request queue of the HF engine for one serving session (module docstring).
 
     Args:
@@ -110,14 +110,7 @@ class HFRequests:
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: Optional[str] = None,
                streamed: bool = True) -> str:
         """Queue one request (one response: ``params.n`` is ignored); it joins the next cohort. Its id."""
-        if self._paused is not None:
-            raise RuntimeError(f"the engine is paused ({self._paused!r}); resume() before submitting")
-        if not prompt_token_ids:
-            raise ValueError("submit: the prompt has no tokens")
-        completion = Completion(request_id or f"r{next(self._ids)}", list(prompt_token_ids), replace(params, n=1),
-                                streamed=streamed)
-        if completion.request_id in self.in_flight:
-            raise ValueError(f"submit: request id {completion.request_id!r} is already in flight")
+        completion = self._new_request(prompt_token_ids, params, request_id, streamed)
         self._waiting.append(completion)
         return completion.request_id
 
@@ -178,41 +171,8 @@ class HFRequests:
 
     # --- pause and resume ---------------------------------------------------------------------------------------
 
-    def pause(self, mode: PauseMode) -> list[Completion]:
-        """Stop generating (modes of ``VLLMRequests.pause``). The completions that ended or were parked."""
-        if mode not in PAUSE_MODES:
-            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
-        if self._paused is not None:
-            raise RuntimeError(f"the engine is already paused ({self._paused!r})")
-        if mode == "wait":
-            affected = self.run()
-        else:
-            affected = [self.abort(request_id) for request_id in self.in_flight]
-            if mode == "keep":
-                for completion in affected:
-                    completion.finish_reason = None
-                self._parked = affected
-        self._paused = mode
-        return affected
-
-    @property
-    def paused(self) -> Optional[str]:
-        """The pause mode in force, or ``None``."""
-        return self._paused
-
-    def resume(self) -> list[str]:
-        """Generate again; requests parked by ``pause("keep")`` wait for the next cohort (their ids)."""
-        if self._paused is None:
-            raise RuntimeError("resume() without pause()")
-        self._paused = None
-        parked, self._parked = self._parked, []
-        for completion in parked:
-            if completion.remaining_tokens <= 0:
-                completion.finish_reason = "length"
-                continue
-            completion.resubmissions += 1
-            self._waiting.append(completion)
-        return [completion.request_id for completion in parked if not completion.finished]
+    def _requeue(self, completion: Completion) -> None:
+        self._waiting.append(completion)
 
     # --- cohorts ------------------------------------------------------------------------------------------------
 

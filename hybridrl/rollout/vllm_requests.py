@@ -32,14 +32,13 @@ per-request generator); ``generate`` gives row ``i·n + j`` the seed ``seed + i�
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 from typing import Iterator, Optional, Sequence
 
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.rollout.completion import PAUSE_MODES, Completion, PauseMode
+from hybridrl.rollout.completion import Completion, PausableRequests, PauseMode
 
 
-class VLLMRequests:
+class VLLMRequests(PausableRequests):
     """The request queue of one in-process vLLM engine (``llm.llm_engine``, vLLM's V1 ``LLMEngine``).
 
     Args:
@@ -68,14 +67,7 @@ class VLLMRequests:
         owning the engine for the call, so no pause can fall inside it). Its tokens then carry the version at the
         end, and an abort or a ``keep`` pause loses them — so pausing is refused while such a request runs.
         """
-        if self._paused is not None:
-            raise RuntimeError(f"the engine is paused ({self._paused!r}); resume() before submitting")
-        if not prompt_token_ids:
-            raise ValueError("submit: the prompt has no tokens")
-        completion = Completion(request_id or f"r{next(self._ids)}", list(prompt_token_ids), replace(params, n=1),
-                                streamed=streamed)
-        if any(c.request_id == completion.request_id for c in self._running.values()):
-            raise ValueError(f"submit: request id {completion.request_id!r} is already in flight")
+        completion = self._new_request(prompt_token_ids, params, request_id, streamed)
         self._add(completion)
         return completion.request_id
 
@@ -146,42 +138,11 @@ class VLLMRequests:
 
     # --- pause and resume ---------------------------------------------------------------------------------------
 
-    def pause(self, mode: PauseMode) -> list[Completion]:
-        """Stop generating, e.g. around a weight update (modes in the module docstring). Returns the completions
-        that ended (``abort``, ``wait``) or were parked (``keep``)."""
-        if mode not in PAUSE_MODES:
-            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
-        if self._paused is not None:
-            raise RuntimeError(f"the engine is already paused ({self._paused!r})")
+    def _pause_refused(self, mode: PauseMode) -> Optional[str]:
         if mode != "wait" and not all(completion.streamed for completion in self._running.values()):
-            raise RuntimeError(f"pause({mode!r}) with unstreamed requests in flight (submit(streamed=False)): "
-                               "their tokens so far are not known here; pause('wait') or let them finish")
-        if mode == "wait":
-            affected = self.run()
-        else:
-            affected = [self.abort(request_id) for request_id in self.in_flight]
-            if mode == "keep":
-                for completion in affected:
-                    completion.finish_reason = None
-                self._parked = affected
-        self._paused = mode
-        return affected
+            return (f"pause({mode!r}) with unstreamed requests in flight (submit(streamed=False)): their tokens so "
+                    "far are not known here; pause('wait') or let them finish")
+        return None
 
-    @property
-    def paused(self) -> Optional[str]:
-        """The pause mode in force, or ``None``."""
-        return self._paused
-
-    def resume(self) -> list[str]:
-        """Generate again; requests parked by ``pause("keep")`` are resubmitted (ids of those resubmitted)."""
-        if self._paused is None:
-            raise RuntimeError("resume() without pause()")
-        self._paused = None
-        parked, self._parked = self._parked, []
-        for completion in parked:
-            if completion.remaining_tokens <= 0:
-                completion.finish_reason = "length"
-                continue
-            completion.resubmissions += 1
-            self._add(completion)
-        return [completion.request_id for completion in parked if not completion.finished]
+    def _requeue(self, completion: Completion) -> None:
+        self._add(completion)
