@@ -145,7 +145,7 @@ class HFRequests(PausableRequests):
             if not completion.streamed:
                 touched.append(completion)
         if decode.done:
-            self._end_cohort(version)
+            touched += self._end_cohort(version)
         return touched
 
     def run(self) -> list[Completion]:
@@ -185,12 +185,12 @@ class HFRequests(PausableRequests):
                              self._record, self._generator_for(params.seed))
         return _Cohort.of(decode, [completion for group in groups for completion in group])
 
-    def _end_cohort(self, version: Optional[int]) -> None:
+    def _end_cohort(self, version: Optional[int]) -> list[Completion]:
+        """Retire the cohort; the completions it still held (none: its rows have all ended), now finished."""
         cohort, self._cohort = self._cohort, None
         if cohort.decode.capture is not None:
             self.captures.append(cohort.decode.capture)
-        for row in cohort.active.nonzero().flatten().tolist():  # none: every rank's rows have ended
-            cohort.finish(row, version, "length")
+        return [cohort.finish(row, version, "length") for row in cohort.active.nonzero().flatten().tolist()]
 
     def _take_groups(self) -> list[list[Completion]]:
         """The waiting requests of the next cohort: consecutive groups of the same size and sampling settings."""
