@@ -99,7 +99,8 @@ class _PackedLinear:
     def _packable(self, input: torch.Tensor, weight: torch.Tensor) -> bool:
         dtype = weight.dtype
         return (not self.unstable and not torch.is_grad_enabled() and type(weight) in (torch.Tensor, nn.Parameter)
-                and _decode_shaped(input) and input.dtype == dtype and weight.device.type == "cpu" and input.device.type == "cpu"
+                and _decode_shaped(input) and input.dtype == dtype and weight.device.type == "cpu"
+                and input.device.type == "cpu"
                 and (self.module.bias is None or self.module.bias.dtype == dtype) and prepacking_available(dtype))
 
 

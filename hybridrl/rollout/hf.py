@@ -109,7 +109,7 @@ class HFRollout:
         generated on the engine's replica server (``rollout/server.py``) like every engine's: one request per row,
         all submitted in one command, decoded in cohorts of ``micro_batch_size`` rows (whole prompts; one cohort
         without it) by :class:`~hybridrl.rollout.hf_requests.HFRequests`."""
-        was_training = self.model.training
+        was_training, device = self.model.training, prompts[Fields.INPUT_IDS].device
         self.model.eval()
         forwards = Forwards(self.model, fast=self.fast_decode_unsupported is None, prepack=self.prepack)
         self.decode_rows_run = 0
@@ -125,15 +125,15 @@ class HFRollout:
                                prompts_per_cohort=max(self.micro_batch_size // params.n, 1)
                                if self.micro_batch_size else None,
                                images=_request_images(prompts, params.n, requests), record=record,
-                               device=prompts[Fields.INPUT_IDS].device)
+                               device=device)
             completions = serve(queue, lambda server: _generate_to_the_end(server, queue, requests),
                                 version=lambda: self.policy_version, name="hf")
         self.model.train(was_training)
         self._note_decode_path(forwards)
-        responses, _, log_probs = completions_as_rows(completions, params.max_new_tokens, self.pad_token_id)
+        responses, _, log_probs = (rows.to(device) for rows in
+                                   completions_as_rows(completions, params.max_new_tokens, self.pad_token_id))
         mask = response_mask_from_eos(responses, self.eos_token_ids)
-        rollout = assemble_rollout(prompts, params.n, responses.to(prompts[Fields.INPUT_IDS].device), mask.to(
-            prompts[Fields.INPUT_IDS].device), log_probs.to(prompts[Fields.INPUT_IDS].device), self.pad_token_id)
+        rollout = assemble_rollout(prompts, params.n, responses, mask, log_probs, self.pad_token_id)
         if record is None:
             return rollout
         return with_routing(rollout, torch.cat([capture.experts for capture in queue.captures]))

@@ -76,9 +76,9 @@ class ChunkDecode:
         self.steps = 0
         self.done = params.max_new_tokens == 0
 
-    def step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One decode step: the chunk rows it ran (``[A]``), their tokens and log-probs (``[A]``; the pad token and
-        0 for rows that had ended). Sets :attr:`done` when it was the last."""
+    def step(self) -> None:
+        """One decode step: each row's token and log-prob land in column ``steps`` of :attr:`tokens` /
+        :attr:`log_probs` (the pad token and 0 for rows that had ended). Sets :attr:`done` when it was the last."""
         batch, model = self.batch, self.engine.model
         logits, batch.cache = self.forwards(batch.input_ids, batch.attention_mask, batch.positions, batch.cache,
                                             {**_last_logits_only(model, batch.input_ids), **self._first_step})
@@ -86,9 +86,8 @@ class ChunkDecode:
         self.engine.decode_rows_run += len(batch.live)
         if self.capture is not None:  # this step's inputs end at column P + step
             self.capture.place(batch.live, self.prompt_width + self.steps)
-        live = batch.live
         token, token_log_prob = self._sample(logits)
-        self.tokens[live, self.steps], self.log_probs[live, self.steps] = token, token_log_prob
+        self.tokens[batch.live, self.steps], self.log_probs[batch.live, self.steps] = token, token_log_prob
         batch.ended |= torch.isin(token, self._eos)
         self.steps += 1
         self.done = _all_finished(batch.ended) or self.steps == self.params.max_new_tokens
@@ -96,18 +95,10 @@ class ChunkDecode:
             batch.advance(token)
             if self.engine.drop_ended_rows:
                 batch.drop_ended()
-        return live, token, token_log_prob
 
     def stop_rows(self, rows: torch.Tensor) -> None:
         """End chunk rows ``rows`` now (an aborted request): they sample no more tokens."""
         self.batch.ended |= torch.isin(self.batch.live, rows.to(self.batch.live.device))
-
-    def run(self) -> tuple[torch.Tensor, torch.Tensor, Optional[RoutingCapture]]:
-        """Step to the end: responses ``[b·n, T]`` (``T ≤ max_new_tokens``, the longest), their log-probs under
-        ``logits / temperature`` (0 after a row's EOS), and the routing capture (``None`` without ``record``)."""
-        while not self.done:
-            self.step()
-        return self.tokens[:, :self.steps], self.log_probs[:, :self.steps], self.capture
 
     def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The next token of each of the batch's rows from ``logits [A, V]`` and its log-prob under ``logits /

@@ -336,32 +336,26 @@ class ReplicaServer:
             _post(batch.loop, _settle, batch.future, batch.completions, None)
 
     def _submit_batch(self, requests: list[Request], batch: _Batch) -> None:
-        """Queue every request of ``batch`` (none when one is refused: those queued before it are aborted)."""
-        request_ids: list[str] = []
-        try:
-            for index, (prompt, params, request_id) in enumerate(requests):
-                request_ids.append(self._requests.submit(list(prompt), params, request_id=request_id,
-                                                         streamed=False))
-                self._batched[request_ids[-1]] = (batch, index)
-        except Exception:
-            for request_id in request_ids:
-                del self._batched[request_id]
-                self._requests.abort(request_id)
-            raise
+        self._submit_into(self._batched, requests, [(batch, index) for index in range(len(requests))], False)
         if not requests:
             _post(batch.loop, _settle, batch.future, [], None)
 
     def _submit_all(self, requests: list[Request], waiters: list[_Waiter], streamed: bool) -> list[str]:
-        """Queue every request (none when one is refused: those queued before it are aborted)."""
+        return self._submit_into(self._waiters, requests, waiters, streamed)
+
+    def _submit_into(self, answers: dict[str, Any], requests: list[Request], entries: list[Any],
+                     streamed: bool) -> list[str]:
+        """Queue every request, ``answers[its id]`` = its entry (how its caller is answered); none when one is
+        refused (those queued before it are aborted)."""
         request_ids: list[str] = []
         try:
-            for (prompt, params, request_id), waiter in zip(requests, waiters):
+            for (prompt, params, request_id), entry in zip(requests, entries):
                 request_ids.append(self._requests.submit(list(prompt), params, request_id=request_id,
                                                          streamed=streamed))
-                self._waiters[request_ids[-1]] = waiter
+                answers[request_ids[-1]] = entry
         except Exception:
             for request_id in request_ids:
-                del self._waiters[request_id]
+                del answers[request_id]
                 self._requests.abort(request_id)
             raise
         return request_ids

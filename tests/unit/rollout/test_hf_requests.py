@@ -65,15 +65,15 @@ def test_a_request_that_arrives_mid_cohort_waits_and_samples_what_it_samples_alo
             if completion.finished:
                 finished_step[completion.request_id] = steps
     assert first_token_step[late] == finished_step[first] + 1  # at the first step after the first cohort ended
-    finished = {first: alone(engine, prompt(1), params), late: alone(engine, prompt(2), params.with_seed(5))}
+    late_alone = alone(engine, prompt(2), params.with_seed(5))
     assert set(finished_step) == {first, late}
     replay = queue_of(engine)
     replay.submit(prompt(1), params)
     replay.step()
     late_id = replay.submit(prompt(2), params.with_seed(5))
     done = {completion.request_id: completion for completion in replay.run()}
-    assert (done[late_id].token_ids, done[late_id].log_probs) == (finished[late].token_ids, finished[late].log_probs)
-    assert len(finished[late].token_ids) > 1
+    assert (done[late_id].token_ids, done[late_id].log_probs) == (late_alone.token_ids, late_alone.log_probs)
+    assert len(late_alone.token_ids) > 1
 
 
 def test_an_abort_ends_one_row_and_leaves_the_others_as_they_were(long_engine):
