@@ -131,7 +131,7 @@ class VLLMRollout:
                                 **_engine_kwargs(rollout, dtype, max_model_len, default_seed=seed,
                                                  on_cpu=self.on_cpu, kv_cache_mb=self.kv_cache_mb,
                                                  block_size=self.block_size),
-                                **_parallel_kwargs(self.tp_size))
+                                **_parallel_kwargs(self.tp_size, on_cpu=self.on_cpu))
         self._asleep = False
         self._noted = set()
         self._send_tied_head = any(self.llm.collective_rpc("hybridrl_has_module", args=(head,))[0]
@@ -336,7 +336,7 @@ def _engine_kwargs(rollout: RolloutConfig, dtype: str, max_model_len: int, *, de
     return kwargs
 
 
-def _parallel_kwargs(tp_size: int) -> dict:
+def _parallel_kwargs(tp_size: int, *, on_cpu: bool) -> dict:
     """``t_g > 1``: this process is one of the ``t_g`` ranks of a replica, all started by the trainer (SPMD).
 
     vLLM's ``external_launcher`` executor joins the ranks' existing ``torch.distributed`` world (``RANK``,
@@ -358,6 +358,9 @@ def _parallel_kwargs(tp_size: int) -> dict:
             raise ValueError(f"rollout.tensor_model_parallel_size={tp_size}: {variable} is not set in this process "
                              "(vLLM's external launcher reads it); start the engine inside a worker group")
     _name_cpu_shared_memory_by_run()
+    if on_cpu:
+        _remove_cpu_shared_memory()  # left by a killed run that had this port: vLLM cannot create a name that exists
+        dist.barrier()  # no rank creates its segments before every rank has removed the stale ones
     kwargs: dict = dict(distributed_executor_backend="external_launcher")
     replicas = dist.get_world_size() // tp_size
     if replicas > 1:
@@ -392,7 +395,11 @@ def _name_cpu_shared_memory_by_run() -> None:
 
 def _remove_cpu_shared_memory() -> None:
     """Unlink this run's vLLM CPU shared-memory segments (``/dev/shm/<port>-…-cpushm_<k>``, 4 MiB each), which vLLM
-    leaves behind; a segment still mapped by a peer stays valid until that peer exits."""
+    leaves behind; a segment still mapped by a peer stays valid until that peer exits.
+
+    Called at close, and at start-up for the segments of a run that was killed (no close) and whose port the OS has
+    since handed to this one: rank 0's store holds the port while the group lives, so no live run shares the names.
+    """
     port = os.environ.get("MASTER_PORT")
     if not port or not os.path.isdir("/dev/shm"):
         return

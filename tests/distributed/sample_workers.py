@@ -14,6 +14,7 @@ from torch import nn
 
 from hybridrl.runtime import Worker, dp_leaders, dp_split, one_to_all, rank_zero
 from hybridrl.protocol import Batch
+from hybridrl.workers.actor_worker import ActorRolloutRefWorker as TrainerActorWorker
 
 
 def make_batch(rows: int, width: int = 3) -> Batch:
@@ -219,3 +220,15 @@ class ValueWorker(Worker):
     @one_to_all
     def pid(self) -> int:
         return os.getpid()
+
+
+class ActorWorkerAfterAKilledRun(TrainerActorWorker):
+    """The actor worker, started where a killed run that had this group's port left its vLLM CPU shared-memory
+    segments behind (the OS hands ports out again; CI met this as ``create shm in SHMManager failed. errno: 17``)."""
+
+    def __init__(self, *args):
+        for rank in (0, 1):  # the names vLLM's TP group of ranks 0-1 creates, one per rank
+            stale = Path("/dev/shm") / f"{os.environ['MASTER_PORT']}-tp:0-[0-1]-cpushm_{rank}"
+            stale.write_bytes(b"left by a killed run")
+        super().__init__(*args)
+

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from distributed_helpers import cpu_pool, stop
+from sample_workers import ActorWorkerAfterAKilledRun
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.config import load_config
@@ -128,3 +129,20 @@ def test_generation_after_an_update_without_a_sync_is_refused(tp_group, tokenize
     tp_group.call(ActorRolloutRefWorker.sync_rollout_weights)
     after = tp_group.call(ActorRolloutRefWorker.generate_sequences, prompt_batch(tokenizer), params)
     assert log_prob_gap(tp_group, after) < 1e-4
+
+
+@pytest.mark.long
+def test_tp2_engine_starts_over_segments_a_killed_run_left(ray_runtime, model_dir, tokenizer):
+    """Each rank removes the segments named after its group's port before vLLM creates them (the port is held by
+    the group's store while it lives, so only a dead run can have left them), then generates as usual."""
+    config = load_config([f"model.path={model_dir}", "model.dtype=float32", "trainer.n_gpus_per_node=2",
+                          "rollout=vllm_cpu", "rollout.tensor_model_parallel_size=2", "data.train_batch_size=4",
+                          "actor.ppo_mini_batch_size=4", f"data.max_response_length={MAX_NEW_TOKENS}"])
+    group = WorkerGroup(ActorWorkerAfterAKilledRun, cpu_pool(ray_runtime, "vllm_tp_stale_pool", 2),
+                        name="actor_vllm_tp_stale", args=(config, 10, False), tp_size=2)
+    try:
+        rollout = group.call(ActorRolloutRefWorker.generate_sequences, prompt_batch(tokenizer),
+                             SamplingParams(max_new_tokens=MAX_NEW_TOKENS, do_sample=False))
+        assert torch.equal(rollout[Fields.RESPONSES], transformers_greedy(model_dir, tokenizer))
+    finally:
+        stop(group)

@@ -76,8 +76,8 @@ def test_tensor_parallel_engine_needs_the_worker_groups_process_group():
     """Outside a worker group (no ``torch.distributed`` world here) ``t_g > 1`` is refused naming the key; with
     ``t_g = 1`` nothing parallel is asked of vLLM."""
     with pytest.raises(ValueError, match="rollout.tensor_model_parallel_size=2 needs a process group"):
-        _parallel_kwargs(2)
-    assert _parallel_kwargs(1) == {}
+        _parallel_kwargs(2, on_cpu=True)
+    assert _parallel_kwargs(1, on_cpu=True) == {}
 
 
 def test_gpu_settings_allowed_and_sleep_mode():
