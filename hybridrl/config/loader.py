@@ -262,8 +262,8 @@ def load_config(overrides: Sequence[str] = (), config_name: str = DEFAULT_CONFIG
 
         config = load_config(["algorithm.adv_estimator=grpo", "rollout.n=8", "model.path=/models/qwen"])
     """
-    from hybridrl.config.validation import (validate_config, validate_dpo_config, validate_rm_config,
-                                            validate_sft_config)
+    from hybridrl.config.job_validation import validate_dpo_config, validate_rm_config, validate_sft_config
+    from hybridrl.config.validation import validate_config
 
     raw, translation = compose_translated(config_name, overrides, conf_dir, extra_dirs)
     _log_translation(translation)

@@ -20,11 +20,12 @@ from typing import Any, Optional
 
 import torch
 
-from hybridrl.config.schema import TrainConfig
+from hybridrl.config.schema import ModelConfig, TrainConfig
 from hybridrl.trainers.evaluation import Scoring
 from hybridrl.runtime.worker_group import WorkerGroup
 from hybridrl.data.loader import DataFields
 from hybridrl.data.sft import SFTExample, encode_sft_examples
+from hybridrl.modeling.model_builder import load_tokenizer
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rewards.fusion import RunningMeanStd, diversity_penalty, fuse_rewards, length_penalty
 from hybridrl.rewards.judge import JudgeClient, JudgeQuery
@@ -52,6 +53,16 @@ def judge_queries(batch: Batch, texts: list[str]) -> list[JudgeQuery]:
 def same_vocabulary(first: Any, second: Any) -> bool:
     """Whether two tokenizers map every token to the same id (then token ids can be passed as they are)."""
     return first.get_vocab() == second.get_vocab()
+
+
+def reward_model_tokenizer(config: TrainConfig, policy_tokenizer: Any) -> Optional[Any]:
+    """The reward model's tokenizer when its vocabulary differs from the policy's (responses are re-tokenised for
+    it), else None (also when no reward model is configured)."""
+    if not config.reward_model.enable:
+        return None
+    tokenizer = load_tokenizer(ModelConfig(path=config.reward_model.model_path,
+                                           trust_remote_code=config.model.trust_remote_code))
+    return None if same_vocabulary(tokenizer, policy_tokenizer) else tokenizer
 
 
 def retokenize(batch: Batch, texts: list[str], tokenizer: Any, apply_chat_template: bool) -> Batch:

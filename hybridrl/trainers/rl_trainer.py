@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 
 from hybridrl.config import critic_enabled, dump_config, validate_config, world_size
-from hybridrl.config.schema import ModelConfig, TrainConfig
+from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH, reuses_update_log_probs
 from hybridrl.runtime import ResourcePoolManager, WorkerError, WorkerGroup, gather, start_ray
 from hybridrl.trainers.checkpoints import CheckpointManager, load_trainer_state
@@ -31,7 +31,7 @@ from hybridrl.trainers.run_lock import run_directory_lock
 from hybridrl.trainers.scaffold import open_tracker, resume_point
 from hybridrl.rewards.judge import JudgeClient
 from hybridrl.rewards.judge_server import judge_for_run
-from hybridrl.trainers.reward_fusion import FusedScoring, fusion_enabled, same_vocabulary
+from hybridrl.trainers.reward_fusion import FusedScoring, fusion_enabled, reward_model_tokenizer
 from hybridrl.trainers.rl_steps import (apply_kl_in_reward, balance_batch, compute_advantages, off_policy_corrected,
                                         trained_batch_metrics, with_distillation)
 from hybridrl.trainers.evaluation import Scoring, validate
@@ -371,7 +371,8 @@ class RLTrainer:
             self.reward_model = WorkerGroup(RewardModelWorker, pools.pool_for("reward_model"), name="reward_model",
                                             bundle_share=1.0 if own_pool else share, args=(config,))
         if fusion_enabled(config):
-            self.scoring = FusedScoring(self.rule_scoring, config, self.reward_model, self._rm_tokenizer(), self.judge)
+            self.scoring = FusedScoring(self.rule_scoring, config, self.reward_model,
+                                        reward_model_tokenizer(config, self.tokenizer), self.judge)
         logger.info("workers started in %.1f s", time.perf_counter() - started)
         self._log_micro_batch_sizing()
 
@@ -380,14 +381,6 @@ class RLTrainer:
         for role, group in (("actor", self.actor), ("critic", self.critic)):
             if group is not None and getattr(self.config, role).ppo_micro_batch_size_per_gpu == AUTO_MICRO_BATCH:
                 logger.info("%s", group.call(group.worker_cls.batch_plan)[1])
-
-    def _rm_tokenizer(self):
-        """The reward model's tokenizer when its vocabulary differs from the policy's (re-tokenise), else None."""
-        if not self.config.reward_model.enable:
-            return None
-        tokenizer = load_tokenizer(ModelConfig(path=self.config.reward_model.model_path,
-                                               trust_remote_code=self.config.model.trust_remote_code))
-        return None if same_vocabulary(tokenizer, self.tokenizer) else tokenizer
 
     def _stop_workers(self) -> None:
         for group in (*self.rollout_replicas, self.actor, self.critic, self.reward_model):
