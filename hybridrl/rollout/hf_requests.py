@@ -3,7 +3,8 @@
 The HF engine decodes a batch of rows in lockstep on the training module, so requests run in **cohorts**: at a step
 with no cohort running, the requests waiting (first come, first served) become one — left-padded together, the
 consecutive requests for the same prompt with the same sampling settings sharing that prompt's prefill (up to
-``samples_per_prompt`` of them) — and each step decodes one token for every row of it (:class:`~hybridrl.rollout.
+``samples_per_prompt`` of them); it takes groups of one size and one set of settings, up to
+``prompts_per_cohort`` prompts, and the rest wait — and each step decodes one token for every row of it (:class:`~hybridrl.rollout.
 hf_decode.ChunkDecode`). Requests submitted meanwhile wait for the next cohort. A request ends at its EOS (``stop``)
 or its length; an abort ends it at once; ``pause`` / ``resume`` behave as ``VLLMRequests``'s (a kept request
 continues in a later cohort, its prefix recomputed).
@@ -133,9 +134,10 @@ class HFRequests(PausableRequests):
         if not self.has_work():
             return []
         cohort = self._cohort = self._cohort or self._start_cohort()
-        decode = cohort.decode
+        decode, version = cohort.decode, self._version()
+        if decode.done:  # max_new_tokens = 0: the cohort ends with no token decoded
+            return self._end_cohort(version)
         decode.step()
-        version = self._version()
         touched = [cohort.hand(row, version) for row in sorted(cohort.streamed)]
         stopping = torch.isin(decode.tokens[:, decode.steps - 1], self._eos) & cohort.active
         ending = cohort.active if decode.steps >= decode.params.max_new_tokens else stopping
@@ -186,7 +188,8 @@ class HFRequests(PausableRequests):
         return _Cohort.of(decode, [completion for group in groups for completion in group])
 
     def _end_cohort(self, version: Optional[int]) -> list[Completion]:
-        """Retire the cohort; the completions it still held (none: its rows have all ended), now finished."""
+        """Retire the cohort; the completions it still held, now finished (all of them when ``max_new_tokens`` is 0;
+        otherwise none: its rows have all ended)."""
         cohort, self._cohort = self._cohort, None
         if cohort.decode.capture is not None:
             self.captures.append(cohort.decode.capture)

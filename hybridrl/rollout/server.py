@@ -1,9 +1,9 @@
-"""A replica as a server: many callers, one engine thread, token ids in and out (docs/architecture.md §6).
+"""A replica as a server: many callers, one engine loop, token ids in and out (docs/architecture.md §6).
 
 ``ReplicaServer`` puts a request queue (``VLLMRequests``, a tensor-parallel leader's ``LeaderRequests``, the HF
 engine's ``HFRequests``) behind
-an asynchronous, thread-safe interface. One thread owns the engine: it takes the callers' commands between engine
-steps — submit, abort, pause, resume, or any function to run on the engine (a weight update, sleep / wake) — and
+an asynchronous, thread-safe interface. One thread owns the engine (a thread of the server's own, or with
+:func:`serve` the thread that calls it): it takes the callers' commands between engine steps — submit, abort, pause, resume, or any function to run on the engine (a weight update, sleep / wake) — and
 steps while anything is in flight, handing each request's new tokens to its caller as they come. Callers are
 coroutines on any event loop, in any thread (an HTTP handler, an agent's episode, a batch generation)::
 
@@ -19,7 +19,7 @@ request runs once however many callers wait on the server. Nothing touches the e
 caller cannot interleave with a step. ``generate_many`` submits its requests in one command, so all of them enter
 the engine before the same step whatever the callers' timing: a batch generates exactly as the request queue
 stepped to the end would. :func:`serve` runs one piece of work on a server for the length of a call (what
-``VLLMRollout.generate`` and the agent loop do).
+``VLLMRollout.generate``, ``HFRollout.generate`` and the agent loop do).
 """
 
 from __future__ import annotations
@@ -164,8 +164,8 @@ class ReplicaServer:
 
     async def generate_many(self, requests: Sequence[Request], streamed: bool = True) -> list[Completion]:
         """Submit ``requests`` in one command (all enter the engine before the same step) and return them finished,
-        in order. ``streamed=False``: the engine reports each request once, at its end (cheaper per step; such
-        requests cannot be paused with ``keep`` or ``abort``)."""
+        in order. ``streamed=False``: the engine reports each request once, at its end (cheaper per step; vLLM's queue
+        then refuses ``pause("keep")``, whose kept tokens it would not have)."""
         return list(await asyncio.gather(*await self.submit_many(requests, streamed)))
 
     async def generate_batch(self, requests: Sequence[Request]) -> list[Completion]:
@@ -248,10 +248,12 @@ class ReplicaServer:
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the engine thread; requests still waiting end with :class:`ReplicaClosed`. Without a thread of its
         own (:meth:`run_here`) it tells the engine loop to end and returns: the loop answers those requests."""
+        if self._thread is None:  # the loop's own thread (or serve's) answers whatever waits, never two at once
+            if not self._closed:
+                self._commands.put(None)
+            return
         if not self._closed:
             self._commands.put(None)
-            if self._thread is None:
-                return
             self._thread.join(timeout_s)
         self._fail_waiting(ReplicaClosed(self._closed_reason()))  # a command queued as the thread ended
 
@@ -276,7 +278,8 @@ class ReplicaServer:
                     self._step()
         except BaseException as error:  # noqa: BLE001 - reported to every waiting caller and by health()
             self._error = error
-            logger.error("replica engine thread failed: %s: %s", type(error).__name__, error)
+            logger.error("replica engine loop failed: %s: %s", type(error).__name__, error,
+                         exc_info=isinstance(error, Exception))  # an interrupt's traceback says nothing
         finally:
             self._closed = True
             self._fail_waiting(ReplicaClosed(self._closed_reason()))
@@ -294,6 +297,10 @@ class ReplicaServer:
                 result = command.run()
             except Exception as error:  # noqa: BLE001 - the caller's mistake, raised in the caller
                 _post(command.loop, _settle, command.future, None, error)
+            except BaseException as interrupt:  # Ctrl-C, a termination signal: its caller is answered, the loop ends
+                _post(command.loop, _settle, command.future, None, ReplicaClosed(
+                    f"the replica's engine loop was interrupted: {type(interrupt).__name__}"))
+                raise
             else:
                 _post(command.loop, _settle, command.future, result, None)
             block = False
@@ -374,12 +381,12 @@ class ReplicaServer:
         return affected
 
     def _fail_waiting(self, error: BaseException) -> None:
-        for waiter in self._waiters.values():
+        waiters, self._waiters = self._waiters, {}
+        for waiter in waiters.values():
             waiter.put(error)
-        self._waiters.clear()
-        for batch, _ in list(self._batched.values()):
+        batched, self._batched = self._batched, {}
+        for batch, _ in batched.values():
             _post(batch.loop, _settle, batch.future, None, error)
-        self._batched.clear()
         while True:
             try:
                 command = self._commands.get_nowait()
@@ -418,8 +425,11 @@ def serve(requests, work: Callable[[ReplicaServer], Awaitable[T]], **server_args
     server.run_here()
     while not ended.wait(0.05):  # a command the caller queued as the loop ended is answered, so the caller ends
         server._fail_waiting(ReplicaClosed(server._closed_reason()))
-    if server._error is not None and not isinstance(server._error, Exception):
-        raise server._error  # KeyboardInterrupt, SystemExit, a termination signal: the run's, not the work's
+    if server._error is not None and (not isinstance(server._error, Exception)
+                                      or isinstance(outcome.get("error"), ReplicaClosed)):
+        # an interrupt is the run's, not the work's; an engine failure reaches the caller as itself (its type and
+        # traceback: an out-of-memory error stays one), not as the ReplicaClosed its waiters were given
+        raise server._error
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]

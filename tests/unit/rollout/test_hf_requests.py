@@ -6,6 +6,8 @@ request by request."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -194,3 +196,47 @@ def test_a_batch_is_answered_whole_in_order_as_one_by_one_and_a_bad_request_refu
     assert [c.request_id for c in batch] == [f"b{index}" for index in range(5)]
     assert [(c.token_ids, c.log_probs, c.finish_reason) for c in batch] == \
         [(c.token_ids, c.log_probs, c.finish_reason) for c in one_by_one]
+
+
+def test_no_new_tokens_gives_empty_responses(engine):
+    """``max_new_tokens=0``: the cohort ends without a decode step (it used to index column 0 of a 0-wide tensor)."""
+    ids = prompt(50)
+    batch = engine.generate(Batch(tensors={Fields.INPUT_IDS: torch.tensor([ids]),
+                                           Fields.ATTENTION_MASK: torch.ones(1, len(ids), dtype=torch.long)}),
+                            SamplingParams(n=2, max_new_tokens=0, do_sample=False))
+    assert batch[Fields.RESPONSES].shape == (2, 0) and torch.equal(batch[Fields.PROMPTS], torch.tensor([ids, ids]))
+    completions = serve(queue_of(engine), lambda server: server.generate_batch(
+        [(ids, SamplingParams(max_new_tokens=0), "empty")]))
+    assert [(c.token_ids, c.finish_reason) for c in completions] == [([], "length")]
+
+
+def test_an_engine_failure_reaches_the_caller_as_itself(engine, monkeypatch):
+    """A failing step (here an out-of-memory error from the model) is raised by ``serve`` with its own type and
+    traceback, not only as the ``ReplicaClosed`` its waiting callers are given."""
+    queue = queue_of(engine)
+
+    def out_of_memory():
+        raise torch.OutOfMemoryError("no memory left for the decode step")
+    monkeypatch.setattr(queue, "step", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError, match="no memory left") as caught:
+        serve(queue, lambda server: server.generate(prompt(51), SamplingParams(max_new_tokens=3)))
+    assert any(entry.name == "out_of_memory" for entry in caught.traceback)
+
+
+def test_an_interrupt_in_a_command_ends_serve_instead_of_hanging(engine):
+    """Ctrl-C (or a termination signal) raised while a command runs on the engine loop — a weight update, the
+    multi-rank tail of ``generate`` — is raised by ``serve``; its caller is answered, so nothing waits for ever."""
+    def interrupted():
+        raise KeyboardInterrupt
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            serve(queue_of(engine), lambda server: server.call(interrupted))
+        except BaseException as error:  # noqa: BLE001 - what the test looks at
+            outcome.append(error)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "serve() hung after an interrupt in a command"
+    assert len(outcome) == 1 and isinstance(outcome[0], KeyboardInterrupt)
