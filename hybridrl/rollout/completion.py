@@ -4,6 +4,8 @@ rows and one request per response row that ``generate`` of each engine makes."""
 
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass, field, replace
 from typing import Literal, Optional, Sequence
 
@@ -58,8 +60,12 @@ class PausableRequests:
     docstring). A queue gives ``run()`` (step until nothing is in flight), ``abort(request_id)``, ``in_flight``,
     ``_requeue(completion)`` (resubmit a kept request) and may refuse a mode (``_pause_refused``)."""
 
-    _paused: Optional[str] = None
-    _parked: list[Completion]
+    def __init__(self) -> None:
+        self._paused: Optional[str] = None
+        self._parked: list[Completion] = []
+        self._ids = itertools.count()
+        self._submitted: dict[str, Completion] = {}  # by id, unfinished ones among them (finished ones pruned)
+        self._pruned_at = 512
 
     def pause(self, mode: PauseMode) -> list[Completion]:
         """Stop generating, e.g. around a weight update. Returns the completions that ended (``abort``, ``wait``)
@@ -109,9 +115,21 @@ class PausableRequests:
         if not prompt_token_ids:
             raise ValueError("submit: the prompt has no tokens")
         request_id = request_id or f"r{next(self._ids)}"
-        if request_id in self.in_flight:
+        earlier = self._submitted.get(request_id)
+        # only an id submitted before and not finished can be in flight: the O(n) look is for those alone (a
+        # batch's thousands of submits stay linear)
+        if earlier is not None and not earlier.finished and request_id in self.in_flight:
             raise ValueError(f"submit: request id {request_id!r} is already in flight")
-        return Completion(request_id, list(prompt_token_ids), replace(params, n=1), streamed=streamed)
+        completion = Completion(request_id, list(prompt_token_ids), replace(params, n=1), streamed=streamed)
+        self._remember(completion)
+        return completion
+
+    def _remember(self, completion: Completion) -> None:
+        """Index ``completion`` by id; the finished ones go once the index has doubled since the last pruning."""
+        self._submitted[completion.request_id] = completion
+        if len(self._submitted) >= 2 * self._pruned_at:
+            self._submitted = {key: value for key, value in self._submitted.items() if not value.finished}
+            self._pruned_at = max(len(self._submitted), 512)
 
     def _pause_refused(self, mode: PauseMode) -> Optional[str]:
         """Why this queue cannot pause with ``mode`` now (``None``: it can)."""

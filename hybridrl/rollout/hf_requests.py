@@ -91,6 +91,7 @@ class HFRequests(PausableRequests):
                  prompt_width: int = 0, samples_per_prompt: int = 1, prompts_per_cohort: Optional[int] = None,
                  images: Optional[dict[str, dict]] = None, record=None,
                  device: torch.device | str = "cpu") -> None:
+        super().__init__()
         self._engine, self._forwards, self._version = engine, forwards, version
         self._prompt_width, self._samples_per_prompt = prompt_width, max(samples_per_prompt, 1)
         self._prompts_per_cohort, self._images, self._record = prompts_per_cohort, images or {}, record
@@ -98,9 +99,6 @@ class HFRequests(PausableRequests):
         self._eos = torch.tensor(engine.eos_token_ids, dtype=torch.long, device=self._device)
         self._waiting: collections.deque[Completion] = collections.deque()
         self._cohort: Optional[_Cohort] = None
-        self._parked: list[Completion] = []
-        self._paused: Optional[str] = None
-        self._ids = itertools.count()
         self._generator: Optional[torch.Generator] = None
         self._generator_seed: Optional[int] = None
         self.captures: list[RoutingCapture] = []

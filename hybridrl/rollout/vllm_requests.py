@@ -31,7 +31,6 @@ per-request generator); ``generate`` gives row ``iÂ·n + j`` the seed ``seed + iÂ
 
 from __future__ import annotations
 
-import itertools
 from typing import Iterator, Optional, Sequence
 
 from hybridrl.rollout.base import SamplingParams
@@ -52,10 +51,8 @@ class VLLMRequests(PausableRequests):
         self._engine = llm.llm_engine
         self._to_vllm = vllm_sampling_params
         self._version = version
+        super().__init__()
         self._running: dict[str, Completion] = {}   # engine request id -> completion
-        self._parked: list[Completion] = []
-        self._paused: Optional[str] = None
-        self._ids = itertools.count()
 
     # --- submitting and stepping ---------------------------------------------------------------------------------
 

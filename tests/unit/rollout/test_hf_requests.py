@@ -152,6 +152,10 @@ def test_bad_requests_are_refused(engine):
         queue.pause("later")
     with pytest.raises(RuntimeError, match="without pause"):
         queue.resume()
+    queue.run()
+    assert queue.submit(prompt(1), SamplingParams(max_new_tokens=2), request_id="a") == "a"  # finished: free again
+    with pytest.raises(ValueError, match="already in flight"):
+        queue.submit(prompt(2), SamplingParams(), request_id="a")
 
 
 def test_the_server_streams_one_token_per_step_and_generate_is_its_requests(engine):
