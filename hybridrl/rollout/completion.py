@@ -5,7 +5,6 @@ rows and one request per response row that ``generate`` of each engine makes."""
 from __future__ import annotations
 
 import itertools
-
 from dataclasses import dataclass, field, replace
 from typing import Literal, Optional, Sequence
 

@@ -4,10 +4,10 @@ The HF engine decodes a batch of rows in lockstep on the training module, so req
 with no cohort running, the requests waiting (first come, first served) become one — left-padded together, the
 consecutive requests for the same prompt with the same sampling settings sharing that prompt's prefill (up to
 ``samples_per_prompt`` of them); it takes groups of one size and one set of settings, up to
-``prompts_per_cohort`` prompts, and the rest wait — and each step decodes one token for every row of it (:class:`~hybridrl.rollout.
-hf_decode.ChunkDecode`). Requests submitted meanwhile wait for the next cohort. A request ends at its EOS (``stop``)
-or its length; an abort ends it at once; ``pause`` / ``resume`` behave as ``VLLMRequests``'s (a kept request
-continues in a later cohort, its prefix recomputed).
+``prompts_per_cohort`` prompts, and the rest wait — and each step decodes one token for every row of it
+(:class:`~hybridrl.rollout.hf_decode.ChunkDecode`). Requests submitted meanwhile wait for the next cohort. A request
+ends at its EOS (``stop``) or its length; an abort ends it at once; ``pause`` / ``resume`` behave as
+``VLLMRequests``'s (a kept request continues in a later cohort, its prefix recomputed).
 
 Seeds: the requests of one cohort draw from one generator, seeded from its first request's seed; a cohort whose
 first seed is the one already in use continues that stream. ``HFRollout.generate`` gives every row its call's

@@ -1,11 +1,11 @@
 """A replica as a server: many callers, one engine loop, token ids in and out (docs/architecture.md §6).
 
 ``ReplicaServer`` puts a request queue (``VLLMRequests``, a tensor-parallel leader's ``LeaderRequests``, the HF
-engine's ``HFRequests``) behind
-an asynchronous, thread-safe interface. One thread owns the engine (a thread of the server's own, or with
-:func:`serve` the thread that calls it): it takes the callers' commands between engine steps — submit, abort, pause, resume, or any function to run on the engine (a weight update, sleep / wake) — and
-steps while anything is in flight, handing each request's new tokens to its caller as they come. Callers are
-coroutines on any event loop, in any thread (an HTTP handler, an agent's episode, a batch generation)::
+engine's ``HFRequests``) behind an asynchronous, thread-safe interface. One thread owns the engine (a thread of the
+server's own, or with :func:`serve` the thread that calls it): it takes the callers' commands between engine steps —
+submit, abort, pause, resume, or any function to run on the engine (a weight update, sleep / wake) — and steps while
+anything is in flight, handing each request's new tokens to its caller as they come. Callers are coroutines on any
+event loop, in any thread (an HTTP handler, an agent's episode, a batch generation)::
 
     server = ReplicaServer(rollout.requests, version=lambda: rollout.policy_version)
     completion = await server.generate(prompt_ids, SamplingParams(max_new_tokens=64, seed=3))
