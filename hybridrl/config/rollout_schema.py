@@ -65,7 +65,8 @@ class RolloutConfig(FreezableConfig):
     weight_transport: str = "auto"
     """How replicas in processes of their own (a standalone pool, or ``engine_process=own``) receive the trainer's
     weights: ``shared_memory`` (the trainer's ranks write one host-shared copy in ``/dev/shm`` that the replicas read
-    in place: the replicas on the trainer's host),
+    in place: the replicas on the trainer's host; on GPU the weights go through host memory — there is no CUDA IPC
+    transport yet),
     ``object_store`` (each trainer rank puts its rows into Ray's object store and the replicas fetch them, across
     nodes over the network), ``collective`` (each trainer rank sends its rows to each replica's ranks over a process
     group of their own: gloo over TCP on CPU, NCCL on GPU — across nodes; the NCCL path is tested only on a machine
