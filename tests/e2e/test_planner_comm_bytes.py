@@ -42,7 +42,8 @@ FORWARDS = ("compute_log_prob", "compute_ref_log_prob", "compute_values")
 
 
 @pytest.mark.parametrize("layout", [
-    ["actor.fsdp.gather_once=false", "actor.use_kl_loss=true"],
+    # both in test-long: the first took 76 s of the parallel suite (2026-12-06), which outgrew its 15 minutes
+    pytest.param(["actor.fsdp.gather_once=false", "actor.use_kl_loss=true"], marks=pytest.mark.long),
     pytest.param(["trainer.n_gpus_per_node=4", "data.train_batch_size=8", "actor.ppo_mini_batch_size=4",
                   "actor.fsdp.fsdp_size=2", "actor.fsdp.grad_sync=micro_batch", "actor.fsdp.gather_once=true",
                   "algorithm=gae", "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=1",

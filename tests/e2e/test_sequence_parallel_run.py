@@ -36,6 +36,7 @@ def run(model_dir, run_dir, sp_size, *extra, steps=1):
     return config, rows[0] if steps == 1 else rows
 
 
+@pytest.mark.long  # 86 s of the parallel suite (2026-12-06); the split's exactness per module: test_ulysses.py
 def test_split_sequences_train_as_whole_ones(tmp_path):
     model_dir = save_tiny_model(tmp_path / "model", TinyModelSpec(hidden_size=128, num_heads=4, num_kv_heads=2))
     _, whole = run(model_dir, tmp_path / "whole", 1)
