@@ -16,7 +16,8 @@ from hybridrl.runtime import WorkerGroup
 from hybridrl.utils.tiny_model import save_tiny_model
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
 
-pytestmark = pytest.mark.distributed
+# test-long (CI runs it): its TP-2 engine group and episodes took 98 s of the parallel suite (2026-12-06)
+pytestmark = [pytest.mark.distributed, pytest.mark.long]
 
 # An environment whose every step is a side effect: one line per call in a file, with the process that made it.
 PLUGIN = '''
