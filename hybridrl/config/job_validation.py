@@ -38,11 +38,7 @@ def validate_sft_config(config: SFTConfig, *, check_paths: bool = True) -> None:
         _choice(error, "data.tools", name, BUILTIN_TOOL_NAMES)
     if not data.train_files and data.synthetic_task is None:
         error.add("data.train_files", [], "give at least one parquet/JSONL file, or set data.synthetic_task")
-    devices = trainer.nnodes * trainer.n_gpus_per_node
-    if not error and data.train_batch_size % (devices * data.micro_batch_size_per_gpu):
-        error.add("data.train_batch_size", data.train_batch_size,
-                  f"must be a multiple of devices ({devices}) × data.micro_batch_size_per_gpu "
-                  f"({data.micro_batch_size_per_gpu}): global = micro × accumulation × world must hold exactly")
+    _check_whole_micro_batches(error, data, trainer)
     if check_paths:
         _check_model_dir(error, "model.path", config.model.path)
         for path in data.train_files:
@@ -113,11 +109,7 @@ def _check_pair_job(config: RMConfig | DPOConfig, error: ConfigError, check_path
     if not data.train_files and data.synthetic_task is None:
         error.add("data.train_files", [], "give at least one parquet/JSONL file of preference pairs, or set "
                                           "data.synthetic_task")
-    devices = trainer.nnodes * trainer.n_gpus_per_node
-    if not error and data.train_batch_size % (devices * data.micro_batch_size_per_gpu):
-        error.add("data.train_batch_size", data.train_batch_size,
-                  f"must be a multiple of devices ({devices}) × data.micro_batch_size_per_gpu "
-                  f"({data.micro_batch_size_per_gpu}): global = micro × accumulation × world must hold exactly")
+    _check_whole_micro_batches(error, data, trainer)
     if trainer.device == "cpu" and config.model.dtype == "float16":
         error.add("model.dtype", "float16", "float16 training is not supported on CPU; use bfloat16 or float32")
     if check_paths:
@@ -125,3 +117,13 @@ def _check_pair_job(config: RMConfig | DPOConfig, error: ConfigError, check_path
         for key in ("train_files", "val_files"):
             for path in getattr(data, key):
                 _check_data_file(error, f"data.{key}", path)
+
+
+def _check_whole_micro_batches(error: ConfigError, data, trainer) -> None:
+    """``data.train_batch_size`` must split into whole micro-batches on every device (checked once the sizes are
+    valid: a zero would divide)."""
+    devices = trainer.nnodes * trainer.n_gpus_per_node
+    if not error and data.train_batch_size % (devices * data.micro_batch_size_per_gpu):
+        error.add("data.train_batch_size", data.train_batch_size,
+                  f"must be a multiple of devices ({devices}) × data.micro_batch_size_per_gpu "
+                  f"({data.micro_batch_size_per_gpu}): global = micro × accumulation × world must hold exactly")
