@@ -19,12 +19,13 @@ from hybridrl.workers.actor_worker import ActorRolloutRefWorker
 # test-long (CI runs it): its TP-2 engine group and episodes took 98 s of the parallel suite (2026-12-06)
 pytestmark = [pytest.mark.distributed, pytest.mark.long]
 
-# An environment whose every step is a side effect: one line per call in a file, with the process that made it.
+# An environment whose every step is a side effect: one line per call in a file, with the process that made it. Its
+# name is its own: test-long runs every module in one process, and another module registers a "counting" of its own.
 PLUGIN = '''
 import os
 from hybridrl.agents.environment import ENVIRONMENTS, Environment, StepResult
 
-@ENVIRONMENTS.register("counting")
+@ENVIRONMENTS.register("counting_on_tp_ranks")
 class CountingEnvironment(Environment):
     def __init__(self, tools, reward, max_tool_calls=4):
         self.turns = 0
@@ -48,8 +49,8 @@ def setup(tmp_path_factory, ray_runtime):
         f"model.path={model}", "model.dtype=float32", "trainer.n_gpus_per_node=2", "rollout=vllm_cpu",
         "rollout.tensor_model_parallel_size=2", "data.train_batch_size=4", "rollout.n=2",
         "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size_per_gpu=2", "data.max_response_length=96",
-        "rollout.multi_turn.enable=true", "rollout.multi_turn.environment=counting", "rollout.multi_turn.tools=[]",
-        "rollout.multi_turn.max_assistant_turns=3", f"trainer.plugins=[{root / 'counting.py'}]"])
+        "rollout.multi_turn.enable=true", "rollout.multi_turn.environment=counting_on_tp_ranks",
+        "rollout.multi_turn.tools=[]", "rollout.multi_turn.max_assistant_turns=3", f"trainer.plugins=[{root / 'counting.py'}]"])
     group = WorkerGroup(ActorRolloutRefWorker, cpu_pool(ray_runtime, "agent_tp_pool", 2), name="actor_agent_tp",
                         args=(config, 10, False), tp_size=2)
     yield group, model, log
