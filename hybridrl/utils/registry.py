@@ -53,8 +53,10 @@ class Registry(Mapping[str, T], Generic[T]):
     def register(self, name: str, *, override: bool = False) -> Callable[[T], T]:
         """Return a decorator that registers its argument under ``name`` and returns it unchanged.
 
-        Registering a different object under a taken name raises ``ValueError`` unless ``override=True``
-        (re-registering the very same object is a no-op, so module reloads stay harmless).
+        Registering a different object under a taken name raises ``ValueError`` unless ``override=True``.
+        Re-registering the very same object is a no-op, and a new definition of the same module-level name
+        (``module.Name``) replaces the old one: a module run again — an edited plugin file, ``importlib.reload`` —
+        registers its new objects without an error.
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {self.kind} name must be a non-empty string, got {name!r}")
@@ -63,7 +65,7 @@ class Registry(Mapping[str, T], Generic[T]):
             if self.check is not None:
                 self.check(name, obj)
             existing = self._entries.get(name, obj)
-            if existing is not obj and not override:
+            if existing is not obj and not override and not _redefinition(existing, obj):
                 raise ValueError(
                     f"{self.kind} {name!r} is already registered ({existing!r}); pass override=True to replace it"
                 )
@@ -93,3 +95,12 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, names={list(self._entries)})"
+
+
+def _redefinition(existing: object, new: object) -> bool:
+    """Whether ``new`` is the same module-level definition as ``existing`` made again (its module re-run): the same
+    ``__module__`` and ``__qualname__``, and not an object local to a function (a lambda, a nested class)."""
+    module, qualname = getattr(new, "__module__", None), getattr(new, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+        return False
+    return getattr(existing, "__module__", None) == module and getattr(existing, "__qualname__", None) == qualname

@@ -2,8 +2,9 @@
 
 The file runs as a fresh module named after the hash of its resolved path (two files with the same name do not
 collide), registered in ``sys.modules`` (dataclasses and pickling inside it need that). A file already run in this
-process is not run again while it is unchanged — re-running a plugin would register its classes a second time — but
-an edited file (a reward function changed in a notebook) is run afresh.
+process is not run again while its text is unchanged, but an edited file (a reward function changed in a notebook) is
+run afresh; the components it registers replace the ones its earlier text registered
+(:class:`hybridrl.utils.registry.Registry`).
 """
 
 from __future__ import annotations
@@ -25,15 +26,18 @@ def import_user_file(path: str | Path, key: str) -> ModuleType:
         raise ValueError(f"{key}={str(path)!r} must be a .py file")
     resolved = file.resolve()
     module_name = "hybridrl_user_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
-    version = resolved.stat().st_mtime_ns
+    try:
+        version = hashlib.sha1(resolved.read_bytes()).hexdigest()  # not the mtime: two writes in a clock tick share it
+    except OSError as error:
+        raise ValueError(f"{key}={str(path)!r} cannot be read: {error.strerror or error}") from None
     cached = sys.modules.get(module_name)
-    if cached is not None and getattr(cached, "__hybridrl_mtime__", None) == version:
+    if cached is not None and getattr(cached, "__hybridrl_source_sha1__", None) == version:
         return cached
     spec = importlib.util.spec_from_file_location(module_name, resolved)
     if spec is None or spec.loader is None:  # pragma: no cover - only for non-source files, excluded above
         raise ValueError(f"{key}={str(path)!r} cannot be imported")
     module = importlib.util.module_from_spec(spec)
-    module.__hybridrl_mtime__ = version
+    module.__hybridrl_source_sha1__ = version
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)

@@ -55,3 +55,29 @@ def test_duplicate_registration_is_refused_unless_overridden():
 def test_names_must_be_non_empty_strings(bad):
     with pytest.raises(ValueError):
         Registry("widget").register(bad)
+
+
+def test_a_module_run_again_replaces_its_own_definitions_and_only_those():
+    """An edited plugin file is run again under the same module name: its new class replaces the old one. Another
+    module's object under the name, or a function-local one, is still refused."""
+    import types
+
+    registry: Registry = Registry("widget")
+    first, second, other = (types.ModuleType(name) for name in ("hybridrl_user_plugin", "hybridrl_user_plugin",
+                                                                  "hybridrl_user_another"))
+    for module, version in ((first, 1), (second, 2), (other, 3)):
+        exec(f"class Widget:\n    VERSION = {version}\n", module.__dict__)
+        module.Widget.__module__ = module.__name__
+    registry.register("w")(first.Widget)
+    assert registry.register("w")(second.Widget) is second.Widget and registry["w"].VERSION == 2
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("w")(other.Widget)
+
+    def make(value):
+        def widget():
+            return value
+        return widget
+
+    registry.register("f")(make(1))
+    with pytest.raises(ValueError, match="already registered"):  # the same qualname, but local to a function
+        registry.register("f")(make(2))
