@@ -16,7 +16,7 @@ from hybridrl.config import load_config
 from hybridrl.trainers.rl_trainer import RLTrainer
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
 
-pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.long]
 
 ZOO = {  # name: (architecture, tied embeddings)
     "llama": ("llama", False), "llama_tied": ("llama", True), "qwen2": ("qwen2", False),
@@ -36,13 +36,10 @@ MODES = {
 # (tied heads, fused projections, a head-less Gemma, both MoE layouts) checks that path.
 OWN_PROCESS_ZOO = {"llama_tied", "qwen2", "gemma3", "phi3", "mixtral", "qwen3_moe"}
 ONLY_FOR = {"own_tp2": OWN_PROCESS_ZOO, "vllm_1rank": {"olmo2"}}  # modes run for part of the zoo
-# The cases run in `make test` (the bug-finders); the whole grid runs in `make test-long` (Mixtral at TP 2, the
-# fused-MoE repacking case, took 147 s of the parallel suite: it runs there). OLMo-2 through vLLM is served by its
-# Transformers backend, which patches transformers' class in the engine's process: on one rank it is the check that
-# the engine stays out of the actor's process (on two, 229 s of the parallel suite).
-# (Llama tied through vLLM at TP 1 joined the grid in test-long on 2026-12-06: the suite outgrew its 15 minutes on a
-# slower VM; colocated vLLM following updates stays in make test through test_actor_worker.py.)
-QUICK = {("olmo2", "vllm_1rank")}
+# The whole grid runs in `make test-long`, where CI runs it. OLMo-2 through vLLM is served by its Transformers backend,
+# which patches transformers' class in the engine's process: on one rank it is the check that the engine stays out of
+# the actor's process. It was the last case in `make test` (61-152 s of the parallel suite) until that suite outgrew
+# its 15 minutes on a slower VM (2026-12-06); colocated vLLM following updates stays there (test_actor_worker.py).
 # fp32: every case measured 4.8e-7 to 1.5e-6 (2026-12-04). A tied head left stale in vLLM's CPU engine gave 4.9e-4
 # at step 2 (this learning rate, 2 steps), fused-MoE weights left unpacked 0.016-0.063: a gate of 1e-3 would have
 # let the first through.
@@ -54,8 +51,7 @@ def cases():
         for mode in MODES:
             if mode in ONLY_FOR and name not in ONLY_FOR[mode]:
                 continue
-            marks = [] if (name, mode) in QUICK else [pytest.mark.long]
-            yield pytest.param(name, mode, id=f"{name}-{mode}", marks=marks)
+            yield pytest.param(name, mode, id=f"{name}-{mode}")
 
 
 @pytest.fixture(scope="module")

@@ -57,6 +57,7 @@ def test_demo_accuracy_rises_and_the_export_ranks_alike(model_dir, tmp_path):
     assert exported_accuracy(result.export_dir, trainer) == pytest.approx(last["val/accuracy"])
 
 
+@pytest.mark.long  # 34-88 s of the parallel suite, whose 15 minutes it outgrew on a slower VM (2026-12-06)
 def test_kto_on_the_demo_pairs_unpaired_ranks_desirable_rows_first(model_dir, tmp_path):
     """KTO: the demo's pairs as labelled rows (a desirable and an undesirable completion each); held-out AUROC of
     the implicit rewards rises from 0 (all rewards 0 at the start: no pair ranked) and z₀ is logged each step."""
