@@ -50,7 +50,8 @@ def setup(tmp_path_factory, ray_runtime):
         "rollout.tensor_model_parallel_size=2", "data.train_batch_size=4", "rollout.n=2",
         "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size_per_gpu=2", "data.max_response_length=96",
         "rollout.multi_turn.enable=true", "rollout.multi_turn.environment=counting_on_tp_ranks",
-        "rollout.multi_turn.tools=[]", "rollout.multi_turn.max_assistant_turns=3", f"trainer.plugins=[{root / 'counting.py'}]"])
+        "rollout.multi_turn.tools=[]", "rollout.multi_turn.max_assistant_turns=3",
+        f"trainer.plugins=[{root / 'counting.py'}]"])
     group = WorkerGroup(ActorRolloutRefWorker, cpu_pool(ray_runtime, "agent_tp_pool", 2), name="actor_agent_tp",
                         args=(config, 10, False), tp_size=2)
     yield group, model, log

@@ -66,8 +66,7 @@ def test_a_module_run_again_replaces_its_own_definitions_and_only_those():
     first, second, other = (types.ModuleType(name) for name in ("hybridrl_user_plugin", "hybridrl_user_plugin",
                                                                   "hybridrl_user_another"))
     for module, version in ((first, 1), (second, 2), (other, 3)):
-        exec(f"class Widget:\n    VERSION = {version}\n", module.__dict__)
-        module.Widget.__module__ = module.__name__
+        exec(f"class Widget:\n    VERSION = {version}\n", module.__dict__)  # its __module__: the module's name
     registry.register("w")(first.Widget)
     assert registry.register("w")(second.Widget) is second.Widget and registry["w"].VERSION == 2
     with pytest.raises(ValueError, match="already registered"):
