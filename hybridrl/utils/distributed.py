@@ -166,24 +166,29 @@ def build_device_meshes(device: str, world_size: int, tp_size: int) -> tuple[Dev
     return dp_mesh, rollout_mesh
 
 
-_SHARDING_MESHES: dict[tuple[str, int, int], DeviceMesh] = {}
+_SHARDING_MESHES: dict[tuple[str, int, int], tuple[object, DeviceMesh]] = {}
+"""(device, world, size) → (the default process group the mesh's groups were made in, the mesh)."""
 
 
 def sharding_mesh(dp_mesh: DeviceMesh, shard_group_size: int) -> DeviceMesh:
     """The mesh FSDP2 shards a model over: ``dp_mesh`` itself (``shard_group_size`` -1 or the world size: plain
     FSDP2), else the 2-D HSDP mesh ``("replicate", "shard")`` of shape ``[world // size, size]`` — each model is
     sharded within a group of ``size`` consecutive ranks and replicated across groups. Collective on first use
-    (it creates the groups); cached per (device, world, size), so the actor and its reference share the groups."""
+    (it creates the groups); cached per (device, world, size), so the actor and its reference share the groups —
+    for the process group it was made in: a process that leaves its group and joins another (a reused worker
+    process) gets a new mesh, never one whose groups are gone."""
     world = dp_mesh.size()
     if shard_group_size in (-1, world):
         return dp_mesh
     if shard_group_size < 1 or world % shard_group_size:
         raise ValueError(f"fsdp_size={shard_group_size} must be -1 or a divisor of the {world} data-parallel ranks")
-    key = (dp_mesh.device_type, world, shard_group_size)
-    if key not in _SHARDING_MESHES:
-        _SHARDING_MESHES[key] = init_device_mesh(dp_mesh.device_type, (world // shard_group_size, shard_group_size),
-                                                 mesh_dim_names=("replicate", "shard"))
-    return _SHARDING_MESHES[key]
+    key, world_group = (dp_mesh.device_type, world, shard_group_size), dist.group.WORLD
+    made_in, mesh = _SHARDING_MESHES.get(key, (None, None))
+    if mesh is None or made_in is not world_group:
+        mesh = init_device_mesh(dp_mesh.device_type, (world // shard_group_size, shard_group_size),
+                                mesh_dim_names=("replicate", "shard"))
+        _SHARDING_MESHES[key] = (world_group, mesh)
+    return mesh
 
 
 def check_tp_size(world_size: int, tp_size: int, name: str = "tp_size") -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from gloo_spawn import run_on_gloo
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 from hybridrl.config.schema import ModelConfig, OptimConfig
 from hybridrl.engines.checkpoint import load_sharded, save_sharded
@@ -153,3 +154,27 @@ def _refuse_three(rank, world):
     assert sharding_mesh(mesh, -1) is mesh and sharding_mesh(mesh, world) is mesh
     with pytest.raises(ValueError, match="fsdp_size=3 must be -1 or a divisor of the 2 data-parallel ranks"):
         sharding_mesh(mesh, 3)
+
+
+def hsdp_in_two_process_groups(rank, world, second_port):
+    """The HSDP mesh of the group a process is in now, after it left one where it had made the same mesh: a reused
+    worker process (the pooled gloo ranks here, a parked Ray worker) does this."""
+    import os
+
+    import torch.distributed as dist
+
+    for attempt in range(2):
+        if attempt:
+            dist.destroy_process_group()
+            os.environ["MASTER_PORT"] = str(second_port)
+            dist.init_process_group("gloo", rank=rank, world_size=world)
+        layer = torch.nn.Linear(4, 4)
+        fully_shard(layer, mesh=sharding_mesh(init_device_mesh("cpu", (world,)), 1))
+        layer(torch.ones(2, 4)).sum().backward()
+        assert full_tensor(layer.weight.grad).shape == (4, 4), attempt  # its collectives find their groups
+
+
+def test_the_hsdp_mesh_belongs_to_the_process_group_of_the_moment():
+    from gloo_spawn import free_port
+
+    run_on_gloo(2, hsdp_in_two_process_groups, free_port())
