@@ -1,4 +1,5 @@
-"""Run a function on N CPU processes joined in a real gloo process group (no Ray) — for FSDP2 exactness tests."""
+"""Run a function on N CPU processes joined in a real gloo process group (no Ray) — for FSDP2 exactness tests.
+The processes are reused from call to call (``gloo_pool``) unless a call asks for fresh ones."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessRaisedException
+
+from gloo_pool import JoinFailed, RankDied, shared_rank_pool
 
 
 def free_port() -> int:
@@ -42,16 +45,23 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: 
         dist.destroy_process_group()
 
 
-def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any, backend: str = "gloo") -> None:
-    """Call ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; raises if any rank fails.
-    ``backend="nccl"``: one CUDA device per rank (``cuda:rank``), for the GPU tests.
+def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any, backend: str = "gloo",
+                fresh: bool = False) -> None:
+    """Call ``fn(rank, world_size, *args)`` on ``world_size`` processes in one process group; raises if any rank
+    fails. gloo calls run on this test process's reused rank processes (``gloo_pool``: each call gets a new group,
+    and a process left unclean or failed is replaced); ``fresh=True`` spawns new processes for this call only, as
+    ``backend="nccl"`` (one CUDA device per rank, ``cuda:rank``, for the GPU tests) always does.
 
     A failing rank's exception reaches the caller even when a peer, left waiting in a collective, fails too and is
     noticed first: :class:`GlooRankError` lists every failed rank's traceback, those that are not the fallout of a
-    closed connection first. A rank killed by a *signal* (not an exception) is retried once, with a new port: under
-    heavy CPU contention a gloo process has been seen to abort (SIGABRT) during start-up. An exception in ``fn`` —
-    a failed assertion included — is never retried.
+    closed connection first. A rank killed by a *signal* (not an exception) is retried once, on new processes and a
+    new port: under heavy CPU contention a gloo process has been seen to abort (SIGABRT) during start-up; so is a
+    pooled call whose ranks could not join their group (``fn`` never ran). An exception in ``fn`` — a failed
+    assertion included — is never retried.
     """
+    if backend == "gloo" and not fresh:
+        _run_pooled(world_size, fn, args)
+        return
     try:
         _spawn(world_size, fn, args, backend)
     except mp.ProcessExitedException as error:
@@ -59,6 +69,17 @@ def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any, backend: st
             raise
         warnings.warn(f"gloo rank {error.error_index} died by {error.signal_name}; retrying the spawn once")
         _spawn(world_size, fn, args, backend)
+
+
+def _run_pooled(world_size: int, fn: Callable[..., Any], args: tuple) -> None:
+    pool = shared_rank_pool()
+    try:
+        failures = pool.run(world_size, fn, args, free_port())
+    except (RankDied, JoinFailed) as lost:
+        warnings.warn(f"{lost}; retrying once on new processes and a new port")
+        failures = pool.run(world_size, fn, args, free_port())
+    if failures:
+        raise GlooRankError(_failure_report(failures))
 
 
 def _spawn(world_size: int, fn: Callable[..., Any], args: tuple, backend: str = "gloo") -> None:
