@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MAKE_TEST_ARGS = ["-q", "-n", "3", "--dist", "worksteal", "-m", "not soak and not long"]
 
 COST_ORDER = ("vllm worker group", "whole run", "worker group", "gloo spawn (torch.multiprocessing)",
-              "hybridrl child process", "HTTP server", "ray start", "python child process", "other child process")
+              "gloo rank process started", "hybridrl child process", "HTTP server", "ray start",
+              "python child process", "other child process")
 """Categories from the costliest start down: a phase is counted under the first kind it started."""
 
 
@@ -58,8 +59,8 @@ def cpu_description() -> str:
 
 def run_suite(pytest_args: list[str], out: Path) -> dict[str, float]:
     """Run pytest with the plugin; the wall time, the machine's CPU seconds and pytest's exit status."""
-    env = {**os.environ, "HYBRIDRL_SUITE_COST_OUT": str(out),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))}
+    paths = [str(ROOT / "benchmarks"), str(ROOT / "tests" / "distributed"), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "HYBRIDRL_SUITE_COST_OUT": str(out), "PYTHONPATH": os.pathsep.join(filter(None, paths))}
     cpu_before, started = machine_cpu_seconds(), time.perf_counter()
     status = subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_cost_plugin", *pytest_args],
                             cwd=ROOT, env=env).returncode

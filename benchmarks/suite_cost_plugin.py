@@ -95,6 +95,40 @@ def _install() -> None:
         if cls is not None:
             cls.fit = _timed(lambda *a, _n=name, **k: f"whole run ({_n}.fit)")(cls.fit)
     gateway_app.Gateway.__init__ = _timed(lambda *a, **k: "HTTP server")(gateway_app.Gateway.__init__)
+    _count_reused_processes()
+    _count_pooled_gloo_ranks()
+
+
+def _count_reused_processes() -> None:
+    """A rank given a parked process (``hybridrl.runtime.parked``) instead of a new one."""
+    from hybridrl.runtime import executors
+
+    taken = executors._parked_host
+
+    def counted(key: Any) -> Any:
+        actor = taken(key)
+        if actor is not None:
+            _count("worker process reused", 0.0)
+        return actor
+
+    executors._parked_host = counted
+
+
+def _count_pooled_gloo_ranks() -> None:
+    """Rank processes the gloo tests' pool (``tests/distributed/gloo_pool.py``) started, when it is importable."""
+    try:
+        import gloo_pool
+    except ImportError:
+        return
+    grow = gloo_pool.RankPool._grow
+
+    def counted(pool: Any, size: int) -> None:
+        new, started = max(size - len(pool._ranks), 0), time.perf_counter()
+        grow(pool, size)
+        for _ in range(new):
+            _count("gloo rank process started", (time.perf_counter() - started) / max(new, 1))
+
+    gloo_pool.RankPool._grow = counted
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -21,6 +21,7 @@ from hybridrl.runtime.dispatch import (Dispatch, DispatchedMethod, dp_leaders, d
                                           rank_zero)
 from hybridrl.runtime.errors import (RankLocation, ResourceUnavailableError, WorkerDiedError, WorkerError,
                                         WorkerGroupStoppedError, WorkerTimeoutError)
+from hybridrl.runtime.parked import release_parked_workers
 from hybridrl.runtime.resource_pool import PoolSpec, ResourcePool, ResourcePoolManager
 from hybridrl.runtime.worker import Worker, WorkerContext
 from hybridrl.runtime.worker_group import GroupFuture, WorkerGroup, gather
@@ -29,5 +30,5 @@ __all__ = [
     "Dispatch", "DispatchedMethod", "GroupFuture", "PoolSpec", "RankLocation", "RayRuntime", "ResourcePool",
     "ResourcePoolManager", "ResourceUnavailableError", "Worker", "WorkerContext", "WorkerDiedError", "WorkerError",
     "WorkerGroup", "WorkerGroupStoppedError", "WorkerTimeoutError", "dp_leaders", "dp_split", "gather",
-    "one_to_all", "rank_zero", "start_ray",
+    "one_to_all", "rank_zero", "release_parked_workers", "start_ray",
 ]

@@ -16,20 +16,25 @@ Both executors hand out *handles*: ``ray.ObjectRef`` for Ray, ``Done`` for seria
 from __future__ import annotations
 
 import functools
+import logging
 import pickle
 import re
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 
 import ray
 import ray.exceptions
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from hybridrl.runtime.parked import PARKED, HostKey
 from hybridrl.runtime.resource_pool import ResourcePool, Slot
+from hybridrl.runtime.reuse import PLAIN, StopReport
 from hybridrl.runtime.worker import RankSpec, Worker, WorkerHost
 from hybridrl.utils.distributed import cpu_share_per_worker, worker_process_env
 from hybridrl.utils.secrets import split_secrets
+
+logger = logging.getLogger(__name__)
 
 
 class RankFailure(Exception):
@@ -93,29 +98,36 @@ def _one_line(error: BaseException) -> str:
 
 
 class RayExecutor:
-    """One Ray actor (a ``WorkerHost``) per rank, each pinned to one bundle of the pool."""
+    """One Ray actor (a ``WorkerHost``) per rank, each pinned to one bundle of the pool: a process a finished group
+    left parked on that bundle (:mod:`hybridrl.runtime.parked`) when one matches, else a new one.
 
-    def __init__(self, pool: ResourcePool, role: str, bundle_share: float) -> None:
+    ``profile``: the engine the group's workers load (``reuse.VLLM`` or ``reuse.PLAIN``): a process that loaded vLLM
+    only serves a group that loads it too."""
+
+    def __init__(self, pool: ResourcePool, role: str, bundle_share: float, profile: str = PLAIN) -> None:
         if not 0 < bundle_share <= 1:
             raise ValueError(f"bundle_share must be in (0, 1], got {bundle_share}")
         spec, config = pool.spec, pool.runtime.config
-        remote_host = _remote_host_class()
         # Ray's runtime-env agent logs env_vars verbatim: credentials go to the worker as an argument instead.
         process_env = worker_process_env(spec.device, config.worker_env, config.cpu_kernel_cache_capacity)
         env, secret_env = split_secrets(process_env)
-        self.actors = [
-            remote_host.options(
-                num_cpus=spec.bundle.get("CPU", 0.0) * bundle_share,
-                num_gpus=spec.bundle.get("GPU", 0.0) * bundle_share,
-                scheduling_strategy=_bundle_strategy(slot),
-                runtime_env={"env_vars": env},
-                max_restarts=0, max_task_retries=0,
-            ).remote(f"{role} rank {slot.rank}/{pool.world_size}",
-                     cpu_share_per_worker(spec.device, spec.node_slots or spec.devices_per_node, bundle_share), secret_env,
-                     config.cpu_keep_freed_memory)
-            for slot in pool.slots()
-        ]
-        self.role = role
+        cpu_share = cpu_share_per_worker(spec.device, spec.node_slots or spec.devices_per_node, bundle_share)
+        num_cpus, num_gpus = spec.bundle.get("CPU", 0.0) * bundle_share, spec.bundle.get("GPU", 0.0) * bundle_share
+        self.keys = [HostKey(slot.placement_group.id.hex(), slot.bundle, num_cpus, num_gpus, tuple(sorted(env.items())),
+                             HostKey.secrets_digest(secret_env), cpu_share, config.cpu_keep_freed_memory, profile)
+                     for slot in pool.slots()]
+        self.actors = []
+        for slot, key in zip(pool.slots(), self.keys):
+            actor = _parked_host(key)
+            if actor is None:
+                actor = _remote_host_class().options(
+                    num_cpus=num_cpus, num_gpus=num_gpus, scheduling_strategy=_bundle_strategy(slot),
+                    runtime_env={"env_vars": env}, max_restarts=0, max_task_retries=0,
+                ).remote(f"{role} rank {slot.rank}/{pool.world_size}", cpu_share, secret_env,
+                         config.cpu_keep_freed_memory)
+            self.actors.append(actor)
+        self.role, self.pool, self.parking_limit = role, pool, config.idle_worker_processes
+        pool.groups_started += 1
 
     def submit_locate(self, rank: int) -> Any:
         return self.actors[rank].locate.remote(rank)
@@ -131,21 +143,57 @@ class RayExecutor:
         """Store ``value`` once in the object store; every rank it is passed to reads the same copy."""
         return ray.put(value)
 
-    def stop(self, graceful_s: float = 0.0) -> None:
+    def stop(self, graceful_s: float = 0.0, park: bool = False) -> None:
         """End every rank's process. ``graceful_s > 0``: first let each rank close its worker (engines release their
         process groups and shared memory), waiting at most that long — a rank still busy or stuck in a collective is
-        then killed all the same; ``0``: kill now."""
-        if graceful_s > 0:
-            closing = [actor.stop.remote() for actor in self.actors]
-            try:
-                ray.wait(closing, num_returns=len(closing), timeout=graceful_s, fetch_local=False)
-            except Exception:  # a rank already gone  # noqa: BLE001
-                pass
-        for actor in self.actors:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # already gone  # noqa: BLE001
-                pass
+        then killed all the same; ``0``: kill now. ``park``: the processes of a group whose every rank stopped cleanly
+        are parked for the next group instead (:mod:`hybridrl.runtime.parked`)."""
+        if not self.actors:
+            return
+        reports = _close_workers(self.actors, graceful_s) if graceful_s > 0 else None
+        parkable = park and reports is not None and all(report.reusable for report in reports)
+        if park and reports is not None and not parkable:
+            logger.debug("%s: processes not kept for the next group: %s", self.role,
+                         "; ".join(report.why_not for report in reports if report.why_not))
+        for index, actor in enumerate(self.actors):
+            key = replace(self.keys[index], profile=reports[index].profile) if reports else None
+            if not (parkable and key is not None and PARKED.park_host(key, actor, self.parking_limit)):
+                _kill(actor)
+        self.actors = []
+        self.pool.groups_started -= 1
+
+
+def _close_workers(actors: list[Any], graceful_s: float) -> Optional[list[StopReport]]:
+    """Each rank's ``stop`` report; ``None`` when one did not answer within ``graceful_s`` or failed."""
+    closing = [actor.stop.remote() for actor in actors]
+    try:
+        ready, _ = ray.wait(closing, num_returns=len(closing), timeout=graceful_s, fetch_local=False)
+        return ray.get(closing) if len(ready) == len(closing) else None
+    except Exception:  # a rank already gone, or its close raised  # noqa: BLE001
+        return None
+
+
+def _parked_host(key: HostKey) -> Optional[Any]:
+    """A live parked process for ``key`` (one that died while parked is dropped), or ``None`` — after ending those
+    parked on the bundle that cannot serve it, whose share of the bundle the new process needs."""
+    while (actor := PARKED.take_host(key)) is not None:
+        try:
+            ray.get(actor.ping.remote(), timeout=PING_TIMEOUT_S)
+            return actor
+        except Exception:  # gone while it waited  # noqa: BLE001
+            _kill(actor)
+    PARKED.evict_bundle(key.placement_group, key.bundle)
+    return None
+
+
+PING_TIMEOUT_S = 10.0
+
+
+def _kill(actor: Any) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # already gone  # noqa: BLE001
+        pass
 
 
 @functools.cache
@@ -163,7 +211,7 @@ def _bundle_strategy(slot: Slot) -> PlacementGroupSchedulingStrategy:
 class SerialExecutor:
     """Local mode: every rank's ``WorkerHost`` in this process; calls run at once, in the order submitted."""
 
-    def __init__(self, pool: ResourcePool, role: str, bundle_share: float = 1.0) -> None:
+    def __init__(self, pool: ResourcePool, role: str, bundle_share: float = 1.0, profile: str = PLAIN) -> None:
         self.hosts = [WorkerHost(f"{role} rank {rank}/{pool.world_size}") for rank in range(pool.world_size)]
         self.role = role
 
@@ -183,7 +231,7 @@ class SerialExecutor:
     def share(self, value: Any) -> Any:
         return value  # each call copies its own arguments (see submit_execute)
 
-    def stop(self, graceful_s: float = 0.0) -> None:
+    def stop(self, graceful_s: float = 0.0, park: bool = False) -> None:
         for host in self.hosts:
             host.stop()
 

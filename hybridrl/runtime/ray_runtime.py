@@ -60,8 +60,12 @@ class RayRuntime:
         return self.config.local_mode
 
     def shutdown(self) -> None:
-        """Stop Ray if this runtime started it (idempotent)."""
+        """Stop Ray if this runtime started it (idempotent); the worker processes parked for a next group end with
+        it."""
         if self.owns_ray and ray.is_initialized():
+            from hybridrl.runtime.parked import PARKED
+
+            PARKED.forget()
             ray.shutdown()
         self.owns_ray = False
 

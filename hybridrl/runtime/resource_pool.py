@@ -27,6 +27,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 from hybridrl.runtime.errors import ResourceUnavailableError
+from hybridrl.runtime.parked import PARKED, PoolShape
 from hybridrl.runtime.ray_runtime import RayRuntime
 from hybridrl.utils.distributed import check_device
 
@@ -90,13 +91,22 @@ class ResourcePool:
     def __init__(self, spec: PoolSpec, runtime: RayRuntime, placement_groups: Sequence[PlacementGroup]) -> None:
         self.spec, self.runtime = spec, runtime
         self.placement_groups = list(placement_groups)
+        self.groups_started = 0
+        """Groups started on the pool (or a slice of it) and not yet stopped: a pool released with none keeps its
+        reservation for processes parked on it (:mod:`hybridrl.runtime.parked`)."""
 
     @classmethod
     def create(cls, spec: PoolSpec, runtime: RayRuntime, timeout_s: Optional[float] = None) -> ResourcePool:
-        """Reserve the pool's bundles; raise ``ResourceUnavailableError`` if that is impossible or takes longer than
-        ``timeout_s`` (default ``runtime.config.placement_timeout_s``). In local mode nothing is reserved."""
+        """Reserve the pool's bundles — those of a released pool of the same shape, with the processes parked on
+        them, if there is one; else new ones, after freeing every parked reservation (:mod:`hybridrl.runtime.parked`).
+        Raise ``ResourceUnavailableError`` if that is impossible or takes longer than ``timeout_s`` (default
+        ``runtime.config.placement_timeout_s``). In local mode nothing is reserved."""
         if runtime.local_mode:
             return cls(spec, runtime, [])
+        parked = PARKED.take_pool(_shape(spec))
+        if parked is not None:
+            return cls(spec, runtime, parked)
+        PARKED.release_pools()
         timeout_s = runtime.config.placement_timeout_s if timeout_s is None else timeout_s
         return cls(spec, runtime, _place(spec, timeout_s))
 
@@ -120,10 +130,11 @@ class ResourcePool:
         return PoolSlice(self, first, count)
 
     def release(self) -> None:
-        """Give the devices back (ends any actor still placed in the pool). Idempotent."""
-        for group in self.placement_groups:
-            remove_placement_group(group)
-        self.placement_groups = []
+        """Give the devices back (ends any actor still placed in the pool). A pool whose groups all stopped and left
+        processes parked on it is parked with them instead, for the next pool of its shape. Idempotent."""
+        groups, self.placement_groups = self.placement_groups, []
+        if groups and not (self.groups_started == 0 and PARKED.park_pool(_shape(self.spec), groups)):
+            PARKED.remove_placement_groups(groups)
 
     def __repr__(self) -> str:
         spec = self.spec
@@ -153,6 +164,14 @@ class PoolSlice:
     @property
     def local_mode(self) -> bool:
         return self.parent.local_mode
+
+    @property
+    def groups_started(self) -> int:
+        return self.parent.groups_started
+
+    @groups_started.setter
+    def groups_started(self, count: int) -> None:
+        self.parent.groups_started = count
 
     @property
     def world_size(self) -> int:
@@ -210,6 +229,10 @@ class ResourcePoolManager:
         for pool in self.pools.values():
             pool.release()
         self.pools = {}
+
+
+def _shape(spec: PoolSpec) -> PoolShape:
+    return PoolShape(spec.nnodes, spec.devices_per_node, spec.device, spec.cpus_per_device)
 
 
 def _place(spec: PoolSpec, timeout_s: float) -> list[PlacementGroup]:

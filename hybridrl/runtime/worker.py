@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from hybridrl.runtime import reuse
 from hybridrl.runtime.errors import RankLocation
 from hybridrl.protocol import Batch
 from hybridrl.utils import cpu_malloc
@@ -90,6 +91,12 @@ class Worker:
     def context(self) -> WorkerContext:
         return self._hybridrl_context
 
+    @classmethod
+    def process_profile(cls, *args: Any, **kwargs: Any) -> str:
+        """The engine a worker built from these arguments loads into its process (``reuse.VLLM``), or ``reuse.PLAIN``:
+        a process that loaded vLLM is only handed to workers that load it too (:mod:`hybridrl.runtime.parked`)."""
+        return reuse.PLAIN
+
     @property
     def rank(self) -> int:
         return self._hybridrl_context.rank
@@ -131,7 +138,8 @@ _local_group_owned = False
 
 
 class WorkerHost:
-    """One rank of a worker group: process set-up, the worker object, and method execution."""
+    """One rank of a worker group: process set-up, the worker object, and method execution. A host whose worker was
+    stopped cleanly may start another group's worker (:mod:`hybridrl.runtime.parked`)."""
 
     def __init__(self, label: str = "", cpu_share: Optional[float] = None,
                  secret_env: Optional[dict[str, str]] = None, keep_freed_memory: bool = False) -> None:
@@ -143,6 +151,7 @@ class WorkerHost:
         self._label = label
         self._worker: Optional[Worker] = None
         self._spec: Optional[RankSpec] = None
+        self._fresh = reuse.ProcessState.now()
 
     def locate(self, rank: int) -> tuple[RankLocation, int]:
         """Where this rank runs, and a port free on its node (used as ``MASTER_PORT`` when this is rank 0)."""
@@ -154,7 +163,9 @@ class WorkerHost:
     def start(self, spec: RankSpec, worker_cls: type[Worker], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Join the process group, build the meshes, then construct ``worker_cls(*args, **kwargs)`` with its context."""
         dist_utils.check_tp_size(spec.world_size, spec.tp_size)
-        self._spec = spec
+        if self._worker is not None:
+            raise RuntimeError(f"{self._label}: a worker is running here already")
+        self._spec, self._label = spec, f"{spec.role} rank {spec.rank}/{spec.world_size}"
         meshes: tuple[Optional[DeviceMesh], Optional[DeviceMesh]] = (None, None)
         if spec.master_addr is not None:
             env = dist_utils.rank_env(spec.rank, spec.world_size, spec.local_rank, spec.local_world_size,
@@ -188,19 +199,24 @@ class WorkerHost:
     def __repr__(self) -> str:  # Ray shows this in log prefixes and errors: "(critic rank 1/2 pid=...)"
         return self._label or "WorkerHost"
 
-    def stop(self) -> None:
+    def ping(self) -> int:
+        """This process's id: a parked host answers before it is given a rank."""
+        return os.getpid()
+
+    def stop(self) -> reuse.StopReport:
         """Close the worker (its optional ``close()``: engines holding process groups of their own release them
-        first), then leave the process group (the process itself is ended by the executor)."""
-        spec, worker, self._worker = self._spec, self._worker, None
+        first), leave the process group, and say whether the process can serve another group: its worker dropped,
+        nothing it started still running, its process-wide settings as they were (:mod:`reuse`)."""
+        spec, worker, self._worker, self._spec = self._spec, self._worker, None, None
         close = getattr(worker, "close", None)
         if callable(close):
             close()
-        if spec is None:
-            return
-        if spec.master_addr is not None and dist.is_initialized():
+        if spec is not None and spec.master_addr is not None and dist.is_initialized():
             dist.destroy_process_group()
-        elif spec.master_addr is None and spec.world_size == 1:
+        elif spec is not None and spec.master_addr is None and spec.world_size == 1:
             _release_local_group()
+        del worker, close
+        return reuse.settle(self._fresh)
 
 
 def _acquire_local_group(device: str) -> None:

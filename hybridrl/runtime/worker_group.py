@@ -79,11 +79,14 @@ class WorkerGroup(Generic[W]):
         self._worker_seconds: dict[str, float] = {}
         self._worker_bytes: dict[str, dict[str, int]] = {}
         executor_cls = SerialExecutor if pool.local_mode else RayExecutor
-        self._executor: Executor = executor_cls(pool, name, bundle_share)
+        self._executor: Executor = executor_cls(pool, name, bundle_share,
+                                                worker_cls.process_profile(*args, **dict(kwargs or {})))
+        self._failed = False
         try:
             self._start(args, dict(kwargs or {}), config.startup_timeout_s if startup_timeout_s is None
                         else startup_timeout_s)
         except BaseException:
+            self._failed = True
             self.shutdown()
             raise
 
@@ -140,9 +143,10 @@ class WorkerGroup(Generic[W]):
             totals[kind] = totals.get(kind, 0) + max(per_rank.get(kind, 0) for per_rank in moved.values())
 
     def shutdown(self) -> None:
-        """End the group's processes (idempotent). The pool stays reserved; release it separately."""
+        """End the group (idempotent). The pool stays reserved; release it separately. The processes of a group that
+        never failed are parked for the next group when they stopped cleanly (:mod:`hybridrl.runtime.parked`)."""
         if self._stopped is None:
-            self._stop("it was shut down", graceful_s=GRACEFUL_SHUTDOWN_S)
+            self._stop("it was shut down", graceful_s=GRACEFUL_SHUTDOWN_S, park=not self._failed)
 
     def __enter__(self) -> WorkerGroup[W]:
         return self
@@ -197,11 +201,12 @@ class WorkerGroup(Generic[W]):
     def _location(self, rank: int) -> Optional[RankLocation]:
         return self.locations[rank] if rank < len(self.locations) else None
 
-    def _stop(self, reason: str, graceful_s: float = 0.0) -> None:
+    def _stop(self, reason: str, graceful_s: float = 0.0, park: bool = False) -> None:
         self._stopped = reason
-        self._executor.stop(graceful_s)
+        self._executor.stop(graceful_s, park)
 
     def _raise_failure(self, method: str, rank: int, failure: RankFailure, peers: dict[Any, int]) -> NoReturn:
+        self._failed = True  # what the workers hold may be anything now: never handed to another group
         location = self._location(rank)
         if failure.died:
             self._stop(f"rank {rank} died during {method}()")
@@ -236,6 +241,7 @@ class WorkerGroup(Generic[W]):
         return sorted(pending.values()), died
 
     def _raise_timeout(self, method: str, ranks: list[int], timeout_s: float) -> NoReturn:
+        self._failed = True
         self._stop(f"{method}() timed out")
         raise WorkerTimeoutError(self.name, ranks[0], method, self._location(ranks[0]),
                                  f"ranks {ranks} still running after {timeout_s:g} s; the group was stopped "

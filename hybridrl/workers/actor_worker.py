@@ -42,7 +42,7 @@ from hybridrl.modeling.multimodal import freeze_vision_tower
 from hybridrl.protocol import Batch, Fields
 from hybridrl.rollout import EngineInputs, RolloutEngine, build_rollout_engine, holds_own_weights
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.runtime import Worker, dp_leaders, dp_split, one_to_all, rank_zero
+from hybridrl.runtime import Worker, dp_leaders, dp_split, one_to_all, rank_zero, reuse
 from hybridrl.utils.collectives import CollectiveTimer
 from hybridrl.utils.distributed import full_tensor
 from hybridrl.utils.seeding import derive_seed
@@ -69,6 +69,11 @@ class ActorRolloutRefWorker(Worker):
         with_reference: build a frozen reference policy (needed for a KL loss or KL in the reward). With LoRA
             (``model.lora.rank > 0``) no second model is built: the reference is the actor with adapters disabled.
     """
+
+    @classmethod
+    def process_profile(cls, config: TrainConfig, *args, **kwargs) -> str:
+        """``vllm`` when the rollout engine is vLLM in this worker's own process (a parked process is chosen by it)."""
+        return reuse.VLLM if config.rollout.name == "vllm" and not replicas_apart(config) else reuse.PLAIN
 
     def __init__(self, config: TrainConfig, total_training_steps: int, with_reference: bool) -> None:
         load_plugins(config.trainer.plugins)  # the components a recipe registered, in this process too

@@ -32,7 +32,7 @@ from hybridrl.modeling.model_builder import load_tokenizer
 from hybridrl.protocol import Batch
 from hybridrl.rollout import EngineInputs, build_rollout_engine
 from hybridrl.rollout.base import SamplingParams
-from hybridrl.runtime import Worker, dp_leaders, one_to_all
+from hybridrl.runtime import Worker, dp_leaders, one_to_all, reuse
 from hybridrl.utils.seeding import derive_seed
 from hybridrl.workers.actor_worker import eos_token_ids
 from hybridrl.workers.agent_rollout import engine_context_length, episode_runner
@@ -56,6 +56,11 @@ class RolloutWorker(Worker):
         config: the validated trainer config (``rollout.name=vllm``; ``rollout.n_gpus > 0`` or
             ``rollout.engine_process`` resolved to ``own``).
     """
+
+    @classmethod
+    def process_profile(cls, config: TrainConfig, *args, **kwargs) -> str:
+        """``vllm`` for a vLLM replica (a parked process is chosen by it)."""
+        return reuse.VLLM if config.rollout.name == "vllm" else reuse.PLAIN
 
     def __init__(self, config: TrainConfig) -> None:
         load_plugins(config.trainer.plugins)

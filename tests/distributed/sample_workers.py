@@ -4,7 +4,10 @@ workers' PYTHONPATH through ``trainer.ray.worker_env``)."""
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +114,34 @@ class EchoWorker(Worker):
         if then_collective:
             dist.all_reduce(torch.ones(1))
         return self.rank
+
+
+    @one_to_all
+    def set_env(self, name: str, value: str) -> None:
+        os.environ[name] = value
+
+    @one_to_all
+    def get_env(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    @one_to_all
+    def start_thread(self, seconds: float) -> None:
+        """A thread that outlives the call (and the worker, if it is shut down first)."""
+        threading.Thread(target=time.sleep, args=(seconds,), name="left-running", daemon=True).start()
+
+
+class EngineLoadingWorker(EchoWorker):
+    """Stands for a worker that loads vLLM into its process: says so (``process_profile``) and leaves the module
+    ``vllm`` in ``sys.modules``, which is all the process check reads (the real engine's parking is covered by the
+    runs that start it)."""
+
+    @classmethod
+    def process_profile(cls, *args, **kwargs) -> str:
+        return "vllm"
+
+    def __init__(self, offset: float = 0.0) -> None:
+        super().__init__(offset)
+        sys.modules.setdefault("vllm", types.ModuleType("vllm"))
 
 
 class FailingInitWorker(Worker):

@@ -1,0 +1,94 @@
+"""Whether a worker process can serve another group once its worker is stopped (:mod:`hybridrl.runtime.parked`).
+
+A process is fit when what its worker did is gone: no thread or child process it started is still running, and
+what a worker may change process-wide is as it was when the process started — environment variables and the
+working directory (put back here), torch's default dtype, deterministic-algorithm flag, grad mode and thread count
+(checked: a difference means something changed them behind the worker's back). The engine the process loaded is
+its *profile*: vLLM's import changes process-wide state that no check here can undo, so such a process only serves
+ranks that load vLLM themselves.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+VLLM = "vllm"
+PLAIN = ""
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """What a rank's ``stop`` leaves: whether the process may serve another group (``reusable``; ``why_not`` says
+    what was left) and the engine it loaded (``profile``)."""
+
+    reusable: bool
+    profile: str
+    why_not: str = ""
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    """The process-wide settings a fresh worker process starts with."""
+
+    environ: dict[str, str]
+    cwd: str
+    threads: frozenset[int]
+    torch_settings: tuple[Any, ...]
+
+    @classmethod
+    def now(cls) -> "ProcessState":
+        return cls(dict(os.environ), os.getcwd(), frozenset(thread.ident for thread in threading.enumerate()),
+                   _torch_settings())
+
+
+def _torch_settings() -> tuple[Any, ...]:
+    return (torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(), torch.is_grad_enabled(),
+            torch.get_num_threads())
+
+
+def profile() -> str:
+    """The engine this process has loaded."""
+    return VLLM if VLLM in sys.modules else PLAIN
+
+
+def settle(fresh: ProcessState) -> StopReport:
+    """After the worker is closed and dropped: free its memory, put back the environment and working directory, and
+    say whether the process is as ``fresh`` left it."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    os.environ.clear()
+    os.environ.update(fresh.environ)
+    try:
+        os.chdir(fresh.cwd)
+    except OSError as error:
+        return StopReport(False, profile(), f"cannot return to {fresh.cwd}: {error}")
+    left = _leftovers(fresh)
+    return StopReport(not left, profile(), left)
+
+
+def _leftovers(fresh: ProcessState) -> str:
+    """What the worker left behind, in words; empty when nothing."""
+    threads = [thread.name for thread in threading.enumerate()
+               if thread.ident not in fresh.threads and thread.is_alive()]
+    if threads:
+        return f"threads still running: {', '.join(sorted(threads))}"
+    children = _child_processes()
+    if children:
+        return f"child processes still running: {children}"
+    if _torch_settings() != fresh.torch_settings:
+        return f"torch settings changed: {fresh.torch_settings} -> {_torch_settings()}"
+    return ""
+
+
+def _child_processes() -> list[int]:
+    import psutil
+
+    return [child.pid for child in psutil.Process().children() if child.is_running()]

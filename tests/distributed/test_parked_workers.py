@@ -1,0 +1,85 @@
+"""A worker group that shuts down cleanly leaves its processes, and its pool's reservation, to the next group of the
+same shape (``hybridrl.runtime.parked``) — and only then: a failed group's processes, a process that kept a thread
+running, and a process that loaded an engine (for a group that does not) are never handed on; released processes
+end; no more wait than ``trainer.ray.idle_worker_processes``.
+
+Each test reserves bundles of a CPU share no other test uses (``cpus_per_device``), so the parked processes it sees
+are its own; most use one-rank groups, which is all parking needs."""
+
+from __future__ import annotations
+
+import pytest
+from distributed_helpers import ray_config
+from sample_workers import EchoWorker, EngineLoadingWorker
+
+from hybridrl.runtime import PoolSpec, ResourcePool, WorkerError, WorkerGroup, release_parked_workers, start_ray
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
+
+
+def start(runtime, share: float, worker=EchoWorker, ranks: int = 1) -> tuple[ResourcePool, WorkerGroup, list[int]]:
+    pool = ResourcePool.create(PoolSpec(f"parked{share}", devices_per_node=ranks, device="cpu",
+                                        cpus_per_device=share), runtime)
+    group = WorkerGroup(worker, pool, name=f"{worker.__name__}{share}", args=(1.0,))
+    return pool, group, group.call(worker.pid)
+
+
+def finish(pool: ResourcePool, group: WorkerGroup) -> None:
+    group.shutdown()
+    pool.release()
+
+
+def test_the_next_group_starts_in_the_processes_a_clean_one_left_until_they_are_released(ray_runtime):
+    pool, group, first = start(ray_runtime, 0.25, ranks=2)
+    group.call(EchoWorker.set_env, "LEFT_BY_THE_FIRST", "1")
+    reserved = [placement.id for placement in pool.placement_groups]
+    finish(pool, group)
+    pool, group, second = start(ray_runtime, 0.25, ranks=2)
+    try:
+        assert second == first and [placement.id for placement in pool.placement_groups] == reserved
+        assert group.call(EchoWorker.all_reduce_sum, 1.0) == 3.0  # a new process group: 1·1 + 1·2
+        assert [info["rank"] for info in group.call(EchoWorker.rank_info)] == [0, 1]
+        assert group.call(EchoWorker.get_env, "LEFT_BY_THE_FIRST") == [None, None]  # the environment was put back
+    finally:
+        finish(pool, group)
+    release_parked_workers()
+    pool, group, third = start(ray_runtime, 0.25, ranks=2)
+    finish(pool, group)
+    release_parked_workers()
+    assert set(third).isdisjoint(first)
+
+
+def test_a_spoilt_group_leaves_no_process_to_the_next(ray_runtime):
+    pool, group, raised = start(ray_runtime, 0.125)
+    with pytest.raises(WorkerError, match="bad input seen by rank 0"):
+        group.call(EchoWorker.raise_on, 0)
+    finish(pool, group)
+    pool, group, threaded = start(ray_runtime, 0.125)
+    group.call(EchoWorker.start_thread, 60.0)
+    finish(pool, group)
+    pool, group, last = start(ray_runtime, 0.125)
+    finish(pool, group)
+    release_parked_workers()
+    assert len(set(raised + threaded + last)) == 3
+
+
+def test_a_process_that_loaded_an_engine_serves_only_groups_that_load_it(ray_runtime):
+    pool, group, loaded = start(ray_runtime, 0.0625, EngineLoadingWorker)
+    finish(pool, group)
+    pool, group, plain = start(ray_runtime, 0.0625)  # takes the bundle's room: the engine's process ends
+    finish(pool, group)
+    pool, group, again = start(ray_runtime, 0.0625, EngineLoadingWorker)
+    finish(pool, group)
+    release_parked_workers()
+    assert plain != loaded
+    assert again == plain  # a plain process may go on to load an engine
+
+
+def test_no_more_processes_wait_than_the_bound():
+    runtime = start_ray(ray_config(idle_worker_processes=1))  # the running Ray, with another bound
+    pool, group, first = start(runtime, 0.03125, ranks=2)
+    finish(pool, group)
+    pool, group, second = start(runtime, 0.03125, ranks=2)
+    finish(pool, group)
+    release_parked_workers()
+    assert len(set(second) & set(first)) == 1  # the newest process waited, the other ended
