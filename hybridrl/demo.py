@@ -76,6 +76,7 @@ def run_demo(overrides: Sequence[str] = (), demo_dir: Optional[Path] = None, *, 
     (``demo.sft_config``); ``model_spec`` sizes the base model (tests shrink it).
     """
     from hybridrl.config import load_config
+    from hybridrl.runtime import start_ray
     from hybridrl.trainers.sft_trainer import SFTTrainer
     from hybridrl.trainers.rl_trainer import RLTrainer
     from hybridrl.utils.report import format_summary, plot_learning_curves, step_time_breakdown
@@ -91,16 +92,18 @@ def run_demo(overrides: Sequence[str] = (), demo_dir: Optional[Path] = None, *, 
     rollout = [] if importlib.util.find_spec("vllm") else ["rollout=hf"]
     rl_overrides = [f"trainer.default_local_dir={demo_dir / 'grpo'}", *rollout, *overrides]
     # Every GRPO mistake is refused now, not after the SFT stage (the SFT model it will start from does not exist yet)
-    load_config([f"model.path={sft_trainer.export_dir}", *rl_overrides], demo.grpo_config, check_paths=False)
-    sft = sft_trainer.fit()
-    sft_seconds = time.perf_counter() - started
-    print(f"[demo] 2/3 SFT done in {sft_seconds:.0f} s → {sft.export_dir}")
-    if rollout:
-        print("[demo] vLLM is not installed: generating with transformers on the actor's module (rollout=hf)")
-    rl_config = load_config([f"model.path={sft.export_dir}", *rl_overrides], demo.grpo_config)
-    rl_started = time.perf_counter()
-    result = RLTrainer(rl_config).fit()
-    rl_seconds = time.perf_counter() - rl_started
+    checked = load_config([f"model.path={sft_trainer.export_dir}", *rl_overrides], demo.grpo_config, check_paths=False)
+    # One Ray for both stages: GRPO's workers start in the processes SFT's left (hybridrl.runtime.parked)
+    with start_ray(checked.trainer.ray):
+        sft = sft_trainer.fit()
+        sft_seconds = time.perf_counter() - started
+        print(f"[demo] 2/3 SFT done in {sft_seconds:.0f} s → {sft.export_dir}")
+        if rollout:
+            print("[demo] vLLM is not installed: generating with transformers on the actor's module (rollout=hf)")
+        rl_config = load_config([f"model.path={sft.export_dir}", *rl_overrides], demo.grpo_config)
+        rl_started = time.perf_counter()
+        result = RLTrainer(rl_config).fit()
+        rl_seconds = time.perf_counter() - rl_started
     before = (result.first_validation or {}).get("val/accuracy", float("nan"))
     after = (result.last_validation or {}).get("val/accuracy", float("nan"))
     rows = result.metric_rows()

@@ -38,14 +38,16 @@ import torch
 
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.completion import Completion, PauseMode
+from hybridrl.utils.process_threads import kept_for_the_process
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_CALLERS = futures.ThreadPoolExecutor(max_workers=1024, thread_name_prefix="replica-caller")
+_CALLERS = futures.ThreadPoolExecutor(max_workers=1024, thread_name_prefix=kept_for_the_process("replica-caller"))
 """The threads :func:`serve` runs its callers' event loops on, kept between calls (a thread start per call costs
-the engine's thread a switch). Idle ones are reused; the bound is only there to be one: every concurrent ``serve``
-holds one, and one that had to wait for another's would wait for ever."""
+the engine's thread a switch) and for the process's life (a reused worker process keeps them). Idle ones are
+reused; the bound is only there to be one: every concurrent ``serve`` holds one, and one that had to wait for
+another's would wait for ever."""
 Request = tuple[Sequence[int], SamplingParams, Optional[str]]
 """One request to submit: prompt ids, sampling parameters (one response), its id (``None``: the queue names it)."""
 

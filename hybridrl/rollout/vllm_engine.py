@@ -38,6 +38,7 @@ from hybridrl.rollout.server import Request, serve
 from hybridrl.rollout.vllm_extension import WORKER_EXTENSION
 from hybridrl.rollout.completion import completions_as_rows, unpadded_rows
 from hybridrl.rollout.vllm_requests import VLLMRequests
+from hybridrl.utils.process_threads import kept_for_the_process
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ def import_vllm():
     """
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    kept_for_the_process("tqdm_monitor")  # tqdm's one monitor thread, started by vLLM's first progress bar
     try:
         import vllm
         import vllm.platforms  # noqa: F401  (``current_platform`` tells CPU from GPU)
@@ -268,16 +270,17 @@ class VLLMRollout:
             self._asleep = False
 
     def close(self) -> None:
-        """Drop the engine (its memory goes once nothing else refers to it). With ``t_g > 1`` also vLLM's
-        process groups, which must go before the worker's own default group is destroyed."""
+        """Drop the engine (its memory goes once nothing else refers to it) and vLLM's process groups, which must go
+        before the worker's own default group is destroyed — at every TP size: vLLM keeps its groups in module state,
+        and a later engine in this process (a reused worker process) would find them pointing at a group that is
+        gone."""
         self.llm = None
-        if self.tp_size > 1:
-            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
 
-            destroy_model_parallel()
-            destroy_distributed_environment()
-            if self.on_cpu:
-                _remove_cpu_shared_memory()
+        destroy_model_parallel()
+        destroy_distributed_environment()
+        if self.tp_size > 1 and self.on_cpu:
+            _remove_cpu_shared_memory()
 
     def _warn_if_cache_runs_waves(self, rows: int) -> None:
         """Warn once when the KV cache, not ``rollout.max_num_seqs``, keeps a generation of ``rows`` sequences from

@@ -94,15 +94,24 @@ def start_ray(config: Optional[RayConfig] = None) -> RayRuntime:
     if config.address == "local":
         _bind_local_instance_to_loopback()
     if ray.is_initialized():
-        logger.warning("Ray is already initialised in this process; reusing it (trainer.ray start-up settings unused)")
+        if ray_init_kwargs(config) != _started_with:  # not the instance this process started with these settings
+            logger.warning("Ray is already initialised in this process; reusing it (trainer.ray start-up settings "
+                           "unused)")
         return RayRuntime(config, owns_ray=False)
     check_reachable(config.address)
     try:
         ray.init(**ray_init_kwargs(config))
     except ConnectionError as error:  # address=auto with no cluster running, or a cluster that went away
         raise ValueError(f"trainer.ray.address={config.address!r}: cannot connect to a Ray cluster: {error}") from None
+    _started_with.clear()
+    _started_with.update(ray_init_kwargs(config))
     stop_on_sigterm()  # after ray.init, which installs its own (an exit that skips the workers' clean-up)
     return RayRuntime(config, owns_ray=True)
+
+
+_started_with: dict[str, Any] = {}
+"""The ``ray.init`` arguments of the instance this process started last: a later ``start_ray`` with the same settings
+(``hybridrl demo``'s GRPO stage after its SFT stage) reuses it without a word."""
 
 
 def _bind_local_instance_to_loopback() -> None:

@@ -1,6 +1,7 @@
 """Whether a worker process can serve another group once its worker is stopped (:mod:`hybridrl.runtime.parked`).
 
-A process is fit when what its worker did is gone: no thread or child process it started is still running, and
+A process is fit when what its worker did is gone: no thread or child process it started is still running (a
+pool kept for the process's life, :mod:`hybridrl.utils.process_threads`, is not the worker's), and
 what a worker may change process-wide is as it was when the process started — environment variables and the
 working directory (put back here), torch's default dtype, deterministic-algorithm flag, grad mode and thread count
 (checked: a difference means something changed them behind the worker's back). The engine the process loaded is
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from hybridrl.utils.process_threads import kept
 
 VLLM = "vllm"
 PLAIN = ""
@@ -77,7 +80,7 @@ def settle(fresh: ProcessState) -> StopReport:
 def _leftovers(fresh: ProcessState) -> str:
     """What the worker left behind, in words; empty when nothing."""
     threads = [thread.name for thread in threading.enumerate()
-               if thread.ident not in fresh.threads and thread.is_alive()]
+               if thread.ident not in fresh.threads and thread.is_alive() and not kept(thread.name)]
     if threads:
         return f"threads still running: {', '.join(sorted(threads))}"
     children = _child_processes()
@@ -89,6 +92,16 @@ def _leftovers(fresh: ProcessState) -> str:
 
 
 def _child_processes() -> list[int]:
+    """Children still running, except Python's resource tracker (one per process, started by the first shared
+    memory segment or semaphore, e.g. vLLM's; it lives as long as its parent whatever the worker does)."""
     import psutil
 
-    return [child.pid for child in psutil.Process().children() if child.is_running()]
+    return [child.pid for child in psutil.Process().children() if child.is_running()
+            and not any("multiprocessing.resource_tracker" in part for part in _command_line(child))]
+
+
+def _command_line(process) -> list[str]:
+    try:
+        return process.cmdline()
+    except Exception:  # gone meanwhile, or not ours to read  # noqa: BLE001
+        return []

