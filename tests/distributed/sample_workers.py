@@ -1,5 +1,6 @@
 """Worker classes the distributed tests start in Ray actors (importable there: the tests put this folder on the
-workers' PYTHONPATH through ``trainer.ray.worker_env``)."""
+workers' PYTHONPATH through ``trainer.ray.worker_env``). Light on purpose: a rank that unpickles one imports this
+module, and the trainer's own workers (``hybridrl.workers``) take seconds to import."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from torch import nn
 
 from hybridrl.runtime import Worker, dp_leaders, dp_split, one_to_all, rank_zero
 from hybridrl.protocol import Batch
-from hybridrl.workers.actor_worker import ActorRolloutRefWorker as TrainerActorWorker
 
 
 def make_batch(rows: int, width: int = 3) -> Batch:
@@ -251,15 +251,3 @@ class ValueWorker(Worker):
     @one_to_all
     def pid(self) -> int:
         return os.getpid()
-
-
-class ActorWorkerAfterAKilledRun(TrainerActorWorker):
-    """The actor worker, started where a killed run that had this group's port left its vLLM CPU shared-memory
-    segments behind (the OS hands ports out again; CI met this as ``create shm in SHMManager failed. errno: 17``)."""
-
-    def __init__(self, *args):
-        for rank in (0, 1):  # the names vLLM's TP group of ranks 0-1 creates, one per rank
-            stale = Path("/dev/shm") / f"{os.environ['MASTER_PORT']}-tp:0-[0-1]-cpushm_{rank}"
-            stale.write_bytes(b"left by a killed run")
-        super().__init__(*args)
-

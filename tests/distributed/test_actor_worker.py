@@ -84,13 +84,17 @@ def test_update_changes_policy_and_export_loads_in_transformers(actor_group, mod
     assert float((plain - worker_log_probs).abs()[mask].max()) < 1e-5
 
 
-@pytest.fixture(scope="module")
-def vllm_group(ray_runtime, model_dir):
+def vllm_config_args(model_dir) -> tuple:
     config = load_config([f"model.path={model_dir}", "model.dtype=float32", "trainer.n_gpus_per_node=2",
                           "rollout=vllm_cpu", "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4",
                           "actor.ppo_micro_batch_size_per_gpu=2", "actor.optim.lr=1e-2", "data.max_response_length=6"])
+    return config, 10, False
+
+
+@pytest.fixture(scope="module")
+def vllm_group(ray_runtime, model_dir):
     group = WorkerGroup(ActorRolloutRefWorker, cpu_pool(ray_runtime, "vllm_pool", 2), name="actor_rollout_vllm",
-                        args=(config, 10, False))
+                        args=vllm_config_args(model_dir))
     yield group
     stop(group)
 
@@ -140,3 +144,23 @@ def test_vllm_engine_started_with_dummy_weights_gets_the_actors_on_sync(ray_runt
         assert float((trainer - rollout[Fields.ROLLOUT_LOG_PROBS]).abs()[mask].max()) < 1e-4
     finally:
         stop(group)
+
+
+def test_a_vllm_engine_rebuilt_in_the_parked_processes_matches_its_trainer(vllm_group, model_dir):
+    """The group's processes are parked when it shuts down (``hybridrl.runtime.parked``), and the next group on its
+    devices starts in them: vLLM keeps process groups in module state, and a rebuilt engine must not find the old
+    ones. The rebuilt engine's log-probs of its own samples match the rebuilt trainer's (the numerics gate). Stops
+    the module's vLLM group: keep this test last."""
+    pids = [location.pid for location in vllm_group.locations]
+    vllm_group.shutdown()
+    again = WorkerGroup(ActorRolloutRefWorker, vllm_group.pool, name="actor_rollout_vllm_again",
+                        args=vllm_config_args(model_dir))
+    try:
+        assert [location.pid for location in again.locations] == pids
+        rollout = again.call(ActorRolloutRefWorker.generate_sequences, prompt_batch(model_dir),
+                             SamplingParams(n=2, max_new_tokens=6, temperature=1.0, seed=7))
+        trainer = again.call(ActorRolloutRefWorker.compute_log_prob, rollout, 1.0)[Fields.OLD_LOG_PROBS]
+        mask = rollout[Fields.RESPONSE_MASK].bool()
+        assert float((trainer - rollout[Fields.ROLLOUT_LOG_PROBS]).abs()[mask].max()) < 1e-4
+    finally:
+        again.shutdown()

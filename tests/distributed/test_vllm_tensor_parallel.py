@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from distributed_helpers import cpu_pool, stop
-from sample_workers import ActorWorkerAfterAKilledRun
+from stale_shm_worker import ActorWorkerAfterAKilledRun
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.config import load_config
