@@ -4,7 +4,8 @@ arguments. Each case is refused before any worker starts, with a message that na
 the row); the ones that reach the command line exit 2 with one message and no traceback.
 
 Cases run in-process (``load_config`` and the trainer's constructor: what ``hybridrl train`` does before Ray); the
-command-line checks at the end run ``hybridrl`` in a subprocess.
+command-line checks at the end run ``hybridrl``'s ``main`` in this process (the console script's code), and a whole
+run in a subprocess.
 """
 
 from __future__ import annotations
@@ -420,6 +421,18 @@ def test_a_user_yaml_with_a_syntax_error_names_the_file_and_line(tmp_path):
         load_config([], "mine", conf_dir=tmp_path / "conf", check_paths=False)
 
 
+def hybridrl_in_process(capsys, monkeypatch, *args: str) -> subprocess.CompletedProcess:
+    """``hybridrl <args>`` through the command's ``main`` in this process (the console script's code; a refusal
+    never reaches workers), as a finished process."""
+    from hybridrl.cli import main
+
+    monkeypatch.delenv("HYBRIDRL_TRACEBACK", raising=False)
+    capsys.readouterr()
+    status = main(list(args))
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(["hybridrl", *args], status, captured.out, captured.err)
+
+
 def hybridrl(*args: str, cwd=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     env.pop("HYBRIDRL_TRACEBACK", None)
@@ -437,24 +450,25 @@ def hybridrl(*args: str, cwd=None) -> subprocess.CompletedProcess:
     (["config", "--config-name", "no_such_config"], ["--config-name='no_such_config'", "no no_such_config.yaml"]),
 ], ids=["sft_config_to_train", "rl_config_to_sft", "plan_negative_steps", "plan_negative_price",
         "unknown_config_name"])
-def test_command_line_mistakes_exit_2_with_one_message(args, phrases):
-    process = hybridrl(*args)
+def test_command_line_mistakes_exit_2_with_one_message(args, phrases, capsys, monkeypatch):
+    process = hybridrl_in_process(capsys, monkeypatch, *args)
     assert process.returncode == 2 and "Traceback" not in process.stderr, process.stderr[-3000:]
     for phrase in phrases:
         assert phrase in process.stderr, process.stderr[-3000:]
 
 
-def test_plan_refuses_a_decoder_it_does_not_model(tmp_path):
+def test_plan_refuses_a_decoder_it_does_not_model(tmp_path, capsys, monkeypatch):
     from transformers import GPT2Config
 
     GPT2Config(n_layer=2, n_embd=64, n_head=2).save_pretrained(tmp_path / "gpt2")
-    process = hybridrl("plan", "--no-check-paths", f"model.path={tmp_path / 'gpt2'}")
+    process = hybridrl_in_process(capsys, monkeypatch, "plan", "--no-check-paths", f"model.path={tmp_path / 'gpt2'}")
     assert process.returncode == 2 and "Traceback" not in process.stderr, process.stderr[-3000:]
     assert "model_type='gpt2'" in process.stderr and "Llama-style decoders" in process.stderr
 
 
-def test_demo_refuses_a_grpo_mistake_before_its_sft_stage(tmp_path):
-    process = hybridrl("demo", "rollout.n=1", cwd=tmp_path)  # the demo writes under runs/ of where it runs
+def test_demo_refuses_a_grpo_mistake_before_its_sft_stage(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the demo writes under runs/ of where it runs
+    process = hybridrl_in_process(capsys, monkeypatch, "demo", "rollout.n=1")
     assert process.returncode == 2 and "Traceback" not in process.stderr, process.stderr[-3000:]
     assert "rollout.n=1" in process.stderr and "needs rollout.n >= 2" in process.stderr
     assert "SFT done" not in process.stdout  # refused before the SFT stage ran

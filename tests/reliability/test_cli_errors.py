@@ -1,5 +1,9 @@
-"""``hybridrl train`` in a subprocess: a user mistake prints one message naming the key/file/row — no traceback —
-and exits with status 2, within seconds, whether it is caught by validation, by data loading, or after Ray started."""
+"""``hybridrl train``: a user mistake prints one message naming the key/file/row — no traceback — and exits with
+status 2, within seconds, whether it is caught by validation, by data loading, or after Ray started.
+
+Mistakes caught before Ray runs the command's ``main`` in this process (the same code as the console script); those
+about Ray itself (an address, the cluster's size) run the real console script in a subprocess, which also starts
+its own private Ray."""
 
 from __future__ import annotations
 
@@ -35,6 +39,16 @@ def hybridrl_train(*overrides: str) -> tuple[subprocess.CompletedProcess, float]
     return process, time.monotonic() - started
 
 
+def train_in_process(capsys, *overrides: str) -> subprocess.CompletedProcess:
+    """``hybridrl train <overrides>`` through the command's ``main`` in this process, as a finished process."""
+    from hybridrl.cli import main
+
+    capsys.readouterr()
+    status = main(["train", *overrides])
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(["hybridrl", "train", *overrides], status, captured.out, captured.err)
+
+
 def assert_refused(process: subprocess.CompletedProcess, *phrases: str) -> None:
     assert process.returncode == 2, (process.returncode, process.stderr[-3000:])
     assert "Traceback" not in process.stderr, process.stderr[-3000:]
@@ -43,24 +57,28 @@ def assert_refused(process: subprocess.CompletedProcess, *phrases: str) -> None:
         assert phrase in process.stderr, process.stderr[-3000:]
 
 
-def test_config_mistakes_are_all_named_at_once(model_dir, tmp_path):
-    process, _ = hybridrl_train(*run_overrides(model_dir, tmp_path / "run"), "data.train_batch_size=0", "rollout.n=-2",
-                                "algorithm.adv_estimator=ppo2", "actor.policy_loss=clipped", "rollout.name=sglang")
+def test_config_mistakes_are_all_named_at_once(model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("HYBRIDRL_TRACEBACK", raising=False)
+    process = train_in_process(capsys, *run_overrides(model_dir, tmp_path / "run"), "data.train_batch_size=0",
+                               "rollout.n=-2", "algorithm.adv_estimator=ppo2", "actor.policy_loss=clipped",
+                               "rollout.name=sglang")
     assert_refused(process, "invalid config (5 problems)", "data.train_batch_size=0: must be a positive number",
                    "rollout.n=-2", "algorithm.adv_estimator='ppo2': unknown", "actor.policy_loss='clipped': unknown",
                    "rollout.name='sglang': unknown")
 
 
-def test_sizes_that_do_not_divide(model_dir, tmp_path):
-    process, _ = hybridrl_train(*run_overrides(model_dir, tmp_path / "run"), "actor.ppo_mini_batch_size=3")
+def test_sizes_that_do_not_divide(model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("HYBRIDRL_TRACEBACK", raising=False)
+    process = train_in_process(capsys, *run_overrides(model_dir, tmp_path / "run"), "actor.ppo_mini_batch_size=3")
     assert_refused(process, "actor.ppo_mini_batch_size=3", "must divide data.train_batch_size=4")
 
 
-def test_non_utf8_row_in_a_data_file(model_dir, tmp_path):
+def test_non_utf8_row_in_a_data_file(model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("HYBRIDRL_TRACEBACK", raising=False)
     lines = [encoded(row) for row in good_rows()]
     lines[6] = lines[6].replace(b"6+1", b"6\xc3+1")
     data = jsonl_lines(tmp_path / "train.jsonl", lines)
-    process, _ = hybridrl_train(*run_overrides(model_dir, tmp_path / "run"), *train_files(data))
+    process = train_in_process(capsys, *run_overrides(model_dir, tmp_path / "run"), *train_files(data))
     assert_refused(process, "train.jsonl: row 6 (line 7) is not valid UTF-8", "HYBRIDRL_TRACEBACK=1")
 
 
