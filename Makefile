@@ -46,13 +46,13 @@ demo-vlm: setup
 	$(BIN)/hybridrl demo-vlm
 
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not soak and not long" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=20 -m "not soak and not long" $(PYTEST_ARGS)
 
 # Whole runs with injected faults, restarts, interrupts and async pools (marker `long`): CI runs them after make test,
 # one at a time: each keeps both cores busy, and inside the parallel suite they ran 4-6x slower than alone
 # (a restart test: 196 s there, 31 s in a serial run of its module).
 test-long: setup
-	$(BIN)/python -m pytest -q --durations=10 -m "long and not soak" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=20 -m "long and not soak" $(PYTEST_ARGS)
 
 # The 200-step leak soak (about 4 minutes alone): CI runs it after make test.
 soak: setup

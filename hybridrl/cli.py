@@ -322,10 +322,12 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                                                              "needs --api-key)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: any free port)")
     parser.add_argument("--api-key", default=None, help="bearer token every request must carry")
-    parser.add_argument("--max-model-len", type=int, default=2048, help="context length: prompt + reply (2048)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="context length: prompt + reply (default: the model's positions, at most 2048)")
     parser.add_argument("--max-tokens", type=int, default=1024, help="most new tokens one request may ask (1024)")
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"),
-                        help="the engine's dtype (bfloat16; float16 on GPU only)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32", "float16"),
+                        help="the engine's dtype (default auto: what `hybridrl train` resolves model.dtype=auto to "
+                             "here — bfloat16 on a GPU or a CPU with native bf16, else float32; float16 on GPU only)")
     parser.add_argument("--served-model-name", default=None, help="the model name in responses (default: the "
                                                                   "directory's name)")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -18,15 +18,16 @@ from hybridrl.gateway.service import GatewayBackend, GatewayService
 @dataclass(frozen=True)
 class ServeSettings:
     """Where and how the gateway serves: ``host`` / ``port`` (0: a free one), ``api_key`` (required off loopback),
-    the engine's ``max_model_len`` and ``dtype``, the most new tokens a request may ask for (``max_tokens``), the
-    model name reported (``model_name``; default: the directory's name)."""
+    the engine's ``max_model_len`` (``None``: the model's positions, at most :data:`DEFAULT_CONTEXT`) and ``dtype``
+    (``auto``: as ``hybridrl train`` resolves ``model.dtype: auto`` on this machine), the most new tokens a request
+    may ask for (``max_tokens``), the model name reported (``model_name``; default: the directory's name)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: Optional[str] = None
-    max_model_len: int = 2048
+    max_model_len: Optional[int] = None
     max_tokens: int = 1024
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
     model_name: Optional[str] = None
 
     def checked(self) -> "ServeSettings":
@@ -36,7 +37,7 @@ class ServeSettings:
                              "as a bearer token), or keep the default 127.0.0.1")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port {self.port}: a TCP port is 0..65535 (0: any free port)")
-        if self.max_tokens < 1 or self.max_model_len < 2:
+        if self.max_tokens < 1 or (self.max_model_len is not None and self.max_model_len < 2):
             raise ValueError("--max-tokens must be ≥ 1 and --max-model-len ≥ 2")
         if self.port:
             with socket.socket() as probe:
@@ -49,6 +50,33 @@ class ServeSettings:
         return self
 
 
+DEFAULT_CONTEXT = 2048
+"""``--max-model-len`` when not given: the model's positions, but no more than this (a CPU engine sizes its KV cache
+for its longest sequences)."""
+
+
+def for_model(settings: ServeSettings, model_dir: Path) -> ServeSettings:
+    """``settings`` with the context length and dtype the model and this machine give (``ValueError`` naming the
+    option when an explicit ``--max-model-len`` exceeds the model's positions)."""
+    import json
+
+    import torch
+
+    from hybridrl.config.auto_dtype import resolve_dtype
+
+    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    config = config.get("text_config", config)
+    positions = config.get("max_position_embeddings", config.get("n_positions"))
+    length = settings.max_model_len
+    if length is None:
+        length = min(positions, DEFAULT_CONTEXT) if isinstance(positions, int) else DEFAULT_CONTEXT
+    elif isinstance(positions, int) and length > positions:
+        raise ValueError(f"--max-model-len {length}: the model at {model_dir} has {positions} positions "
+                         f"(max_position_embeddings); leave --max-model-len out to use them, or give at most {positions}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return replace(settings, max_model_len=length, dtype=resolve_dtype(settings.dtype, device, key="--dtype"))
+
+
 def serve_model(model_dir: Path, settings: ServeSettings, ready: Callable[[Gateway], None],
                 stop: Optional[threading.Event] = None) -> None:
     """Load ``model_dir`` into a vLLM engine and serve it until ``stop`` is set or the process is interrupted
@@ -59,6 +87,7 @@ def serve_model(model_dir: Path, settings: ServeSettings, ready: Callable[[Gatew
     from hybridrl.rollout import EngineInputs, build_rollout_engine
     from hybridrl.rollout.server import ReplicaServer
 
+    settings = for_model(settings, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     stop_ids = _stop_ids(model_dir, tokenizer)
     engine = build_rollout_engine("vllm", EngineInputs(

@@ -3,6 +3,7 @@ single rank that keeps its parameters gathered: no FSDP2 at all, :mod:`hybridrl.
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -15,6 +16,11 @@ from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecision
 
 from hybridrl.modeling.model_builder import decoder_layers
 from hybridrl.modeling.single_rank import apply_compute_dtype, casts_kept
+
+# FSDP2 warns once per process that the root returned a view (transformers' outputs are): an in-place op on it would
+# skip the pre-backward hook. hybridrl never writes into a model's outputs (its in-place ops act on tensors it made,
+# inside its own autograd functions), so the line says nothing a user can act on; every other warning stays.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
 from hybridrl.utils.distributed import sharding_mesh
 
 
