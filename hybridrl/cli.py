@@ -137,7 +137,11 @@ def plan(args: argparse.Namespace) -> int:
     from hybridrl.planner.report import shapes_of
     from hybridrl.planner.shape_flags import shape_from_flags
 
+    from hybridrl.planner.hardware import planned_dtype_overrides
+
     by_flags = shape_from_flags(args)
+    args.overrides = planned_dtype_overrides(args.overrides, args.config_name, conf_dir=args.config_path,
+                                             extra_dirs=args.config_dir or ())
     config = load_from_args(args, **({"check_paths": False} if by_flags else {}))  # no model to find on disk
     if type(config).__name__ != "TrainConfig":
         from hybridrl.planner.rm_report import plan_other_trainer

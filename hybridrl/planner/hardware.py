@@ -50,3 +50,15 @@ def gpu_spec(name: str) -> GpuSpec:
         return GPUS[name.lower()]
     except KeyError:
         raise ValueError(f"unknown GPU {name!r}; expected one of {', '.join(GPUS)}") from None
+
+
+def planned_dtype_overrides(overrides: list[str], config_name: str, **dirs) -> list[str]:
+    """``overrides`` plus ``model.dtype=bfloat16`` when the config leaves ``model.dtype: auto``: a plan is for a GPU
+    (every one of :data:`GPUS` computes in bf16), so ``auto`` resolves as on that GPU, not as on the machine that
+    runs the planner (a laptop without bf16 made it plan 7B in fp32, twice the weights)."""
+    from hybridrl.config.loader import compose_translated
+
+    raw, _ = compose_translated(config_name, overrides, **dirs)
+    if str(raw.get("model", {}).get("dtype", "auto")) != "auto":
+        return list(overrides)
+    return [*overrides, "model.dtype=bfloat16"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -149,9 +151,15 @@ def format_plan(job: JobPlan) -> str:
 
 def time_lines(job: JobPlan) -> list[str]:
     step = job.step_time
-    phases = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in step.phases.items())
+    phases = ", ".join(f"{name} {seconds:.2f} s" if math.isfinite(seconds) else f"{name} impossible"
+                       for name, seconds in step.phases.items())
     lines = [f"time (roofline at {step.efficiency:.0%} of peak {job.gpu.bf16_flops / 1e12:.0f} TFLOP/s bf16, "
-             f"{job.gpu.bandwidth / 1e9:.0f} GB/s): {phases}; step {step.total:.2f} s"]
+             f"{job.gpu.bandwidth / 1e9:.0f} GB/s): {phases}; step "
+             + (f"{step.total:.2f} s" if math.isfinite(step.total) else "cannot run")]
+    if not math.isfinite(step.total):
+        lines.append("  the rollout engine's KV cache holds no whole sequence (prompt + response) at this layout: it "
+                     "cannot generate; raise rollout.gpu_memory_utilization or rollout.tensor_model_parallel_size")
+        return lines
     if job.hours is None:
         lines.append("  total: set trainer.total_training_steps (or --steps) for the run's hours and cost")
         return lines

@@ -11,6 +11,8 @@ All sequences are taken at the maximum prompt and response lengths: an upper bou
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from hybridrl.config.precision import DTYPE_BYTES
@@ -111,14 +113,17 @@ def run_cost(hours: float, num_devices: int, price_per_gpu_hour: float) -> float
     return price_per_gpu_hour * num_devices * hours
 
 
-def generation_waves(config: TrainConfig, shape: DecoderShape, plan: MemoryPlan) -> int:
+def generation_waves(config: TrainConfig, shape: DecoderShape, plan: MemoryPlan) -> float:
     """How many passes vLLM needs because its KV cache (``plan``: a :class:`~hybridrl.planner.memory_plan.
-    MemoryPlan`) holds only part of this device's sequences (1 for HF, whose cache is sized for the whole batch)."""
+    MemoryPlan`) holds only part of this device's sequences (1 for HF, whose cache is sized for the whole batch);
+    ``math.inf`` when it cannot hold one sequence: the engine cannot generate at all."""
     rollout = plan.roles["rollout"]
     if config.rollout.name != "vllm":
         return 1
     tp = config.rollout.tensor_model_parallel_size
     capacity = rollout.kv_cache // kv_bytes_per_token(shape, DTYPE_BYTES[config.model.dtype], tp)
-    tokens = config.data.train_batch_size * config.rollout.n * (
-        config.data.max_prompt_length + config.data.max_response_length) // rollout_engines(config)
-    return max(1, -(-tokens // max(1, capacity)))
+    sequence = config.data.max_prompt_length + config.data.max_response_length
+    if capacity < sequence:
+        return math.inf
+    tokens = config.data.train_batch_size * config.rollout.n * sequence // rollout_engines(config)
+    return max(1, -(-tokens // capacity))

@@ -4,6 +4,8 @@ hand, the recommender's headroom rule, the FLOP model against torch's FLOP count
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -321,3 +323,34 @@ def test_sequence_parallelism_fits_long_responses_that_do_not_fit_whole():
     # 8 ranks in groups of 2 are 4 data-parallel ranks: each group's mini-batch holds twice the rows
     assert role_plan(split_config, "actor").local_mini_batch_sequences == \
         2 * role_plan(whole_config, "actor").local_mini_batch_sequences == 2 * 16 * 4 // 8
+
+
+def test_plan_resolves_an_auto_dtype_for_the_gpu_not_for_this_machine(monkeypatch):
+    """A laptop without native bf16 resolves ``model.dtype: auto`` to fp32 for its own runs; a plan is for a GPU,
+    which computes in bf16 (the 7B reference job was planned at twice its weights)."""
+    from hybridrl.config import load_config
+    from hybridrl.planner.hardware import planned_dtype_overrides
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # this machine, as one without native bf16
+    overrides = ["model.path=qwen2.5-7b"]
+    assert load_config(overrides, check_paths=False).model.dtype == "float32"
+    planned = planned_dtype_overrides(overrides, "ppo_trainer")
+    assert load_config(planned, check_paths=False).model.dtype == "bfloat16"
+    explicit = planned_dtype_overrides([*overrides, "model.dtype=float32"], "ppo_trainer")
+    assert load_config(explicit, check_paths=False).model.dtype == "float32"  # what the user chose stays
+
+
+def test_a_layout_whose_kv_cache_holds_no_sequence_says_it_cannot_generate():
+    """7B's weights take the vLLM share of an A10G whole: no KV cache is left, so there is no generate time to give
+    (it printed 17,035,960 s)."""
+    from hybridrl.planner.report import time_lines
+    from hybridrl.planner.time_plan import generation_waves
+
+    config = big_job("rollout=vllm", "rollout.gpu_memory_utilization=0.5", "model.dtype=bfloat16")
+    assert generation_waves(config, QWEN_7B, plan_memory(config, Shapes(QWEN_7B), gpu_spec("a10g").memory_bytes)) \
+        == float("inf")
+    step = roofline_step_time(config, QWEN_7B, gpu_spec("a10g"), waves=float("inf"))
+    assert step.phases["generate"] == float("inf") and step.phases["update_actor"] < float("inf")
+    job = dataclasses.replace(plan_job(config, gpu_spec("a10g"), shapes=Shapes(QWEN_7B)), step_time=step)
+    text = "\n".join(time_lines(job))
+    assert "generate impossible" in text and "step cannot run" in text and "cannot generate" in text
