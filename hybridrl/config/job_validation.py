@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from hybridrl.config.checks import _choice, _fsdp_size, _positive, _require
-from hybridrl.config.dpo_schema import PREFERENCE_LOSSES, REFERENCE_MODES, DPOConfig
+from hybridrl.config.dpo_schema import PREFERENCE_LOSSES, REFERENCE_FREE_LOSSES, REFERENCE_MODES, DPOConfig
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.multi_turn_checks import BUILTIN_TOOL_NAMES
 from hybridrl.config.rm_schema import SYNTHETIC_PREFERENCES, RMConfig
@@ -68,6 +68,10 @@ def validate_dpo_config(config: DPOConfig, *, check_paths: bool = True) -> None:
         error.add("loss.label_smoothing", loss.label_smoothing, f"is read only by loss.type=dpo, not {loss.type}: "
                                                                 "drop it")
     _require(error, "loss.simpo_gamma", loss.simpo_gamma, loss.simpo_gamma >= 0, "must be >= 0 (a target margin)")
+    if loss.reference_log_probs == "on_the_fly" and loss.type in REFERENCE_FREE_LOSSES:
+        error.add("loss.reference_log_probs", loss.reference_log_probs,
+                  f"loss.type={loss.type} uses no reference policy, so there are no reference log-probs to compute: "
+                  "drop it")
     for key in ("desirable_weight", "undesirable_weight"):
         value = getattr(loss, key)
         _require(error, f"loss.{key}", value, value > 0, "must be > 0 (KTO's weight of one label's rows)")

@@ -106,6 +106,7 @@ def kto_pairs(completions: Sequence[LabelledCompletion], what: str = "the KTO da
     if len(set(keys)) < 2:
         raise ValueError(f"{what}: KTO needs completions of at least two different prompts (its KL estimate pairs "
                          f"each prompt with another prompt's completion); found {len(set(keys))}")
+
     order = list(range(len(completions)))
     if seed is not None:
         random.Random(f"hybridrl/kto/kl/{seed}").shuffle(order)
@@ -115,6 +116,18 @@ def kto_pairs(completions: Sequence[LabelledCompletion], what: str = "the KTO da
         partner[index] = next(other for other in earlier if keys[other] != keys[index])
     return [KTOPair(item.prompt, item.completion, completions[partner[index]].completion, 0.0, item.where,
                     desirable=item.desirable) for index, item in enumerate(completions)]
+
+
+def check_both_labels(completions: Sequence[LabelledCompletion], what: str) -> None:
+    """``ValueError`` when every completion of the training data carries one label: KTO weighs desirable against
+    undesirable completions (its reward gap and held-out ranking compare the two), so it would learn no preference
+    and report a gap of 0."""
+    labels = {item.desirable for item in completions}
+    if len(labels) < 2:
+        label = "desirable" if labels == {True} else "undesirable"
+        raise ValueError(f"{what}: all {len(completions)} completions are {label}: KTO weighs desirable against "
+                         "undesirable completions, so with one label it learns no preference (its reward gap reads "
+                         "0); add completions labelled the other way")
 
 
 def label_counts(rows: Sequence[KTOPair]) -> tuple[int, int]:

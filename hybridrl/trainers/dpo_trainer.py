@@ -24,7 +24,8 @@ import torch
 
 from hybridrl.config.dpo_schema import REFERENCE_FREE_LOSSES, DPOConfig
 from hybridrl.data.preference import PairFields, PreferencePair
-from hybridrl.data.unpaired import KTOPair, kto_pairs, label_counts, read_labelled_completions, unpaired
+from hybridrl.data.unpaired import (KTOPair, check_both_labels, kto_pairs, label_counts, read_labelled_completions,
+                                    unpaired)
 from hybridrl.engines.preference_losses import PairLogProbs, preference_loss, response_lengths
 from hybridrl.protocol import Batch
 from hybridrl.runtime import WorkerGroup
@@ -61,6 +62,7 @@ class DPOTrainer(RMTrainer):
         if not self.kto:
             return super().load_data()
         train, held_out = load_pairs(self.config, read_labelled_completions, unpaired)
+        check_both_labels(train, "data.train_files")
         seed = self.config.data.seed
         if len({item.prompt_key() for item in held_out}) < 2:
             if held_out:

@@ -111,23 +111,27 @@ def cli(*arguments):
 
 
 @pytest.mark.long  # a whole run or two each; the demo test above stays in `make test`
-def test_the_cli_runs_and_refuses_bad_keys(model_dir, tmp_path):
+def test_the_cli_runs_and_refuses_bad_keys(model_dir, tmp_path, capsys, monkeypatch):
+    """One whole run through the console script; the refusals (before any worker) through its main, here."""
+    from hybridrl.cli import main
+
     done = cli(f"model.path={model_dir}", f"trainer.default_local_dir={tmp_path / 'run'}",
                "trainer.total_training_steps=1", "trainer.ray.num_cpus=4")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "hybridrl dpo: 1 steps; held-out accuracy 0.000 (step 0) -> " in done.stdout
-    for overrides, phrase in ((["loss.beta=0"], "loss.beta"), (["loss.type=ipo", "loss.label_smoothing=0.1"],
-                                                                 "loss.label_smoothing"),
-                              (["loss.desirable_weight=2"], "loss.desirable_weight"),
-                              (["loss.type=kto", "loss.undesirable_weight=0"], "loss.undesirable_weight")):
-        refused = cli(f"model.path={model_dir}", *overrides)
-        assert refused.returncode == 2 and phrase in refused.stderr and "Traceback" not in refused.stderr, overrides
+    monkeypatch.delenv("HYBRIDRL_TRACEBACK", raising=False)
     unlabelled = tmp_path / "kto.jsonl"  # a KTO row without its label: the file and row named, exit 2
     unlabelled.write_text('{"prompt": "1+1=", "completion": "2", "label": true}\n{"prompt": "2+2=", "completion": "4"}\n')
-    refused = cli(f"model.path={model_dir}", "loss.type=kto", "data.synthetic_task=null",
-                  f"data.train_files=[{unlabelled}]")
-    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
-    assert "kto.jsonl: row 1 (line 2)" in refused.stderr and "'label'" in refused.stderr
+    for overrides, phrases in ((["loss.beta=0"], ["loss.beta"]),
+                               (["loss.type=ipo", "loss.label_smoothing=0.1"], ["loss.label_smoothing"]),
+                               (["loss.desirable_weight=2"], ["loss.desirable_weight"]),
+                               (["loss.type=kto", "loss.undesirable_weight=0"], ["loss.undesirable_weight"]),
+                               (["loss.type=kto", "data.synthetic_task=null", f"data.train_files=[{unlabelled}]"],
+                                ["kto.jsonl: row 1 (line 2)", "'label'"])):
+        capsys.readouterr()
+        assert main(["dpo", "--config-name", "demo_dpo", f"model.path={model_dir}", *overrides]) == 2, overrides
+        refused = capsys.readouterr().err
+        assert all(phrase in refused for phrase in phrases) and "Traceback" not in refused, (overrides, refused)
 
 
 @pytest.mark.long  # a whole run or two each; the demo test above stays in `make test`

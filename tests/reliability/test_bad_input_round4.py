@@ -1,0 +1,40 @@
+"""Bad input, round 4: a setting or data that the chosen mode cannot use is refused by name before any worker
+starts, instead of being accepted without a word: KTO data of one label only (it learns no preference and reports a
+reward gap of 0), reference log-probs asked of a loss that has no reference (SimPO, ORPO)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridrl.cli import main
+from hybridrl.config import load_config
+from hybridrl.trainers.dpo_trainer import DPOTrainer
+from hybridrl.utils.tiny_model import save_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("round4") / "model")
+
+
+@pytest.mark.parametrize("label", [True, False])
+def test_kto_data_of_one_label_is_refused_naming_the_files(model_dir, tmp_path, label):
+    rows = tmp_path / "kto.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{n}+1=", "completion": str(n + 1), "label": label}) + "\n"
+                            for n in range(8)))
+    config = load_config([f"model.path={model_dir}", f"trainer.default_local_dir={tmp_path / 'run'}", "loss.type=kto",
+                          "data.synthetic_task=null", f"data.train_files=[{rows}]"], "demo_dpo")
+    kind = "desirable" if label else "undesirable"
+    with pytest.raises(ValueError, match=rf"data.train_files: all \d+ completions are {kind}: KTO weighs desirable"):
+        DPOTrainer(config)
+
+
+@pytest.mark.parametrize("loss", ["simpo", "orpo"])
+def test_reference_log_probs_on_the_fly_for_a_loss_without_a_reference_is_refused(model_dir, loss, capsys):
+    assert main(["dpo", "--no-check-paths", "--config-name", "demo_dpo", f"model.path={model_dir}",
+                 f"loss.type={loss}", "loss.reference_log_probs=on_the_fly"]) == 2
+    message = capsys.readouterr().err
+    assert "loss.reference_log_probs='on_the_fly'" in message and f"loss.type={loss} uses no reference" in message
+    assert "Traceback" not in message
