@@ -9,7 +9,7 @@ from typing import Optional
 from hybridrl.config.checks import _require
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.schema import TrainConfig
-from hybridrl.config.validation_machine import _check_model_dir
+from hybridrl.config.validation_machine import _check_model_dir, model_positions
 
 KEY = "algorithm.distillation"
 
@@ -44,6 +44,20 @@ def check_teacher_files(config: TrainConfig, error: ConfigError) -> None:
     if problem:
         error.add(f"{KEY}.teacher_path", teacher, f"the teacher's vocabulary is not the policy's ({policy}): "
                   f"{problem}; the teacher scores the student's token ids, so it needs the same tokenizer")
+    _check_teacher_positions(config, teacher, error)
+
+
+def _check_teacher_positions(config: TrainConfig, teacher: str, error: ConfigError) -> None:
+    """The teacher scores whole prompt + response sequences, so it needs their positions (as the policy does)."""
+    import json
+    from pathlib import Path
+
+    positions = model_positions(json.loads((Path(teacher) / "config.json").read_text(encoding="utf-8")))
+    longest = config.data.max_prompt_length + config.data.max_response_length
+    if positions is not None and longest > positions:
+        error.add(f"{KEY}.teacher_path", teacher, f"the teacher has {positions} positions (max_position_embeddings), "
+                  f"fewer than data.max_prompt_length + data.max_response_length = {longest} tokens it must score; "
+                  "shorten the data lengths or choose a teacher with a longer context")
 
 
 def _vocabulary_difference(policy: str, teacher: str) -> Optional[str]:

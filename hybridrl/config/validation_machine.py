@@ -122,6 +122,13 @@ def _check_precision_here(config: TrainConfig, device: str, error: ConfigError) 
                               error)
 
 
+def model_positions(model_config: dict) -> Optional[int]:
+    """The positions a model's ``config.json`` gives it (its language model's, for a multimodal one), if it says."""
+    model_config = model_config.get("text_config", model_config)
+    positions = model_config.get("max_position_embeddings", model_config.get("n_positions"))
+    return positions if isinstance(positions, int) else None
+
+
 def resolved_device(config: TrainConfig) -> str:
     """``trainer.device`` with ``auto`` resolved on this machine: ``cuda`` when a CUDA device is visible, else ``cpu``."""
     if config.trainer.device != "auto":
@@ -173,8 +180,8 @@ def _check_model_fits(config: TrainConfig, error: ConfigError) -> None:
     check_vision_policy(config, model_config, error)
     model_config = model_config.get("text_config", model_config)  # multimodal configs nest the language model's
     longest = config.data.max_prompt_length + config.data.max_response_length
-    positions = model_config.get("max_position_embeddings", model_config.get("n_positions"))
-    if isinstance(positions, int) and longest > positions:
+    positions = model_positions(model_config)
+    if positions is not None and longest > positions:
         error.add("data.max_response_length", config.data.max_response_length,
                   f"data.max_prompt_length + data.max_response_length = {longest} tokens, but the model at model.path "
                   f"has {positions} positions (max_position_embeddings); shorten one of them")

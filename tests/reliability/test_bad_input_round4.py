@@ -38,3 +38,19 @@ def test_reference_log_probs_on_the_fly_for_a_loss_without_a_reference_is_refuse
     message = capsys.readouterr().err
     assert "loss.reference_log_probs='on_the_fly'" in message and f"loss.type={loss} uses no reference" in message
     assert "Traceback" not in message
+
+
+def test_a_teacher_with_fewer_positions_than_a_sequence_is_refused_like_the_policy(model_dir, tmp_path):
+    """The teacher scores whole prompt + response sequences: a shorter context than they need was accepted for the
+    teacher, though the same mismatch on the policy was refused."""
+    from hybridrl.utils.tiny_model import TinyModelSpec
+
+    teacher = save_tiny_model(tmp_path / "teacher", TinyModelSpec(max_position_embeddings=32))
+    overrides = [f"model.path={model_dir}", "rollout=hf", "trainer.device=cpu",
+                 f"algorithm.distillation.teacher_path={teacher}", "data.max_prompt_length=32",
+                 "data.max_response_length=16"]
+    with pytest.raises(ValueError) as refused:
+        load_config(overrides)
+    assert "algorithm.distillation.teacher_path=" in str(refused.value)
+    assert "the teacher has 32 positions" in str(refused.value) and "= 48 tokens" in str(refused.value)
+    load_config([*overrides[:-2], "data.max_prompt_length=16", "data.max_response_length=16"])  # 32 fit
