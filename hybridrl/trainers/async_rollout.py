@@ -33,6 +33,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -188,3 +189,22 @@ def partial_metrics(rows: Batch, step: int) -> dict[str, float]:
     token_staleness = (step - versions)[valid].to(torch.float64)
     return {"async/partial_rows": float(spans.to(torch.float64).mean()),
             "async/token_staleness_mean": float(token_staleness.mean()) if token_staleness.numel() else 0.0}
+
+
+def refuse_a_queue_outside_the_bound(checkpoint: Optional[Path], bound: int, mode: str) -> None:
+    """Before any worker starts: ``ValueError`` when the checkpoint a run resumes from holds batches generated ahead
+    (an asynchronous run's queue) that this run's bound would refuse at their step — e.g. a ``one_step_off``
+    checkpoint resumed with ``async_training.mode=sync`` (η = 0), which raised ``StalenessBoundError`` mid-run."""
+    if checkpoint is None:
+        return
+    from hybridrl.trainers.checkpoints import load_trainer_state
+
+    for saved in load_trainer_state(checkpoint).get("rollout_queue", {}).get("batches", []):
+        versions = with_current_field_names(batch_from_state(saved["rows"]))[Fields.POLICY_VERSION]
+        staleness = int(saved["step"]) - int(versions.min())
+        if staleness > bound:
+            raise ValueError(
+                f"{checkpoint} holds the batch of step {saved['step']}, generated ahead with the weights of step "
+                f"{int(versions.min())} (staleness {staleness}) by an asynchronous run; async_training.mode={mode} "
+                f"allows staleness <= {bound}: resume with the async_training settings the checkpoint was written "
+                "with, or start afresh (trainer.resume_mode=disable)")

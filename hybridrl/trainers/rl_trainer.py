@@ -21,7 +21,7 @@ from hybridrl.config import critic_enabled, dump_config, validate_config, world_
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import AUTO_MICRO_BATCH, reuses_update_log_probs
 from hybridrl.runtime import ResourcePoolManager, WorkerError, WorkerGroup, gather, release_parked_workers, start_ray
-from hybridrl.trainers.checkpoints import CheckpointManager, load_trainer_state
+from hybridrl.trainers.checkpoints import CheckpointManager, load_trainer_state, resume_checkpoint
 from hybridrl.trainers.continual import PromptReplay, PtxBatches
 from hybridrl.trainers.faults import FaultInjector, NonFiniteGuard
 from hybridrl.trainers.health import HealthMonitor
@@ -35,7 +35,7 @@ from hybridrl.trainers.reward_fusion import FusedScoring, fusion_enabled, reward
 from hybridrl.trainers.rl_steps import (apply_kl_in_reward, balance_batch, compute_advantages, off_policy_corrected,
                                         trained_batch_metrics, with_distillation)
 from hybridrl.trainers.evaluation import Scoring, validate
-from hybridrl.trainers.async_rollout import SAMPLE_LOG_STEPS, RolloutQueue
+from hybridrl.trainers.async_rollout import SAMPLE_LOG_STEPS, RolloutQueue, refuse_a_queue_outside_the_bound
 from hybridrl.trainers.generation import Generation, start_generation
 from hybridrl.agents.episode_rows import episode_rows
 from hybridrl.trainers.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups, num_groups,
@@ -128,8 +128,11 @@ class RLTrainer:
     def fit(self) -> TrainResult:
         """Train for ``total_steps`` (resuming if configured), validating and checkpointing as configured. The run
         directory is held for the whole run: a second run in it is refused."""
-        result = TrainResult(self.run_dir, 0)
-        supervisor = Supervisor(self.config.trainer.max_restarts)
+        result, trainer = TrainResult(self.run_dir, 0), self.config.trainer
+        supervisor = Supervisor(trainer.max_restarts)
+        refuse_a_queue_outside_the_bound(resume_checkpoint(trainer.resume_mode, self.checkpoints.root.parent,
+                                                           trainer.resume_from_path),
+                                         self.config.async_training.staleness_bound, self.config.async_training.mode)
         with run_directory_lock(self.run_dir), start_ray(self.config.trainer.ray) as runtime, \
                 build_reward_scorer(self.config.custom_reward_function) as scorer, \
                 judge_for_run(self.config.reward_judge) as self.judge:

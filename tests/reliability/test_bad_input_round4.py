@@ -54,3 +54,32 @@ def test_a_teacher_with_fewer_positions_than_a_sequence_is_refused_like_the_poli
     assert "algorithm.distillation.teacher_path=" in str(refused.value)
     assert "the teacher has 32 positions" in str(refused.value) and "= 48 tokens" in str(refused.value)
     load_config([*overrides[:-2], "data.max_prompt_length=16", "data.max_response_length=16"])  # 32 fit
+
+
+def test_an_async_checkpoint_resumed_in_sync_mode_is_refused_before_workers_start(model_dir, tmp_path):
+    """A ``one_step_off`` checkpoint holds step 2's batch, generated with step 1's weights; resumed with
+    ``async_training.mode=sync`` (staleness 0) it raised ``StalenessBoundError`` mid-run, a traceback after the
+    workers started. Now one message names both settings, before Ray starts."""
+    import torch
+
+    from hybridrl.protocol import Batch, Fields
+    from hybridrl.protocol.state import batch_state
+    from hybridrl.trainers.checkpoints import CheckpointManager
+    from hybridrl.trainers.rl_trainer import RLTrainer
+
+    run_dir = tmp_path / "run"
+    manager = CheckpointManager(run_dir)
+    manager.partial_dir(1)
+    rows = Batch(tensors={Fields.POLICY_VERSION: torch.tensor([1, 1])})
+    manager.commit(1, {"global_step": 1, "model_path": str(model_dir),
+                       "rollout_queue": {"next_step": 3, "batches": [{"step": 2, "prompt_uids": ["a"],
+                                                                      "rows": batch_state(rows)}]}})
+    config = load_config([f"model.path={model_dir}", f"trainer.default_local_dir={run_dir}", "rollout=hf",
+                          "trainer.resume_mode=auto", "trainer.total_training_steps=3", "data.train_batch_size=4",
+                          "rollout.n=2", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size_per_gpu=2"])
+    assert config.async_training.mode == "sync"
+    with pytest.raises(ValueError) as refused:
+        RLTrainer(config).fit()
+    message = str(refused.value)
+    assert "holds the batch of step 2, generated ahead with the weights of step 1 (staleness 1)" in message
+    assert "async_training.mode=sync allows staleness <= 0" in message and "trainer.resume_mode=disable" in message
