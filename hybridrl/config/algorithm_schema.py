@@ -36,7 +36,9 @@ class FilterGroupsConfig(FreezableConfig):
     """What must differ within a kept group: ``seq_reward`` (the sum of a response's token-level scores, reward
     shaping such as the overlong buffer included) | ``score`` (the reward function's score, before shaping) |
     ``seq_final_reward`` (verl's name for the reward after KL-in-reward; equal to ``seq_reward`` and accepted only
-    with ``algorithm.use_kl_in_reward=false``, since hybridrl filters before the KL penalty)."""
+    with ``algorithm.use_kl_in_reward=false``, since hybridrl filters before the KL penalty) | the name of a number
+    the reward function returns beside its score (``acc`` from ``{"score": …, "acc": …}``, as verl's DAPO recipes
+    use; a batch where it is missing stops the run naming it)."""
 
 
 @dataclass

@@ -20,14 +20,21 @@ COMPONENT_REGISTRIES: dict[str, str] = {
     "algorithm.kl_penalty": "hybridrl.algorithms:KL_PENALTY_KINDS",
     "algorithm.kl_ctrl.type": "hybridrl.algorithms:KL_CONTROLLER_KINDS",
     "rollout.name": "hybridrl.rollout:ROLLOUT_ENGINES",
-    "algorithm.filter_groups.metric": "hybridrl.trainers.variants:GROUP_FILTERS",
     "rollout.multi_turn.environment": "hybridrl.agents.environment:ENVIRONMENTS",
 }
 """``config key -> "module:attribute"`` of the registry (or tuple of names) its value must be in."""
 
+NAMED_REGISTRIES: dict[str, str] = {
+    **COMPONENT_REGISTRIES,
+    "algorithm.filter_groups.metric": "hybridrl.trainers.variants:GROUP_FILTERS",
+}
+"""Every registry a key's value is looked up in: those of :data:`COMPONENT_REGISTRIES` (the value must be there) and
+``algorithm.filter_groups.metric``'s (a name there, or a value the reward function returns: checked by its
+validator)."""
+
 
 def _registry(key: str):
-    module, attribute = COMPONENT_REGISTRIES[key].split(":")
+    module, attribute = NAMED_REGISTRIES[key].split(":")
     return getattr(importlib.import_module(module), attribute)
 
 

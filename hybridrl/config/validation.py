@@ -276,6 +276,11 @@ def _check_algorithm_rules(config: TrainConfig, error: ConfigError) -> None:
 def _check_dynamic_sampling(config: TrainConfig, error: ConfigError) -> None:
     """DAPO's dynamic sampling: its group size, batches, metric and generation batch."""
     filtering, data = config.algorithm.filter_groups, config.data
+    filters = registered_names("algorithm.filter_groups.metric")
+    if filtering.metric not in filters and not filtering.metric.isidentifier():
+        error.add("algorithm.filter_groups.metric", filtering.metric,
+                  f"must be one of {', '.join(filters)}, or the name of a value the reward function returns beside "
+                  "its score (verl's acc)")
     if filtering.metric == "seq_final_reward" and config.algorithm.use_kl_in_reward:
         error.add("algorithm.filter_groups.metric", "seq_final_reward",
                   "hybridrl filters groups before the KL-in-reward penalty: use seq_reward (or "

@@ -86,6 +86,15 @@ class ScoreInfo:
 
 
 
+REWARD_EXTRA_PREFIX = "reward_extra/"
+
+
+def reward_extra(name: str) -> str:
+    """The row field a trainer keeps the reward function's extra value ``name`` in (``acc`` of ``{"score": …,
+    "acc": …}``)."""
+    return REWARD_EXTRA_PREFIX + name
+
+
 def _renumbered(message: str, positions: Sequence[int]) -> str:
     """``"sample i ..."`` of a subset as ``"sample positions[i] ..."``."""
     head, _, rest = message.partition(" ")

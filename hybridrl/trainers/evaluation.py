@@ -12,7 +12,7 @@ import torch
 from hybridrl.agents.batch import AGENT_REWARDS, EPISODE_REWARDS, FINAL_RESPONSE, TURN_REWARDS, check_episode_failures
 from hybridrl.data.loader import DataFields, PromptLoader
 from hybridrl.protocol import Batch, Fields
-from hybridrl.rewards.scorer import OK, RewardScorer, ScoreInfo
+from hybridrl.rewards.scorer import OK, RewardScorer, ScoreInfo, reward_extra
 from hybridrl.rewards.token_level import scores_to_token_level
 from hybridrl.rollout.base import SamplingParams
 
@@ -51,8 +51,14 @@ class Scoring:
         return self.tokenizer.batch_decode(responses, skip_special_tokens=True)
 
     def score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], list[str]]:
-        """``[B]`` scores, failure-count metrics, and the decoded texts."""
+        """``[B]`` scores, failure-count metrics, and the decoded texts. The numbers the reward function returned
+        beside each score ride on the rows as ``reward_extra(name)`` ``[B]`` tensors (NaN where a row has none), for
+        ``algorithm.filter_groups.metric``."""
         scores, info, texts = self._score(batch)
+        for name, values in info.extras.items():
+            if any(isinstance(value, (int, float)) for value in values):
+                batch[reward_extra(name)] = torch.tensor(
+                    [float(value) if isinstance(value, (int, float)) else float("nan") for value in values])
         return scores, info.metrics(), texts
 
     def judge(self, batch: Batch) -> tuple[torch.Tensor, list[float], list[str]]:

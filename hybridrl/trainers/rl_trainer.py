@@ -38,7 +38,7 @@ from hybridrl.trainers.evaluation import Scoring, validate
 from hybridrl.trainers.async_rollout import SAMPLE_LOG_STEPS, RolloutQueue, refuse_a_queue_outside_the_bound
 from hybridrl.trainers.generation import Generation, start_generation
 from hybridrl.agents.episode_rows import episode_rows
-from hybridrl.trainers.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups, num_groups,
+from hybridrl.trainers.variants import (concat_rollouts, group_filter, first_groups, keep_groups, num_groups,
                                           prompts_without_greedy, remax_baselines, remax_params, shape_rewards)
 from hybridrl.data.images import image_reader
 from hybridrl.data.loader import build_prompt_loaders
@@ -296,7 +296,7 @@ class RLTrainer:
             return batch, metrics
         kept, attempts = [], 1
         while True:
-            kept.append(keep_groups(batch, GROUP_FILTERS[filtering.metric](batch)))
+            kept.append(keep_groups(batch, group_filter(filtering.metric)(batch)))
             collected = concat_rollouts(kept, self.tokenizer.pad_token_id)
             if num_groups(collected) >= config.data.train_batch_size:
                 metrics["dapo/num_gen_batches"] = float(attempts)

@@ -21,6 +21,7 @@ import torch
 from hybridrl.agents.batch import is_dropped
 from hybridrl.config.schema import TrainConfig
 from hybridrl.protocol import Batch, Fields
+from hybridrl.rewards.scorer import REWARD_EXTRA_PREFIX, reward_extra
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.utils.registry import Registry
 
@@ -84,6 +85,26 @@ def non_constant_raw_score(batch: Batch) -> np.ndarray:
     return varies_within_groups(batch, batch[Fields.SCORES])
 
 
+def group_filter(metric: str) -> GroupFilter:
+    """The filter ``algorithm.filter_groups.metric`` names: a registered one, else "the reward function's extra value
+    ``metric`` differs within the group" (verl's ``acc``)."""
+    if metric in GROUP_FILTERS:
+        return GROUP_FILTERS[metric]
+    return lambda batch: non_constant_extra(batch, metric)
+
+
+def non_constant_extra(batch: Batch, name: str) -> np.ndarray:
+    """Keep groups whose reward-function extra ``name`` differs; ``ValueError`` naming the key when a row has none."""
+    field = reward_extra(name)
+    returned = sorted(key[len(REWARD_EXTRA_PREFIX):] for key in batch.keys() if key.startswith(REWARD_EXTRA_PREFIX))
+    if field not in batch or bool(torch.isnan(batch[field]).any()):
+        raise ValueError(f"algorithm.filter_groups.metric={name!r}: the reward function returned no number named "
+                         f"{name!r} for {'some rows' if field in batch else 'any row'} (it returns: "
+                         f"{', '.join(returned) or 'the score only'}); use one of {', '.join(GROUP_FILTERS)} or a "
+                         "value it returns for every row")
+    return varies_within_groups(batch, batch[field])
+
+
 def keep_groups(batch: Batch, keep: np.ndarray) -> Batch:
     """The rows of ``batch`` whose group (``uid``, in order of first appearance) has ``keep`` set."""
     uids = np.asarray(batch[Fields.UID])
@@ -119,8 +140,13 @@ def left_pad_prompts(batch: Batch, width: int, pad_token_id: int) -> Batch:
 
 
 def concat_rollouts(batches: list[Batch], pad_token_id: int) -> Batch:
-    """Concatenate rollout batches whose prompts were padded to different widths."""
+    """Concatenate rollout batches whose prompts were padded to different widths (a reward-function extra that only
+    some of them carry is NaN in the rows of the others)."""
     width = max(batch[Fields.PROMPTS].shape[1] for batch in batches)
+    extras = {key for batch in batches for key in batch.keys() if key.startswith(REWARD_EXTRA_PREFIX)}
+    for batch in batches:
+        for key in extras - set(batch.keys()):
+            batch[key] = torch.full((len(batch),), float("nan"))
     return Batch.concat([left_pad_prompts(batch, width, pad_token_id) for batch in batches])
 
 

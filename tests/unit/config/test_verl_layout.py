@@ -238,7 +238,10 @@ def test_gen_batch_size_without_the_filter_is_refused_and_metrics_are_checked():
     message = problems_of(["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_final_reward",
                            "algorithm.use_kl_in_reward=true"])
     assert "hybridrl filters groups before the KL-in-reward penalty" in message
-    assert "algorithm.filter_groups.metric='acc': unknown" in problems_of(["algorithm.filter_groups.metric=acc"])
+    # verl's DAPO recipes filter on "acc", a value their reward functions return beside the score: accepted
+    assert load(["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc", "rollout.n=2"]
+                ).algorithm.filter_groups.metric == "acc"
+    assert "or the name of a value the reward function returns" in problems_of(["algorithm.filter_groups.metric=a-b"])
 
 
 def test_verl_multi_turn_keys_that_hybridrl_shares_move():

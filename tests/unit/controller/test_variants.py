@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybridrl.config.schema import AlgorithmConfig, DataConfig, OverlongBufferConfig, TrainConfig
-from hybridrl.trainers.variants import (GROUP_FILTERS, concat_rollouts, first_groups, keep_groups,
+from hybridrl.trainers.variants import (GROUP_FILTERS, concat_rollouts, first_groups, group_filter, keep_groups,
                                           non_constant_score, num_groups, overlong_penalty, prompt_rows)
 from hybridrl.protocol import Batch, Fields
 
@@ -61,6 +61,29 @@ def test_the_filter_metric_chooses_shaped_or_raw_scores():
     assert GROUP_FILTERS["seq_reward"](batch).tolist() == [True, True]
     assert GROUP_FILTERS["score"](batch).tolist() == [False, True]
     assert GROUP_FILTERS["seq_final_reward"] is GROUP_FILTERS["seq_reward"]
+
+
+def test_the_filter_metric_may_name_a_value_the_reward_function_returns():
+    """verl's DAPO filters on ``acc``: scored through :class:`Scoring`, a reward function's ``{"score", "acc"}``
+    puts ``acc`` on the rows, and groups whose ``acc`` differs are kept; a name it never returns is refused naming
+    the key and what it does return."""
+    from hybridrl.agents.batch import FINAL_RESPONSE
+    from hybridrl.rewards import RewardScorer
+    from hybridrl.trainers.evaluation import Scoring
+
+    def reward_function(data_source, solution_str, ground_truth, extra_info=None):
+        return {"score": 1.0, "acc": float(solution_str == ground_truth)}
+
+    batch = rollout([0, 0, 0, 0], [2, 2, 2, 2])
+    batch["data_source"], batch["extra_info"] = ["x"] * 4, [{}] * 4
+    batch["ground_truth"], batch[FINAL_RESPONSE] = ["a", "a", "b", "b"], ["a", "c", "c", "c"]
+    with RewardScorer(reward_function, num_workers=0) as scorer:
+        scores, _, _ = Scoring(scorer, tokenizer=None).score(batch)
+    assert scores.tolist() == [1.0] * 4 and batch["reward_extra/acc"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert group_filter("acc")(batch).tolist() == [True, False]  # every score is 1: only acc tells them apart
+    with pytest.raises(ValueError, match=r"filter_groups.metric='pass': the reward function returned no number named "
+                                         r"'pass' for any row \(it returns: acc\)"):
+        group_filter("pass")(batch)
 
 
 def test_prompt_rows_give_one_prompt_per_group():
