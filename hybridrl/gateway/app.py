@@ -60,12 +60,14 @@ def build_app(service: GatewayService, api_key: Optional[str] = None,
                                             "created": 0, "owned_by": "hybridrl"}]}
 
     async def chat(body: ChatCompletionRequest, request: Request, session_id: Optional[str] = None):
+        service.check_model_name(body.model)
         session = session_of(request, session_id)
         if body.stream:
             return StreamingResponse(_events(service.chat_chunks(body, session)), media_type="text/event-stream")
         return JSONResponse(await service.chat(body, session))  # plain JSON types already: no re-encoding pass
 
     async def completions(body: CompletionRequest, request: Request, session_id: Optional[str] = None):
+        service.check_model_name(body.model)
         if body.stream:
             raise GatewayError(400, "stream: streamed text completions are not supported; use "
                                     "/v1/chat/completions or stream=false", param="stream")

@@ -118,10 +118,22 @@ class ChatCompletionRequest(SamplingFields):
             if tool.get("type", "function") != "function" or not isinstance(tool.get("function"), dict) \
                     or not tool["function"].get("name"):
                 raise ValueError(f"tools[{index}]: expected {{'type': 'function', 'function': {{'name': ...}}}}")
+        _check_tool_answers(self.messages)
         return self
 
     def token_limit(self) -> Optional[int]:
         return self.max_completion_tokens or self.max_tokens
+
+
+def _check_tool_answers(messages: list[ChatMessage]) -> None:
+    """A ``tool`` message that names a call (``tool_call_id``) must answer one an earlier assistant message made, as
+    OpenAI requires; one without an id is a plain observation (hybridrl's environments send those)."""
+    called: set[str] = set()
+    for index, message in enumerate(messages):
+        called.update(call.id for call in message.tool_calls or () if call.id)
+        if message.role == "tool" and message.tool_call_id and message.tool_call_id not in called:
+            raise ValueError(f"messages[{index}].tool_call_id={message.tool_call_id!r} answers no tool call an "
+                             "earlier assistant message made")
 
 
 class CompletionRequest(SamplingFields):

@@ -84,8 +84,12 @@ class GatewayService:
     """Serves chat and completion requests from ``backend``; keeps the sessions' records until taken
     (``record_sessions=False``: none are kept, for a gateway nobody trains from)."""
 
-    def __init__(self, backend: GatewayBackend, record_sessions: bool = True) -> None:
+    def __init__(self, backend: GatewayBackend, record_sessions: bool = True,
+                 only_its_model_name: bool = False) -> None:
         self.backend, self.record_sessions = backend, record_sessions
+        self.only_its_model_name = only_its_model_name
+        """Refuse (404) a request naming another model, as OpenAI and vLLM do (``hybridrl serve``); a trainer's
+        gateway answers whatever name the agent code sends."""
         self._plain_renderer = ChatRenderer(backend.tokenizer)
         self._sessions: dict[str, SessionRecord] = {}
         self._lock = threading.Lock()
@@ -105,6 +109,13 @@ class GatewayService:
             return self._sessions.pop(session_id, None) or SessionRecord(session_id)
 
     # --- chat ----------------------------------------------------------------------------------------------------
+
+    def check_model_name(self, name: str) -> None:
+        """``GatewayError`` 404 when ``name`` is not the served model's (and this gateway says so); empty is fine."""
+        if self.only_its_model_name and name and name != self.backend.model_name:
+            raise GatewayError(404, f"The model `{name}` does not exist; this server serves "
+                                    f"`{self.backend.model_name}` (GET /v1/models)", param="model",
+                               code="model_not_found")
 
     async def chat(self, request: ChatCompletionRequest, session_id: Optional[str] = None) -> dict[str, Any]:
         """A ``chat.completion`` for ``request`` (every choice sampled to its end)."""

@@ -98,7 +98,7 @@ def serve_model(model_dir: Path, settings: ServeSettings, ready: Callable[[Gatew
     try:
         service = GatewayService(GatewayBackend(server, tokenizer, engine.eos_token_ids, settings.max_model_len,
                                                 settings.model_name or Path(model_dir).name, settings.max_tokens),
-                                 record_sessions=False)
+                                 record_sessions=False, only_its_model_name=True)
         with Gateway(service, settings.host, settings.port, settings.api_key) as gateway:
             ready(gateway)
             stop = stop or threading.Event()

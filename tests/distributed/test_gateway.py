@@ -113,7 +113,10 @@ def test_a_stop_string_cuts_the_text_and_ends_the_choice(client):
     ({"model": "m", "messages": USER, "n": 0}, 400, "n:"),
     ({"model": "m", "messages": [{"role": "user", "content": "1" * 400}]}, 400, "context is 256"),
     ({"model": "m", "prompt": [1, 99999]}, 400, "token id 99999 is outside the vocabulary"),
-], ids=["role", "no_messages", "max_tokens", "top_logprobs", "tool_choice", "n", "too_long", "bad_token"])
+    ({"model": "m", "messages": [*USER, {"role": "tool", "tool_call_id": "call_9", "content": "4"}]}, 400,
+     "messages[1].tool_call_id='call_9' answers no tool call"),
+], ids=["role", "no_messages", "max_tokens", "top_logprobs", "tool_choice", "n", "too_long", "bad_token",
+        "tool_answering_no_call"])
 def test_bad_requests_get_an_openai_error_body_naming_the_field(stack, body, status, names):
     path = "/completions" if "prompt" in body else "/chat/completions"
     response = httpx.post(stack[3].base_url + path, json=body)
@@ -121,6 +124,20 @@ def test_bad_requests_get_an_openai_error_body_naming_the_field(stack, body, sta
     error = response.json()["error"]
     assert names in error["message"] and error["type"] == "invalid_request_error"
     assert "Traceback" not in response.text
+
+
+def test_a_served_gateway_refuses_another_model_name_with_openais_404(stack, client):
+    """``hybridrl serve`` answers only its own model name (OpenAI and vLLM say 404 otherwise); a trainer's gateway
+    answers whatever name the agent sends (every other test here sends ``m``)."""
+    service = stack[2]
+    service.only_its_model_name = True
+    try:
+        with pytest.raises(openai.NotFoundError) as refused:
+            client.chat.completions.create(model="gpt-4o", messages=USER, max_tokens=4)
+        assert refused.value.body["code"] == "model_not_found" and "`gpt-4o` does not exist" in refused.value.message
+        assert client.chat.completions.create(model="tiny", messages=USER, max_tokens=4).choices
+    finally:
+        service.only_its_model_name = False
 
 
 def test_a_refused_streamed_request_gets_its_4xx_before_any_event(stack):
