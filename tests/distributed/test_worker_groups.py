@@ -255,6 +255,9 @@ def test_pools_that_together_exceed_the_cluster_are_refused_before_any_is_placed
 def test_placement_times_out_when_devices_stay_busy(ray_runtime, echo2):
     import ray
 
+    from hybridrl.runtime import release_parked_workers
+
+    release_parked_workers()  # a parked reservation would be freed for the new pool: only echo2's stays busy
     free = int(ray.available_resources()["CPU"])  # echo2's pool holds 2 of the 16
     start = time.monotonic()
     with pytest.raises(ResourceUnavailableError, match=rf"could not be placed within 1 s: requested {free + 1} CPUs"):
