@@ -76,7 +76,7 @@ class ParkedWorkers:
         self._hosts: dict[HostKey, list[Any]] = {}
         self._order: list[tuple[HostKey, Any]] = []  # oldest first, for the bound
         self._pools: list[_ParkedPool] = []
-        self._job: Optional[str] = None
+        self._ray: Optional[tuple[str, str]] = None
 
     # -- processes ---------------------------------------------------------------------------------------------------
     def take_host(self, key: HostKey) -> Optional[Any]:
@@ -97,7 +97,7 @@ class ParkedWorkers:
         if limit <= 0:
             return False
         self._forget_if_ray_changed()
-        self._job = self._job or _current_job()
+        self._ray = self._ray or _current_ray()
         self._hosts.setdefault(key, []).append(actor)
         self._order.append((key, actor))
         while len(self._order) > limit:
@@ -162,19 +162,23 @@ class ParkedWorkers:
 
     def forget(self) -> None:
         """Drop every reference without touching Ray (it is shutting down and ends them itself)."""
-        self._hosts, self._order, self._pools, self._job = {}, [], [], None
+        self._hosts, self._order, self._pools, self._ray = {}, [], [], None
 
     def __len__(self) -> int:
         return len(self._order)
 
     def _forget_if_ray_changed(self) -> None:
-        """Entries from an earlier Ray instance (stopped and started again in this process) are gone with it."""
-        if self._job is not None and (not ray.is_initialized() or _current_job() != self._job):
+        """Entries from an earlier Ray instance (stopped and started again in this process, or another cluster
+        joined) are gone with it."""
+        if self._ray is not None and (not ray.is_initialized() or _current_ray() != self._ray):
             self.forget()
 
 
-def _current_job() -> str:
-    return ray.get_runtime_context().get_job_id()
+def _current_ray() -> tuple[str, str]:
+    """This process's Ray connection: its job and the node it runs on. The job id alone repeats (each new instance
+    numbers its jobs from 1); a node id is new every time a node starts."""
+    context = ray.get_runtime_context()
+    return context.get_job_id(), context.get_node_id()
 
 
 def _kill(actor: Any) -> None:

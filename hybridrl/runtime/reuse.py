@@ -6,7 +6,7 @@ what a worker may change process-wide is as it was when the process started — 
 working directory (put back here), torch's default dtype, deterministic-algorithm flag, grad mode and thread count
 (checked: a difference means something changed them behind the worker's back). The engine the process loaded is
 its *profile*: vLLM's import changes process-wide state that no check here can undo, so such a process only serves
-ranks that load vLLM themselves.
+ranks that load vLLM themselves; a process where vLLM's Transformers backend rewrote a model class serves none.
 """
 
 from __future__ import annotations
@@ -88,7 +88,28 @@ def _leftovers(fresh: ProcessState) -> str:
         return f"child processes still running: {children}"
     if _torch_settings() != fresh.torch_settings:
         return f"torch settings changed: {fresh.torch_settings} -> {_torch_settings()}"
+    rewritten = classes_rewritten_by_vllm()
+    if rewritten:
+        return f"transformers classes rewritten by vLLM's Transformers backend: {', '.join(rewritten)}"
     return ""
+
+
+_VLLM_COMPILE_MARK = "_ignore_compile_vllm"
+"""The attribute vLLM's ``support_torch_compile`` sets on a class it rewrites in place (its ``__init__`` then needs a
+vLLM config, so the class cannot build a plain Hugging Face model in this process again)."""
+
+
+def classes_rewritten_by_vllm() -> list[str]:
+    """Transformers model classes vLLM's Transformers backend decorated in this process (a model vLLM has no
+    implementation of, e.g. OLMo-2, is served through it)."""
+    rewritten = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("transformers.models.") or module is None:
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, type) and value.__module__ == name and _VLLM_COMPILE_MARK in vars(value):
+                rewritten.append(value.__name__)
+    return sorted(rewritten)
 
 
 def _child_processes() -> list[int]:

@@ -79,3 +79,21 @@ def test_a_process_that_loaded_an_engine_serves_only_groups_that_load_it(ray_run
     assert plain != loaded
     assert again == plain  # a plain process may go on to load an engine
 
+
+
+def test_a_ray_started_again_takes_nothing_parked_in_the_one_before(ray_runtime):
+    """A notebook or a suite that stops Ray itself (``ray.shutdown()``) and starts it again: the new instance numbers
+    its jobs from 1 again, so the job id alone took the old instance's reservation, and the group waited for
+    placement groups that no longer existed until its start-up timed out."""
+    import ray
+
+    from shared_ray import shared_ray_runtime
+
+    pool, group, before = start(ray_runtime, 0.03125)
+    finish(pool, group)
+    ray.shutdown()
+    pool, group, after = start(shared_ray_runtime(), 0.03125)
+    try:
+        assert group.call(EchoWorker.all_reduce_sum, 1.0) == 1.0 and after != before
+    finally:
+        finish(pool, group)

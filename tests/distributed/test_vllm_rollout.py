@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import sys
 
 import pytest
 import torch
@@ -223,6 +224,26 @@ def test_engine_leaves_process_settings_alone(engine):
     assert torch.get_num_threads() == threads + 1
     torch.set_num_threads(threads)
     assert os.environ.get("LD_PRELOAD") == LD_PRELOAD_BEFORE
+
+
+def test_a_model_class_vllms_transformers_backend_rewrote_keeps_the_process_from_serving_again(monkeypatch):
+    """vLLM serves a model it has no implementation of (OLMo-2) by decorating the Hugging Face class in place; its
+    ``__init__`` then needs a vLLM config, so a parked process that did this cannot build that model again. The
+    decorator here is vLLM's own, on a subclass in a throwaway module (the real class stays as it is)."""
+    import types
+
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2Model
+    from vllm.compilation.decorators import support_torch_compile
+
+    from hybridrl.runtime.reuse import classes_rewritten_by_vllm
+
+    module = types.ModuleType("transformers.models.hybridrl_probe")
+    probe = type("ProbeModel", (Olmo2Model,), {"__module__": module.__name__})
+    module.ProbeModel = probe
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    assert "ProbeModel" not in classes_rewritten_by_vllm()
+    support_torch_compile(probe)
+    assert "ProbeModel" in classes_rewritten_by_vllm()
 
 
 def test_release_and_resume_are_noops_on_cpu(engine, tokenizer):
