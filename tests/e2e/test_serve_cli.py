@@ -48,7 +48,8 @@ def test_a_served_model_answers_the_openai_client_and_sigterm_stops_it(model_dir
                                                max_tokens=8, seed=1)
         assert reply.choices[0].finish_reason in ("stop", "length") and reply.usage.completion_tokens >= 1
         with pytest.raises(openai.BadRequestError, match="over the gateway's limit of 32"):
-            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=33)
+            client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "x"}],
+                                           max_tokens=33)
     finally:
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=60)

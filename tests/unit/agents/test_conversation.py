@@ -101,17 +101,19 @@ def test_per_turn_rewards_sit_on_the_last_id_of_the_turn_they_answered():
     assert batch[TURN_REWARDS][0].tolist() == pytest.approx([0.0, -0.05, 0.0, 0.0, 0.5, 0.0])
     assert TURN_REWARDS not in trajectories_to_batch([trajectory], rows, 6, pad_token_id=0)
 
-    class OneForAll:  # the reward function: 1.0 for every final answer
-        def score(self, sources, texts, truths, extras):
-            return torch.ones(len(texts)), type("Info", (), {"messages": [], "num_failed": 0,
-                                                              "metrics": lambda self: {}})()
+    from hybridrl.rewards.scorer import RewardScorer
 
-    scoring = Scoring(OneForAll(), tokenizer=None)
+    scoring = Scoring(RewardScorer(_one_for_all, num_workers=0), tokenizer=None)
     per_turn, _ = scoring.token_level_scores(batch)
     assert per_turn[0].tolist() == pytest.approx([0.0, -0.05, 0.0, 0.0, 1.5, 0.0])
     at_end, _ = scoring.token_level_scores(trajectories_to_batch([trajectory], rows, 6, pad_token_id=0))
     assert at_end[0].tolist() == pytest.approx([0.0, 0.0, 0.0, 0.0, 1.45, 0.0])
     assert per_turn.sum().item() == pytest.approx(at_end.sum().item())
+
+
+def _one_for_all(data_source, solution_str, ground_truth, extra_info=None):
+    """A reward function that scores every final answer 1.0."""
+    return 1.0
 
 
 def _agent_reward_function(data_source, solution_str, ground_truth, extra_info=None):
