@@ -63,7 +63,8 @@ class RayConfig(FreezableConfig):
     starting processes or importing torch, transformers and vLLM again (a 2-rank group: 5.5 s → 1.5 s on a 2-core
     CPU). It matters when one controller runs several jobs (``hybridrl demo``'s SFT then GRPO, a notebook, the test
     suite); a single ``hybridrl train`` ends them at exit. Waiting processes hold their memory (and a GPU process its
-    CUDA context) until a pool of another shape needs the room, Ray stops, or
+    CUDA context), and their reservations stay beside new pools, until a new pool finds no room beside them, Ray
+    stops, or
     ``hybridrl.runtime.release_parked_workers()`` is called. A restart after a lost worker always starts fresh
     processes. ``0``: every group's processes end with it."""
     worker_env: dict[str, str] = field(default_factory=dict)

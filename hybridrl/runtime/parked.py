@@ -12,6 +12,11 @@ and dropped, its process group left, its environment put back; a process with a 
 running, or that any check finds changed, is ended instead. A host remembers the engine it loaded (its *profile*):
 vLLM changes process-wide state when it loads, so a process that loaded it only serves groups that load it too.
 
+Reservations of several shapes wait side by side (a run with a rollout pool beside its actor's, then a colocated
+one): a new pool takes a parked one of its shape whose processes its first group can use — those that loaded the
+engine it loads (``PoolSpec.process_profile``) first, then plain ones — and is otherwise placed beside them, freeing
+them only when they leave it no room. A reservation the bound left without processes is freed.
+
 ``trainer.ray.idle_worker_processes`` bounds how many processes wait (0: none, every group's processes end with it);
 Ray's shutdown ends them, and :func:`release_parked_workers` ends them at once (a notebook handing the devices to
 something else). A restart after a lost worker starts every group in fresh processes.
@@ -104,6 +109,7 @@ class ParkedWorkers:
             old_key, old = self._order.pop(0)
             self._hosts[old_key].remove(old)
             _kill(old)
+            self._drop_empty_pools()
         return True
 
     def evict_bundle(self, placement_group: str, bundle: int) -> None:
@@ -116,18 +122,35 @@ class ParkedWorkers:
             _kill(actor)
         self._order = [(key, actor) for key, actor in self._order if (key, actor) not in evicted]
 
+    def _drop_empty_pools(self) -> None:
+        """Free the parked reservations no parked process sits on any more (the bound ended the last of them)."""
+        empty = [pool for pool in self._pools if not self.hosts_on(pool.placement_groups)]
+        self._pools = [pool for pool in self._pools if pool not in empty]
+        for pool in empty:
+            for group in pool.placement_groups:
+                remove_placement_group(group)
+
     def hosts_on(self, placement_groups: Sequence[PlacementGroup]) -> int:
         ids = {group.id.hex() for group in placement_groups}
         return sum(1 for key, _ in self._order if key.placement_group in ids)
 
     # -- reservations ------------------------------------------------------------------------------------------------
-    def take_pool(self, shape: PoolShape) -> Optional[list[PlacementGroup]]:
-        """The placement groups of a parked pool of ``shape``, or ``None``."""
+    def take_pool(self, shape: PoolShape, profile: str = PLAIN) -> Optional[list[PlacementGroup]]:
+        """The placement groups of a parked pool of ``shape`` with a process the pool's first group can use (one of
+        ``profile``, the engine it loads, or a plain one), or ``None``: of several, the one with the most processes
+        of ``profile``, then of plain ones, then the newest. A pool of processes only another engine's groups can
+        use stays parked for them."""
         self._forget_if_ray_changed()
-        for index, pool in enumerate(self._pools):
-            if pool.shape == shape:
-                return self._pools.pop(index).placement_groups
-        return None
+        counted = [(self._hosts_of_profile(pool, profile), self._hosts_of_profile(pool, PLAIN), index)
+                   for index, pool in enumerate(self._pools) if pool.shape == shape]
+        usable = [count for count in counted if count[0] or count[1]]
+        if not usable:
+            return None
+        return self._pools.pop(max(usable)[2]).placement_groups
+
+    def _hosts_of_profile(self, pool: _ParkedPool, profile: str) -> int:
+        ids = {group.id.hex() for group in pool.placement_groups}
+        return sum(1 for key, _ in self._order if key.placement_group in ids and key.profile == profile)
 
     def park_pool(self, shape: PoolShape, placement_groups: list[PlacementGroup]) -> bool:
         """Keep a released pool's reservation while processes are parked on it; ``False``: none are (the caller
@@ -137,9 +160,12 @@ class ParkedWorkers:
         self._pools.append(_ParkedPool(shape, list(placement_groups)))
         return True
 
+    @property
+    def pools_parked(self) -> int:
+        return len(self._pools)
+
     def release_pools(self) -> None:
-        """Remove every parked reservation (and so the processes parked on it): a pool of another shape needs the
-        room."""
+        """Remove every parked reservation (and so the processes parked on it): a new pool needs the room."""
         pools, self._pools = self._pools, []
         for pool in pools:
             self.remove_placement_groups(pool.placement_groups)

@@ -20,6 +20,8 @@ fails at once), then waited for at most ``placement_timeout_s``.
 
 from __future__ import annotations
 
+import itertools
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence
 
@@ -29,6 +31,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from hybridrl.runtime.errors import ResourceUnavailableError
 from hybridrl.runtime.parked import PARKED, PoolShape
 from hybridrl.runtime.ray_runtime import RayRuntime
+from hybridrl.runtime.reuse import PLAIN
 from hybridrl.utils.distributed import check_device
 
 
@@ -46,6 +49,9 @@ class PoolSpec:
     """CPU pools only: how many device slots of all the pools on a node compute *at the same time*; a worker's
     torch threads are its slot's share of the node's cores (``None``: this pool's ``devices_per_node`` — pools that
     take turns, each using the whole node while it runs)."""
+    process_profile: str = PLAIN
+    """The engine the pool's first group loads in its processes (``vllm``, or plain): of two parked pools of this
+    shape, the one whose processes loaded it is taken (:mod:`hybridrl.runtime.parked`)."""
 
     def __post_init__(self) -> None:
         check_device(self.device)
@@ -98,15 +104,14 @@ class ResourcePool:
     @classmethod
     def create(cls, spec: PoolSpec, runtime: RayRuntime, timeout_s: Optional[float] = None) -> ResourcePool:
         """Reserve the pool's bundles — those of a released pool of the same shape, with the processes parked on
-        them, if there is one; else new ones, after freeing every parked reservation (:mod:`hybridrl.runtime.parked`).
-        Raise ``ResourceUnavailableError`` if that is impossible or takes longer than ``timeout_s`` (default
-        ``runtime.config.placement_timeout_s``). In local mode nothing is reserved."""
+        them, if there is one (:mod:`hybridrl.runtime.parked`); else new ones, freeing the parked reservations when
+        they leave no room. Raise ``ResourceUnavailableError`` if that is impossible or takes longer than
+        ``timeout_s`` (default ``runtime.config.placement_timeout_s``). In local mode nothing is reserved."""
         if runtime.local_mode:
             return cls(spec, runtime, [])
-        parked = PARKED.take_pool(_shape(spec))
+        parked = PARKED.take_pool(_shape(spec), spec.process_profile)
         if parked is not None:
             return cls(spec, runtime, parked)
-        PARKED.release_pools()
         timeout_s = runtime.config.placement_timeout_s if timeout_s is None else timeout_s
         return cls(spec, runtime, _place(spec, timeout_s))
 
@@ -238,8 +243,15 @@ def _shape(spec: PoolSpec) -> PoolShape:
 def _place(spec: PoolSpec, timeout_s: float) -> list[PlacementGroup]:
     _check_capacity(spec)
     groups = [placement_group([dict(spec.bundle)] * spec.devices_per_node, strategy="STRICT_PACK",
-                              name=f"hybridrl:{spec.name}:node{node}") for node in range(spec.nnodes)]
-    ready, _ = ray.wait([group.ready() for group in groups], num_returns=len(groups), timeout=timeout_s)
+                              name=f"hybridrl:{spec.name}:node{node}:{next(_placements)}")
+              for node in range(spec.nnodes)]
+    waits = [group.ready() for group in groups]
+    started = time.monotonic()
+    if PARKED.pools_parked:  # room is often there beside them; when it is not, the parked reservations make it
+        ready, _ = ray.wait(waits, num_returns=len(groups), timeout=min(PARKED_ROOM_WAIT_S, timeout_s))
+        if len(ready) < len(groups):
+            PARKED.release_pools()
+    ready, _ = ray.wait(waits, num_returns=len(groups), timeout=max(timeout_s - (time.monotonic() - started), 0.0))
     if len(ready) < len(groups):
         for group in groups:
             remove_placement_group(group)
@@ -248,6 +260,14 @@ def _place(spec: PoolSpec, timeout_s: float) -> list[PlacementGroup]:
             f"cluster has {_cluster_total(spec)} in total, {_available(spec)} free now "
             "(other pools or actors hold the rest, or no node has room for one node's share)")
     return groups
+
+
+_placements = itertools.count()
+"""Numbers the placement groups this controller makes: Ray names must be unique, and a parked pool keeps its name
+while a new pool of the same name is placed beside it."""
+
+PARKED_ROOM_WAIT_S = 1.0
+"""How long a new pool waits for room beside the parked reservations before they are freed for it."""
 
 
 def _check_capacity(spec: PoolSpec) -> None:
