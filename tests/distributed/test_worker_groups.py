@@ -258,11 +258,9 @@ def test_placement_times_out_when_devices_stay_busy(ray_runtime, echo2):
     from hybridrl.runtime import release_parked_workers
 
     release_parked_workers()  # a parked reservation would be freed for the new pool: only echo2's stays busy
-    all_but_echo2s = int(ray.cluster_resources()["CPU"]) - 2
-    deadline = time.monotonic() + 10
-    while int(ray.available_resources().get("CPU", 0)) < all_but_echo2s and time.monotonic() < deadline:
-        time.sleep(0.05)  # the released reservations' CPUs come back a moment later
-    free = int(ray.available_resources()["CPU"])  # echo2's pool holds 2 of the 16
+    free, deadline = -1, time.monotonic() + 10
+    while free != (free := int(ray.available_resources().get("CPU", 0))) and time.monotonic() < deadline:
+        time.sleep(0.25)  # the released reservations' CPUs come back a moment later: read until it holds still
     start = time.monotonic()
     with pytest.raises(ResourceUnavailableError, match=rf"could not be placed within 1 s: requested {free + 1} CPUs"):
         ResourcePool.create(PoolSpec("late", devices_per_node=free + 1, device="cpu"), ray_runtime, timeout_s=1.0)

@@ -51,6 +51,7 @@ def listener():
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     yield server.getsockname()[1], connected
+    server.shutdown(socket.SHUT_RDWR)  # wakes the accept still waiting (close alone leaves it to its 10 s timeout)
     server.close()
     thread.join(timeout=5)
 
