@@ -69,37 +69,31 @@ def test_a_spoilt_group_leaves_no_process_to_the_next(ray_runtime):
     assert len(set(raised + threaded + last)) == 3
 
 
-def test_a_process_that_loaded_an_engine_serves_only_groups_that_load_it(ray_runtime):
+def test_a_process_that_loaded_an_engine_serves_only_groups_that_load_it_and_reservations_wait_side_by_side(
+        ray_runtime):
+    """A plain group never takes a process that loaded an engine: its pool is placed beside the engine's parked one
+    (so is a pool of another shape), and each later pool takes the parked one its first group's profile names. A
+    plain process may go on to load an engine; a plain rank sent among engine processes ends the one on its
+    bundle."""
     pool, group, loaded = start(ray_runtime, 0.0625, EngineLoadingWorker, profile="vllm")
     finish(pool, group)
-    pool, group, plain = start(ray_runtime, 0.0625)  # placed beside: the engine's process waits for an engine's group
+    pool, group, plain = start(ray_runtime, 0.0625)
     finish(pool, group)
-    pool, group, again = start(ray_runtime, 0.0625, EngineLoadingWorker)  # the plain pool's process loads it
+    pool, group, other_shape = start(ray_runtime, 0.0625, ranks=2)
     finish(pool, group)
-    pool, group, fresh = start(ray_runtime, 0.0625, profile="vllm")  # a plain rank among engine processes:
-    finish(pool, group)                                                # the one on its bundle ends for its room
+    pool, group, loaded_again = start(ray_runtime, 0.0625, EngineLoadingWorker, profile="vllm")
+    finish(pool, group)
+    pool, group, plain_again = start(ray_runtime, 0.0625)
+    finish(pool, group)
+    pool, group, plain_loads = start(ray_runtime, 0.0625, EngineLoadingWorker)  # the plain pool, named by its hint
+    finish(pool, group)
+    pool, group, fresh = start(ray_runtime, 0.0625, profile="vllm")  # a plain rank among engine processes
+    finish(pool, group)
     release_parked_workers()
-    assert plain != loaded
-    assert again == plain  # a plain process may go on to load an engine
-    assert fresh != again and fresh != loaded
-
-
-def test_reservations_of_several_shapes_wait_side_by_side_and_a_pool_takes_the_one_its_engine_loaded(ray_runtime):
-    """Two parked pools of one shape — one whose process loaded the engine, one plain — and a pool of another shape
-    placed meanwhile: each new pool takes the parked one its first group's profile names."""
-    share = 0.015625
-    engine_pool, engine_group, engine = start(ray_runtime, share, EngineLoadingWorker, profile="vllm")
-    plain_pool, plain_group, plain = start(ray_runtime, share)
-    finish(engine_pool, engine_group)
-    finish(plain_pool, plain_group)
-    other_pool, other_group, other = start(ray_runtime, share, ranks=2)  # another shape: placed beside them
-    finish(other_pool, other_group)
-    engine_pool, engine_group, engine_again = start(ray_runtime, share, EngineLoadingWorker, profile="vllm")
-    plain_pool, plain_group, plain_again = start(ray_runtime, share)
-    finish(engine_pool, engine_group)
-    finish(plain_pool, plain_group)
-    release_parked_workers()
-    assert engine_again == engine and plain_again == plain and set(other).isdisjoint(engine + plain)
+    assert plain != loaded and set(other_shape).isdisjoint(loaded + plain)
+    assert loaded_again == loaded and plain_again == plain
+    assert plain_loads == plain  # a plain process may go on to load an engine
+    assert fresh != plain and fresh != loaded
 
 
 def test_a_ray_started_again_takes_nothing_parked_in_the_one_before(ray_runtime):
