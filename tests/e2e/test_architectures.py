@@ -45,7 +45,7 @@ ONLY_FOR = {"own_tp2": OWN_PROCESS_ZOO, "vllm_1rank": {"olmo2"}}  # modes run fo
 # let the first through.
 LOG_PROB_GATE = 1e-5
 # Eight processes may wait between cases (the product's default is 4): the colocated-vLLM actors, the plain ones and a
-# pool's replica each wait for the next architecture's case of their kind (the grid: 702 -> about 400 s, 2026-12-07).
+# pool's replica each wait for the next architecture's case of their kind (the grid: 702 -> 460 s, 2026-12-07).
 
 
 def cases():
