@@ -72,11 +72,6 @@ def replicas_apart(config: TrainConfig) -> bool:
     return resolved_engine_process(config) == "own"
 
 
-def actor_loads_vllm(config: TrainConfig) -> bool:
-    """Whether the actor's own processes load vLLM: a vLLM engine colocated in them, not in replicas apart."""
-    return config.rollout.name == "vllm" and not replicas_apart(config)
-
-
 def colocated_replicas(config: TrainConfig) -> bool:
     """Replicas in processes of their own on the actor's devices (``n_gpus = 0``, ``engine_process`` → ``own``)."""
     return config.rollout.n_gpus == 0 and replicas_apart(config)

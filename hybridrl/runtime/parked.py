@@ -109,7 +109,7 @@ class ParkedWorkers:
             old_key, old = self._order.pop(0)
             self._hosts[old_key].remove(old)
             _kill(old)
-            self._drop_empty_pools()
+        self._drop_empty_pools()
         return True
 
     def evict_bundle(self, placement_group: str, bundle: int) -> None:
@@ -130,9 +130,11 @@ class ParkedWorkers:
             for group in pool.placement_groups:
                 remove_placement_group(group)
 
-    def hosts_on(self, placement_groups: Sequence[PlacementGroup]) -> int:
+    def hosts_on(self, placement_groups: Sequence[PlacementGroup], profile: Optional[str] = None) -> int:
+        """How many processes are parked on ``placement_groups`` (of ``profile`` only, when given)."""
         ids = {group.id.hex() for group in placement_groups}
-        return sum(1 for key, _ in self._order if key.placement_group in ids)
+        return sum(1 for key, _ in self._order
+                   if key.placement_group in ids and (profile is None or key.profile == profile))
 
     # -- reservations ------------------------------------------------------------------------------------------------
     def take_pool(self, shape: PoolShape, profile: str = PLAIN) -> Optional[list[PlacementGroup]]:
@@ -141,16 +143,12 @@ class ParkedWorkers:
         of ``profile``, then of plain ones, then the newest. A pool of processes only another engine's groups can
         use stays parked for them."""
         self._forget_if_ray_changed()
-        counted = [(self._hosts_of_profile(pool, profile), self._hosts_of_profile(pool, PLAIN), index)
+        counted = [(self.hosts_on(pool.placement_groups, profile), self.hosts_on(pool.placement_groups, PLAIN), index)
                    for index, pool in enumerate(self._pools) if pool.shape == shape]
         usable = [count for count in counted if count[0] or count[1]]
         if not usable:
             return None
         return self._pools.pop(max(usable)[2]).placement_groups
-
-    def _hosts_of_profile(self, pool: _ParkedPool, profile: str) -> int:
-        ids = {group.id.hex() for group in pool.placement_groups}
-        return sum(1 for key, _ in self._order if key.placement_group in ids and key.profile == profile)
 
     def park_pool(self, shape: PoolShape, placement_groups: list[PlacementGroup]) -> bool:
         """Keep a released pool's reservation while processes are parked on it; ``False``: none are (the caller

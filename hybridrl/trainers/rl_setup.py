@@ -7,10 +7,11 @@ from typing import Optional
 
 from hybridrl.algorithms import build_kl_controller
 from hybridrl.config import critic_enabled, resolved_device
-from hybridrl.config.rollout_placement import actor_loads_vllm, colocated_replicas, replica_count
+from hybridrl.config.rollout_placement import colocated_replicas, replica_count
 from hybridrl.config.schema import TrainConfig
 from hybridrl.runtime import PoolSpec, ResourcePoolManager
-from hybridrl.runtime.reuse import PLAIN, VLLM
+from hybridrl.workers.actor_worker import ActorRolloutRefWorker
+from hybridrl.workers.rollout_worker import RolloutWorker
 
 
 def role_pools(config: TrainConfig) -> ResourcePoolManager:
@@ -21,13 +22,13 @@ def role_pools(config: TrainConfig) -> ResourcePoolManager:
     device = resolved_device(config)
     slots = concurrent_node_slots(config) if device == "cpu" else None
     specs = [PoolSpec("global", nnodes=config.trainer.nnodes, devices_per_node=config.trainer.n_gpus_per_node,
-                      device=device, node_slots=slots, process_profile=VLLM if actor_loads_vllm(config) else PLAIN)]
+                      device=device, node_slots=slots, process_profile=ActorRolloutRefWorker.process_profile(config))]
     roles = {"actor": "global", **({"critic": "global"} if critic_enabled(config) else {})}
     if colocated_replicas(config):
         roles["rollout"] = "global"
     for role in rollout_replica_roles(config):
         specs.append(PoolSpec(role, devices_per_node=config.rollout.tensor_model_parallel_size, device=device,
-                              node_slots=slots, process_profile=VLLM if config.rollout.name == "vllm" else PLAIN))
+                              node_slots=slots, process_profile=RolloutWorker.process_profile(config)))
         roles[role] = role
     if config.reward_model.enable:
         if config.reward_model.n_gpus > 0:

@@ -21,7 +21,7 @@ from hybridrl.autotune.grad_noise import NoiseScaleMonitor
 from hybridrl.agents.lockstep import ReplicaGroup
 from hybridrl.config.plugins import load_plugins
 from hybridrl.config.pool_checks import resolved_weight_transport
-from hybridrl.config.rollout_placement import actor_loads_vllm, replicas_apart
+from hybridrl.config.rollout_placement import replicas_apart
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
 from hybridrl.engines.anti_forgetting import EWC_DIR, EWCRegularizer, PtxHook
@@ -73,7 +73,7 @@ class ActorRolloutRefWorker(Worker):
     @classmethod
     def process_profile(cls, config: TrainConfig, *args, **kwargs) -> str:
         """``vllm`` when the rollout engine is vLLM in this worker's own process (a parked process is chosen by it)."""
-        return reuse.VLLM if actor_loads_vllm(config) else reuse.PLAIN
+        return reuse.VLLM if config.rollout.name == "vllm" and not replicas_apart(config) else reuse.PLAIN
 
     def __init__(self, config: TrainConfig, total_training_steps: int, with_reference: bool) -> None:
         load_plugins(config.trainer.plugins)  # the components a recipe registered, in this process too
