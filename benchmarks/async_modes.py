@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/async_modes.py [--steps 40] [--modes ...] [hydra overrides ...]
 
-SFT once (``hybridrl/conf/demo_sft.yaml``), then the demo's GRPO stage (``hybridrl/conf/demo_grpo.yaml``) from that checkpoint in each
+SFT once (``conf/demo_sft.yaml``), then the demo's GRPO stage (``conf/demo_grpo.yaml``) from that checkpoint in each
 mode, one after the other with nothing else of ours running:
 
 - ``sync colocated``  — 2 ranks train (FSDP2) and generate (the hybrid engine; ``make demo``);

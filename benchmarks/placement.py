@@ -3,7 +3,7 @@ or data-parallel replicas — on the same 2 CPU cores.
 
     PYTHONPATH=. python benchmarks/placement.py [--steps 6 --warmup 1 --rounds 2] [hydra overrides ...]
 
-Runs the demo's GRPO stage (``hybridrl/conf/demo_grpo.yaml``, vLLM CPU build, the demo's tiny model untrained so every response
+Runs the demo's GRPO stage (``conf/demo_grpo.yaml``, vLLM CPU build, the demo's tiny model untrained so every response
 runs to full length) for each layout, alternating the layouts round by round so that a change of machine load hits
 them alike, and reports median step time, the generation phase (and its rate: response tokens generated per second), the
 weight sync and the peak PSS of this process's tree (Ray's daemons and every worker):

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/scaling.py [--base-prompts 8 --scales 1,2,4 --steps 4 --warmup 1]
 
-The demo's config (``hybridrl/conf/demo_grpo.yaml``, tiny model, 8 responses per prompt, HF rollout) with
+The demo's config (``conf/demo_grpo.yaml``, tiny model, 8 responses per prompt, HF rollout) with
 ``data.train_batch_size`` = base × scale and one optimizer step per step (``ppo_mini_batch_size`` = the batch),
 micro-batches of ``--micro`` sequences per rank; batch scaling on 2 ranks, DP scaling (1 → 2 ranks, one thread each)
 at the ``--dp-scale`` batch. Reading it: ``cost ratio`` = step(×k) ÷ step(×1) against the work ratio k (below k:

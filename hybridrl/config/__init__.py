@@ -1,4 +1,4 @@
-"""Configuration: dataclass schema (the truth), Hydra composition of ``hybridrl/conf/``, validation, derived batch sizes."""
+"""Configuration: dataclass schema (the truth), Hydra composition of ``conf/``, validation, derived batch sizes."""
 
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.frozen import FrozenConfigError

@@ -1,4 +1,4 @@
-"""The preference-optimisation trainer's configuration (``hybridrl/conf/dpo_trainer.yaml``): DPO, cDPO, IPO, SimPO and ORPO
+"""The preference-optimisation trainer's configuration (``conf/dpo_trainer.yaml``): DPO, cDPO, IPO, SimPO and ORPO
 on preference pairs, on the same FSDP2 worker stack and gradient-accumulation loop as the actor. Its pairs
 (``data.*``) are the reward-model trainer's."""
 

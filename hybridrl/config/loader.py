@@ -1,4 +1,4 @@
-"""Loading a config: Hydra composes the package's ``hybridrl/conf/`` (and a user's own config directories) plus CLI overrides, OmegaConf merges it into the dataclass schema
+"""Loading a config: Hydra composes the built-in ``conf/`` (and a user's own config directories) plus CLI overrides, OmegaConf merges it into the dataclass schema
 (catching unknown keys and wrong types), the result is validated and frozen, and the resolved config is dumped.
 
 Every user mistake comes out as one ``ConfigError`` (a ``ValueError``) naming the key — never a Hydra traceback.
@@ -36,12 +36,18 @@ SCHEMAS: dict[str, type] = {DEFAULT_CONFIG_NAME: TrainConfig, "sft_trainer": SFT
 
 
 def config_dir() -> Path:
-    """The directory of the built-in Hydra YAML files: ``$HYBRIDRL_CONF_DIR`` when set, else ``hybridrl/conf/`` inside
-    the installed package (a wheel carries it, so ``pip install hybridrl`` composes configs like a checkout)."""
+    """The directory of the built-in Hydra YAML files: ``$HYBRIDRL_CONF_DIR`` when set; else ``hybridrl/conf/`` inside
+    an installed wheel (which carries the tree's ``conf/`` there, so ``pip install hybridrl`` composes configs like a
+    checkout); else ``conf/`` at the top of the checkout this package runs from."""
     override = os.environ.get("HYBRIDRL_CONF_DIR")
-    if override:
-        return Path(override).resolve()
-    return (Path(__file__).resolve().parents[1] / "conf").resolve()
+    return Path(override).resolve() if override else shipped_config_dir()
+
+
+def shipped_config_dir() -> Path:
+    """The configs hybridrl ships: ``hybridrl/conf/`` in an installed wheel, else ``conf/`` at the checkout's top."""
+    package = Path(__file__).resolve().parents[1]
+    packaged = package / "conf"
+    return packaged if packaged.is_dir() else package.parent / "conf"
 
 
 def config_search_path(conf_dir: Optional[Path] = None, extra_dirs: Sequence[Path] = ()) -> list[Path]:
@@ -166,8 +172,8 @@ def _dict_field_paths(schema: type, prefix: str = "") -> list[str]:
 
 def _register_schemas() -> None:
     """Make each schema available to the YAML defaults lists as ``<config_name>_schema`` (Hydra's ConfigStore), the
-    ``${hybridrl_devices:...}`` resolver to ``hybridrl/conf/trainer/auto.yaml``, and ``${hybridrl_conf:<file>}`` (the
-    absolute path of a file shipped in the package's config directory) to configs that name one."""
+    ``${hybridrl_devices:...}`` resolver to ``conf/trainer/auto.yaml``, and ``${hybridrl_conf:<file>}`` (the
+    absolute path of a file in the shipped config directory) to configs that name one."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
@@ -179,9 +185,9 @@ def _register_schemas() -> None:
 
 
 def shipped_config_file(relative: str) -> str:
-    """The absolute path of ``relative`` inside the package's own ``hybridrl/conf/`` (tool files and the like that a
+    """The absolute path of ``relative`` inside the built-in config directory (tool files and the like that a
     built-in recipe config names: they work from a wheel as from a checkout, whatever the working directory)."""
-    return str(Path(__file__).resolve().parents[1] / "conf" / relative)
+    return str(shipped_config_dir() / relative)
 
 
 def visible_devices(device: str, cpu_ranks: int) -> int:

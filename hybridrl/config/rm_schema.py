@@ -1,4 +1,4 @@
-"""The reward-model trainer's configuration (``hybridrl/conf/rm_trainer.yaml``): Bradley–Terry training on preference pairs,
+"""The reward-model trainer's configuration (``conf/rm_trainer.yaml``): Bradley–Terry training on preference pairs,
 on the same FSDP2 worker stack and gradient-accumulation loop as the actor."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The configuration schema: dataclasses are the source of truth; YAML in ``hybridrl/conf/`` only selects and overrides.
+"""The configuration schema: dataclasses are the source of truth; YAML in ``conf/`` only selects and overrides.
 
 Every field carries an attribute docstring (the string right under it); ``hybridrl.config.docs`` turns them into the
 config reference, and a test fails if a field has none. Key names follow verl's where the concept is the same.
@@ -428,7 +428,7 @@ class TrainerConfig(FreezableConfig):
 
 @dataclass
 class TrainConfig(FreezableConfig):
-    """The PPO/GRPO trainer's whole configuration (``hybridrl/conf/ppo_trainer.yaml``)."""
+    """The PPO/GRPO trainer's whole configuration (``conf/ppo_trainer.yaml``)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model and how it is built."""

@@ -1,4 +1,4 @@
-"""The SFT trainer's configuration (``hybridrl/conf/sft_trainer.yaml``): supervised warm-start on the same FSDP2 worker stack."""
+"""The SFT trainer's configuration (``conf/sft_trainer.yaml``): supervised warm-start on the same FSDP2 worker stack."""
 
 from __future__ import annotations
 

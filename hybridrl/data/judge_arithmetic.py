@@ -9,8 +9,8 @@ wrong the ways a policy is wrong: a sloppy annotator's carry-less sum (``"55?58+
 splits are the arithmetic task's: a judge never sees a held-out problem, so it judges the policy's held-out answers
 unseen.
 
-The demo's judge (``hybridrl/conf/demo_judge_sft.yaml``) is the demo's GRPO checkpoint fine-tuned on this task; the
-GRPO run of ``hybridrl/conf/demo_judge.yaml`` renders ``"{response}?{prompt}"`` — the same text — for every response.
+The demo's judge (``conf/demo_judge_sft.yaml``) is the demo's GRPO checkpoint fine-tuned on this task; the
+GRPO run of ``conf/demo_judge.yaml`` renders ``"{response}?{prompt}"`` — the same text — for every response.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ writes ``train.parquet`` / ``test.parquet`` with rows::
 ``--tool-agent`` writes verl's multi-turn tool layout instead (its ``gsm8k_tool_agent_loop.py``): a system message
 asking for the ``calc_gsm8k_reward`` tool, ``"agent_name": "tool_agent"`` and the tool's per-row argument in
 ``extra_info.tools_kwargs.calc_gsm8k_reward.create_kwargs.ground_truth`` — for ``rollout.multi_turn`` with
-``hybridrl/conf/tool_configs/gsm8k_tool_config.yaml``.
+``conf/tool_configs/gsm8k_tool_config.yaml``.
 
 The synthetic arithmetic task can be exported the same way (``arithmetic --output DIR``) to inspect it or to
 train from files; ``word-problems --output DIR`` writes the chat-format word problems of

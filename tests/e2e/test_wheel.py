@@ -1,5 +1,6 @@
-"""``pip install hybridrl`` works: the wheel built from this tree carries the configs, and from a fresh venv outside the
-source tree ``hybridrl config`` composes them and a 1-step ``hybridrl train`` runs.
+"""``pip install hybridrl`` works: the wheel built from this tree carries the configs (the tree's ``conf/`` as the
+package's ``hybridrl/conf/``), and from a fresh venv outside the source tree every shipped config and group option
+composes, ``hybridrl config`` prints one, and a 1-step ``hybridrl train`` runs.
 
 The fresh venv gets the wheel alone (``--no-deps``, no index: nothing is downloaded); its dependencies come from the test
 venv through a path entry added *after* the install (the test venv's own ``.pth`` files, the editable hybridrl among
@@ -8,6 +9,7 @@ them, are not processed there), so the ``hybridrl`` that runs is the wheel's, wh
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -17,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from shipped_configs import every_composition
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -29,7 +32,8 @@ def wheel(tmp_path_factory) -> Path:
     source = tmp_path_factory.mktemp("source")
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(REPO / name, source / name)
-    shutil.copytree(REPO / "hybridrl", source / "hybridrl", ignore=shutil.ignore_patterns("__pycache__"))
+    for tree in ("hybridrl", "conf"):
+        shutil.copytree(REPO / tree, source / tree, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("dist")
     _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(out),
           str(source)])
@@ -50,8 +54,9 @@ def fresh_venv(wheel, tmp_path_factory) -> Path:
 
 
 def test_the_wheel_carries_every_config_of_the_tree(wheel):
+    """The tree's ``conf/`` goes into the wheel as the package's ``hybridrl/conf/``."""
     names = set(zipfile.ZipFile(wheel).namelist())
-    tree = {path.relative_to(REPO).as_posix() for path in (REPO / "hybridrl" / "conf").rglob("*.yaml")}
+    tree = {f"hybridrl/{path.relative_to(REPO).as_posix()}" for path in (REPO / "conf").rglob("*.yaml")}
     assert len(tree) > 20 and tree <= names, sorted(tree - names)
 
 
@@ -68,11 +73,25 @@ def test_installed_wheel_composes_configs_and_trains_a_step(fresh_venv, tmp_path
 
     printed = _run([hybridrl, "config", "--no-check-paths", "algorithm=rloo"], workdir)
     assert "adv_estimator: rloo" in printed and "# actor:" in printed
+    compositions = every_composition(REPO / "conf")
+    composed = _run([str(fresh_venv / "bin" / "python"), "-c", COMPOSE_EVERY_CONFIG, json.dumps(compositions)], workdir)
+    assert composed.split() == [name for name, _ in compositions], composed
 
     model = save_tiny_model(tmp_path / "tiny")
     _run([hybridrl, "train", f"model.path={model}", "trainer.total_training_steps=1", "trainer.test_freq=-1",
           "trainer.val_before_train=false", "trainer.ray.num_cpus=4", "trainer.default_local_dir=run"], workdir)
     assert (workdir / "run" / "config.yaml").is_file() and (workdir / "run" / "metrics.jsonl").is_file()
+
+
+# Run in the wheel's venv: compose each (config name, overrides) with the configs the wheel carries.
+COMPOSE_EVERY_CONFIG = """
+import json, sys
+from hybridrl.config import config_dir, load_config
+assert "site-packages" in str(config_dir()), config_dir()
+for name, overrides in json.loads(sys.argv[1]):
+    load_config(overrides, name, check_paths=False)
+    print(name)
+"""
 
 
 def _run(command: list[str], cwd: Path | None = None) -> str:

@@ -414,7 +414,7 @@ def test_preference_row_with_a_non_finite_margin_is_named(model_dir, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- files the CLI reads
 def test_a_user_yaml_with_a_syntax_error_names_the_file_and_line(tmp_path):
-    conf = Path(__file__).resolve().parents[2] / "hybridrl" / "conf"
+    conf = Path(__file__).resolve().parents[2] / "conf"
     shutil.copytree(conf, tmp_path / "conf")
     (tmp_path / "conf" / "mine.yaml").write_text("defaults:\n  - ppo_trainer\n  - _self_\nactor:\n  optim: {lr: 1e-5\n")
     with pytest.raises(ValueError, match=r"mine.yaml, line 6, column 1 is not valid YAML"):

@@ -1,4 +1,4 @@
-"""Composition of every YAML in hybridrl/conf/, typed loading, freezing, dumping, and the generated config reference."""
+"""Composition of every YAML in conf/, typed loading, freezing, dumping, and the generated config reference."""
 
 from __future__ import annotations
 
@@ -22,37 +22,22 @@ from hybridrl.config.dpo_schema import DPOConfig
 from hybridrl.config.rm_schema import RMConfig
 from hybridrl.config.sft_schema import SFTConfig
 
+from shipped_configs import DATA_DIRS, GROUP_OVERRIDES, PRIMARY_OVERRIDES, group_options
+
 CONF = config_dir()
-REPO = CONF.parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
-def group_options() -> list[tuple[str, str]]:
-    return sorted((path.parent.name, path.stem) for path in CONF.glob("*/*.yaml") if path.parent.name not in DATA_DIRS)
+def test_conf_dir_is_at_the_top_of_the_checkout():
+    assert CONF == REPO / "conf" and (CONF / "ppo_trainer.yaml").is_file()
+    assert {"algorithm", "rollout", "data", "trainer"} <= {group for group, _ in group_options(CONF)}
 
 
-# Folders of conf/ that hold files a config names (not Hydra config groups).
-DATA_DIRS = {"tool_configs"}
-
-
-def test_conf_dir_has_groups():
-    assert (CONF / "ppo_trainer.yaml").is_file()
-    assert {"algorithm", "rollout", "data", "trainer"} <= {group for group, _ in group_options()}
-
-
-# Group options that leave a required key to the user get it here.
-GROUP_OVERRIDES = {("data", "files"): ["data.train_files=[prompts.parquet]"]}
-
-
-@pytest.mark.parametrize(("group", "option"), group_options(), ids=lambda v: str(v))
+@pytest.mark.parametrize(("group", "option"), group_options(CONF), ids=lambda v: str(v))
 def test_every_group_option_composes_and_validates(group, option):
     config = load_config([f"{group}={option}", *GROUP_OVERRIDES.get((group, option), [])], check_paths=False)
     assert isinstance(config, TrainConfig)
     assert config.is_frozen
-
-
-# Primary configs that need a data source from the user get one here.
-PRIMARY_OVERRIDES = {"sft_trainer": ["data.synthetic_task=arithmetic"], "rm_trainer": ["data.synthetic_task=arithmetic"],
-                     "dpo_trainer": ["data.synthetic_task=arithmetic"]}
 
 
 @pytest.mark.parametrize("config_file", sorted(CONF.glob("*.yaml")), ids=lambda p: p.name)
@@ -126,8 +111,8 @@ def test_config_yaml_lists_every_section():
 
 
 def test_recipe_configs_are_not_forgotten():
-    """Every YAML under hybridrl/conf/ is reached by one of the composition tests above."""
-    covered = {Path(CONF / group / f"{option}.yaml") for group, option in group_options()}
+    """Every YAML under conf/ is reached by one of the composition tests above."""
+    covered = {Path(CONF / group / f"{option}.yaml") for group, option in group_options(CONF)}
     covered |= set(CONF.glob("*.yaml")) | {path for name in DATA_DIRS for path in (CONF / name).glob("*.yaml")}
     assert covered == set(CONF.rglob("*.yaml"))
 

@@ -178,7 +178,7 @@ def test_unknown_group_option_is_a_config_error():
         load_config(["algorithm=ppo_but_better"], check_paths=False)
 
 
-# Reward-model training configs (hybridrl/conf/rm_trainer.yaml): (overrides, key the error must name, phrase).
+# Reward-model training configs (conf/rm_trainer.yaml): (overrides, key the error must name, phrase).
 BAD_RM_CONFIGS = [
     ([], "data.train_files", "preference pairs"),
     (["data.synthetic_task=arithmetic", "data.train_batch_size=20", "data.micro_batch_size_per_gpu=8"],

@@ -112,7 +112,7 @@ def test_tool_agent_rows_take_verls_layout_and_the_recipes_tool_checks_them(tmp_
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(problem) + "\n" for problem in problems))
     assert main(["gsm8k", "--input", str(tmp_path), "--output", str(tmp_path / "out"), "--tool-agent"]) == 0
     rows = [item.row for item in read_rows(tmp_path / "out" / "train.parquet").rows]   # through parquet and back
-    tools = load_tool_config(REPO_ROOT / "hybridrl" / "conf" / "tool_configs" / "gsm8k_tool_config.yaml")
+    tools = load_tool_config(REPO_ROOT / "conf" / "tool_configs" / "gsm8k_tool_config.yaml")
     for row, final in zip(rows, ("12", "2000")):
         assert row["agent_name"] == "tool_agent" and [m["role"] for m in row["prompt"]] == ["system", "user"]
         assert "calc_gsm8k_reward" in row["prompt"][0]["content"]
