@@ -64,6 +64,7 @@ test-fast: setup
 docs: setup
 	$(BIN)/python -m hybridrl.config.docs > docs/config.md
 	$(BIN)/python -m hybridrl.config.docs verl > docs/verl.md
+	$(BIN)/python tests/readme_tables.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
