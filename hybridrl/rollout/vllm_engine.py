@@ -127,6 +127,8 @@ class VLLMRollout:
         # Before the engine starts: vLLM's Transformers backend rewrites transformers' model classes in this process.
         self.checkpoint_names = CheckpointNames.from_pretrained(self.model_path)
         """In-memory → checkpoint names and tensors of what ``update_weights`` receives (``hybrid_engine``)."""
+        if self.on_cpu:
+            skip_memory_bind_on_one_node()
         with _process_settings_kept():
             self.llm = vllm.LLM(model=str(model_path), tokenizer=str(tokenizer_path or model_path),
                                 worker_extension_cls=WORKER_EXTENSION, logprobs_mode=LOGPROBS_MODE,
@@ -412,6 +414,28 @@ def _remove_cpu_shared_memory() -> None:
                 os.unlink(os.path.join("/dev/shm", name))
             except FileNotFoundError:  # a peer of the replica removed it first
                 pass
+
+
+def skip_memory_bind_on_one_node() -> None:
+    """vLLM's CPU worker binds its process's memory to its NUMA node (``init_cpu_memory_env``: migrate the pages,
+    then a strict MEMBIND policy) and says so in a C++ warning on every rank. Where the process may use one memory
+    node only, the bind moves nothing and changes no allocation, and the warning means nothing to a user: the op is
+    skipped there (called as before on machines with several nodes). Patched once per process, on ``torch.ops._C``."""
+    from vllm.v1.worker import cpu_worker
+
+    namespace = torch.ops._C
+    bind = namespace.init_cpu_memory_env
+    if getattr(bind, "_hybridrl_one_node", False):
+        return
+
+    def bind_across_nodes(node_ids: list[int]) -> None:
+        if sorted(set(node_ids)) == sorted(set(cpu_worker.get_visible_memory_node())) and len(set(node_ids)) == 1:
+            return
+        bind(node_ids)
+
+    bind_across_nodes._hybridrl_one_node = True  # type: ignore[attr-defined]
+    bind_across_nodes.__wrapped__ = bind  # type: ignore[attr-defined]
+    setattr(namespace, "init_cpu_memory_env", bind_across_nodes)
 
 
 @contextmanager

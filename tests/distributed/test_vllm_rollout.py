@@ -226,6 +226,23 @@ def test_engine_leaves_process_settings_alone(engine):
     assert os.environ.get("LD_PRELOAD") == LD_PRELOAD_BEFORE
 
 
+def test_the_engine_binds_no_memory_on_a_machine_of_one_memory_node(engine, capfd):
+    """vLLM's bind (a C++ warning on every rank: 'NUMA binding: Using MEMBIND policy ...') is skipped where the process
+    may use one memory node, so ``make demo`` does not print it; vLLM's own op still warns when called."""
+    from vllm.v1.worker.cpu_worker import get_visible_memory_node
+
+    nodes = get_visible_memory_node()
+    if len(nodes) != 1:
+        pytest.skip(f"this machine has memory nodes {nodes}: vLLM binds there, as it should")
+    bind = torch.ops._C.init_cpu_memory_env
+    assert bind._hybridrl_one_node  # the engine's start-up patched it
+    capfd.readouterr()
+    bind(list(nodes))
+    assert "NUMA binding" not in capfd.readouterr().err
+    bind.__wrapped__(list(nodes))
+    assert "NUMA binding" in capfd.readouterr().err
+
+
 def test_a_model_class_vllms_transformers_backend_rewrote_keeps_the_process_from_serving_again(monkeypatch):
     """vLLM serves a model it has no implementation of (OLMo-2) by decorating the Hugging Face class in place; its
     ``__init__`` then needs a vLLM config, so a parked process that did this cannot build that model again. The
