@@ -41,6 +41,28 @@ def supports_tools(tokenizer, tools: Sequence[dict]) -> bool:
     return plain != with_tools
 
 
+PROBE_TOOL = {"type": "function", "function": {"name": "hybridrl_probe", "description": "probe",
+                                               "parameters": {"type": "object", "properties": {}}}}
+
+
+def drops_tool_calls(tokenizer) -> bool:
+    """Whether the chat template renders tools but loses an assistant message's ``tool_calls`` (the rendering is the
+    same with and without them). A client of a sessionless server (``hybridrl serve``) sends the model's call back
+    as ``tool_calls``: such a template shows the model a prompt without its own call, unlike the ids it sampled and
+    was trained on. ``False`` for a template without tools, or one that refuses the probe."""
+    if not supports_tools(tokenizer, [PROBE_TOOL]):
+        return False
+    call = {"id": "call_probe", "type": "function", "function": {"name": "hybridrl_probe", "arguments": {}}}
+    conversation = [{"role": "user", "content": "x"}]
+    try:
+        with_call, without = (tokenizer.apply_chat_template(
+            [*conversation, {"role": "assistant", "content": "", **extra}], tools=[PROBE_TOOL], tokenize=False)
+            for extra in ({"tool_calls": [call]}, {}))
+    except Exception:  # noqa: BLE001 - a template that refuses the probe says nothing about dropping calls
+        return False
+    return with_call == without
+
+
 def tool_system_prompt(tools: Sequence[dict]) -> str:
     """Tools and the Hermes call format, described in words, for a chat template that cannot render tools."""
     schemas = "\n".join(json.dumps(tool, sort_keys=True) for tool in tools)

@@ -5,14 +5,18 @@ that trains it. Nothing is recorded: sessions are a trainer's, and a server that
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
+from hybridrl.agents.trajectory import drops_tool_calls
 from hybridrl.gateway.app import LOOPBACK, Gateway
 from hybridrl.gateway.service import GatewayBackend, GatewayService
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,11 @@ def serve_model(model_dir: Path, settings: ServeSettings, ready: Callable[[Gatew
 
     settings = for_model(settings, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if drops_tool_calls(tokenizer):
+        logger.warning("%s: the chat template renders tools but drops an assistant message's tool_calls: when a "
+                       "client sends a conversation back, the model will not see its own calls (it was trained on "
+                       "the ids it sampled, calls included). Render tool_calls in the template (in the format the "
+                       "model writes them) before serving tool-calling agents.", model_dir)
     stop_ids = _stop_ids(model_dir, tokenizer)
     engine = build_rollout_engine("vllm", EngineInputs(
         rollout=RolloutConfig(name="vllm"), pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None

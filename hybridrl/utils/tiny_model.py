@@ -31,12 +31,17 @@ TOOL_CHAT_TEMPLATE = (
     "{% if message['role'] == 'user' %}<|user|>{{ message['content'] }}"
     "{% elif message['role'] == 'system' %}{{ message['content'] }}"
     "{% elif message['role'] == 'tool' %}<|tool|>{{ message['content'] }}"
-    "{% else %}<|assistant|>{{ message['content'] }}<eos>{% endif %}"
+    "{% else %}<|assistant|>{% if message['content'] %}{{ message['content'] }}{% endif %}"
+    "{% for call in message['tool_calls'] or [] %}<tool_call>\n"
+    "{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}"
+    "\n</tool_call>{% endfor %}<eos>{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 """A ChatML-like template with tools (their names listed first: a tiny model's context is short) and a ``tool``
-role; the model calls tools in the Hermes format (``hybridrl.agents.tools``)."""
+role; the model calls tools in the Hermes format (``hybridrl.agents.tools``). An assistant message's ``tool_calls``
+are written back as the model writes them (``format_tool_call``), so a client that sends the conversation again
+(``hybridrl serve`` keeps no session) shows the model the ids it sampled."""
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'user' %}<|user|>{{ message['content'] }}"

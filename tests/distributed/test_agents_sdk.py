@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from taught_models import CALL, save_calculator_caller
+from taught_models import CALL, RENDERED_TOOLS, save_calculator_caller
 from transformers import AutoTokenizer
 from vllm_helpers import cpu_engine
 
@@ -86,3 +86,58 @@ def test_an_agents_sdk_agent_with_a_function_tool_plays_token_exact_episodes(eng
         responses = batch[Fields.RESPONSES][row]
         assert tokenizer.decode(responses[mask]) == f"{CALL}{eos}5{eos}"  # what the model wrote, in the loss
         assert tokenizer.decode(responses[context & ~mask]) == "<|tool|>5<|assistant|>"  # the SDK's tool result
+
+
+def test_a_served_tool_conversation_shows_the_model_the_ids_a_training_rollout_has(engine, tokenizer):
+    """``hybridrl serve`` keeps no session: a client sends the model's tool call back as ``tool_calls`` and the chat
+    template renders it again. The prompt the served model then sees (the response's ``prompt_token_ids``) is the
+    training rollout's ids — the trainer's gateway continues from the ids it sampled — and both answer "5". The demo's
+    template once dropped the call (the model saw ``<|assistant|><eos><|tool|>5``), and the answer went wrong."""
+    import openai
+
+    from hybridrl.agents.trajectory import drops_tool_calls
+    from hybridrl.gateway.app import Gateway
+    from hybridrl.gateway.service import GatewayBackend, GatewayService
+    from hybridrl.rollout.server import ReplicaServer
+
+    assert not drops_tool_calls(tokenizer)
+    server = ReplicaServer(engine.requests, version=lambda: engine.policy_version)
+    backend = GatewayBackend(server, tokenizer, engine.eos_token_ids, MAX_PROMPT + MAX_RESPONSE, "tiny", 40)
+    served, trained = GatewayService(backend, record_sessions=False, only_its_model_name=True), GatewayService(backend)
+    try:
+        with Gateway(served) as serve_front, Gateway(trained) as train_front:
+            clients = {"served": openai.OpenAI(base_url=serve_front.base_url, api_key="-", max_retries=0),
+                       "trained": openai.OpenAI(base_url=train_front.session_url("episode"), api_key="-",
+                                                max_retries=0)}
+            answers, second_prompts = {}, {}
+            for side, client in clients.items():
+                messages = [{"role": "user", "content": "3+4="}]
+                call = client.chat.completions.create(model="tiny", messages=messages, tools=RENDERED_TOOLS,
+                                                      temperature=0, max_tokens=40)
+                assert call.choices[0].message.tool_calls, side
+                messages += [call.choices[0].message.model_dump(exclude_none=True),
+                             {"role": "tool", "tool_call_id": call.choices[0].message.tool_calls[0].id,
+                              "content": "5"}]
+                answer = client.chat.completions.create(model="tiny", messages=messages, tools=RENDERED_TOOLS,
+                                                        temperature=0, max_tokens=40)
+                answers[side], second_prompts[side] = answer.choices[0].message.content, answer.prompt_token_ids
+            [sequence] = trained.take_session("episode").sequences()
+    finally:
+        server.close()
+    assert answers == {"served": "5", "trained": "5"}
+    rollout_ids = sequence.prompt_ids + sequence.response_ids
+    assert second_prompts["served"] == second_prompts["trained"] == rollout_ids[:len(second_prompts["served"])]
+    assert tokenizer.decode(second_prompts["served"]).endswith(f"{CALL}{tokenizer.eos_token}<|tool|>5<|assistant|>")
+
+
+def test_a_template_that_drops_tool_calls_is_told_apart():
+    from hybridrl.agents.trajectory import drops_tool_calls
+    from hybridrl.utils.tiny_model import CHAT_TEMPLATE, TOOL_CHAT_TEMPLATE, build_char_tokenizer
+
+    tokenizer = build_char_tokenizer(tool_chat=True)
+    assert not drops_tool_calls(tokenizer)
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE.replace("{% for call in message['tool_calls'] or [] %}",
+                                                         "{% for call in [] %}")
+    assert drops_tool_calls(tokenizer)
+    tokenizer.chat_template = CHAT_TEMPLATE  # no tools at all: nothing to drop
+    assert not drops_tool_calls(tokenizer)
