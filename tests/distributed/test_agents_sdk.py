@@ -61,20 +61,25 @@ def engine(model_dir, tokenizer):
     engine.close()
 
 
+def sdk_rows(tokenizer, questions: list[str]) -> Batch:
+    """Prompt rows for the SDK agent: each question as a user message, "5" its answer."""
+    ids = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=False) for q in questions]
+    count = len(questions)
+    return Batch(tensors={Fields.INPUT_IDS: torch.tensor(ids),
+                          Fields.ATTENTION_MASK: torch.ones(count, len(ids[0]), dtype=torch.long)},
+                 non_tensors={Fields.UID: [f"q{k}" for k in range(count)],
+                              DataFields.MESSAGES: [[{"role": "user", "content": q}] for q in questions],
+                              DataFields.GROUND_TRUTH: ["5"] * count, DataFields.EXTRA_INFO: [{}] * count,
+                              DataFields.DATA_SOURCE: ["sdk"] * count})
+
+
 def test_an_agents_sdk_agent_with_a_function_tool_plays_token_exact_episodes(engine, tokenizer, tmp_path):
     agent_file = tmp_path / "sdk_agent.py"
     agent_file.write_text(SDK_AGENT)
     runner = EpisodeRunner(MultiTurnConfig(enable=True, agent=f"{agent_file}:agent"), tokenizer, MAX_PROMPT,
                            MAX_RESPONSE)
-    questions = ["3+4=", "1+2="]
-    ids = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                         tokenize=True, return_dict=False) for q in questions]
-    rows = Batch(tensors={Fields.INPUT_IDS: torch.tensor(ids), Fields.ATTENTION_MASK: torch.ones(2, len(ids[0]),
-                                                                                               dtype=torch.long)},
-                 non_tensors={Fields.UID: ["a", "b"], DataFields.MESSAGES: [[{"role": "user", "content": q}]
-                                                                          for q in questions],
-                              DataFields.GROUND_TRUTH: ["5", "5"], DataFields.EXTRA_INFO: [{}, {}],
-                              DataFields.DATA_SOURCE: ["sdk", "sdk"]})
+    rows = sdk_rows(tokenizer, ["3+4=", "1+2="])
     batch = runner.run(engine, rows, SamplingParams(max_new_tokens=MAX_RESPONSE, temperature=0.3, seed=3, n=2))
     assert list(batch[EPISODE_FAILURE]) == [""] * 4 and batch[AGENT_REWARDS].tolist() == [1.0] * 4
     stats = dict(zip(AGENT_STATS, batch[AGENT_STATS_FIELD].mean(dim=0).tolist()))
@@ -86,6 +91,22 @@ def test_an_agents_sdk_agent_with_a_function_tool_plays_token_exact_episodes(eng
         responses = batch[Fields.RESPONSES][row]
         assert tokenizer.decode(responses[mask]) == f"{CALL}{eos}5{eos}"  # what the model wrote, in the loss
         assert tokenizer.decode(responses[context & ~mask]) == "<|tool|>5<|assistant|>"  # the SDK's tool result
+
+
+def test_an_sdk_episode_that_spends_its_budget_on_the_tool_loop_is_scored_not_dropped(engine, tokenizer, tmp_path):
+    """The budget holds the call and the tool's result, not the answer: the gateway's next reply is empty with
+    finish_reason='length', which the SDK raises on. The episode is scored (final output "", reward 0) and its call
+    trained, not failed."""
+    agent_file = tmp_path / "sdk_agent.py"
+    agent_file.write_text(SDK_AGENT)
+    call_ids = tokenizer.encode(f"{CALL}{tokenizer.eos_token}", add_special_tokens=False)
+    observation_ids = tokenizer.encode("<|tool|>5<|assistant|>", add_special_tokens=False)
+    budget = len(call_ids) + len(observation_ids)
+    runner = EpisodeRunner(MultiTurnConfig(enable=True, agent=f"{agent_file}:agent"), tokenizer, MAX_PROMPT, budget)
+    batch = runner.run(engine, sdk_rows(tokenizer, ["3+4="]), SamplingParams(max_new_tokens=budget, temperature=0))
+    assert list(batch[EPISODE_FAILURE]) == [""] and batch[AGENT_REWARDS].tolist() == [0.0]
+    mask = batch[Fields.RESPONSE_MASK][0].bool()
+    assert batch[Fields.RESPONSES][0][mask].tolist() == call_ids  # the call is in the loss
 
 
 def test_a_served_tool_conversation_shows_the_model_the_ids_a_training_rollout_has(engine, tokenizer):
