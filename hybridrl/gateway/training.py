@@ -69,7 +69,8 @@ def play_agent_episodes(requests: Any, tokenizer: Any, stop_ids: Sequence[int], 
 
 def episode_trajectory(episode: AgentEpisode, max_sequences: int = 1) -> Trajectory:
     """The trajectory of ``episode``: the training sequence holding its last call, with up to ``max_sequences - 1``
-    of its other sequences, the latest ones (see the module docstring)."""
+    of its other sequences, the latest ones (see the module docstring). Its turns and tool calls count every call
+    of the episode, whichever sequence holds it."""
     record = episode.record
     sequences = record.sequences()
     if not sequences:
@@ -81,12 +82,12 @@ def episode_trajectory(episode: AgentEpisode, max_sequences: int = 1) -> Traject
     kept = others[max(len(others) - (max_sequences - 1), 0):] if max_sequences > 1 else []
     trajectory = Trajectory(prompt_ids=list(sequence.prompt_ids), response_ids=list(sequence.response_ids),
                             response_mask=list(sequence.response_mask), log_probs=list(sequence.log_probs),
-                            policy_versions=list(sequence.policy_versions), turns=len(sequence.calls),
+                            policy_versions=list(sequence.policy_versions), turns=len(record.calls),
                             end="done", prefix_mismatches=record.template_mismatches,
                             other_sequences=tuple(_ids(other) for other in kept))
     trajectory.final_text = str(record.calls[last_call].reply.get("content") or "")
     trajectory.counters = {
-        "tool_calls": float(sum(len(record.calls[index].reply.get("tool_calls") or ()) for index in sequence.calls)),
+        "tool_calls": float(sum(len(call.reply.get("tool_calls") or ()) for call in record.calls)),  # all sequences
         "observation_tokens": float(len(sequence.response_mask) - sum(sequence.response_mask)),
         "split_sequences": float(len(sequences) - 1),
         "dropped_sequences": float(len(others) - len(kept))}

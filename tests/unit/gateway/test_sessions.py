@@ -6,8 +6,10 @@ from __future__ import annotations
 from hybridrl.gateway.sessions import Call, SessionRecord
 
 
-def call(prompt, sampled, parent=None, observation=()):
-    return Call(messages=[], reply={"role": "assistant", "content": ""}, prompt_ids=list(prompt),
+def call(prompt, sampled, parent=None, observation=(), tool_calls=0):
+    reply = {"role": "assistant", "content": "", **({"tool_calls": [{"id": f"c{k}"} for k in range(tool_calls)]}
+                                                   if tool_calls else {})}
+    return Call(messages=[], reply=reply, prompt_ids=list(prompt),
                 completion_ids=list(sampled), log_probs=[-0.5] * len(sampled), policy_versions=[3] * len(sampled),
                 finish_reason="stop", parent=parent, observation_ids=list(observation))
 
@@ -30,14 +32,14 @@ def test_a_session_stitches_continued_calls_and_keeps_siblings_and_splits_apart(
 
 def test_a_split_episode_keeps_its_last_calls_sequence_and_its_latest_others_up_to_the_limit():
     """``episode_trajectory``: the sequence holding the last call is the episode's row; the latest
-    ``max_sequences - 1`` others ride with it (oldest first), the rest are counted as dropped; a failed episode
-    trains none of them."""
+    ``max_sequences - 1`` others ride with it (oldest first), the rest are counted as dropped; turns and tool calls
+    count the whole episode; a failed episode trains none of them."""
     from hybridrl.gateway.episodes import AgentEpisode
     from hybridrl.gateway.training import episode_trajectory
 
     record = SessionRecord("s")
-    record.add(call([1], [10]))                                        # 0
-    record.add(call([2], [11]))                                        # 1: an edit
+    record.add(call([1], [10], tool_calls=1))                          # 0
+    record.add(call([2], [11], tool_calls=2))                          # 1: an edit
     record.add(call([1, 10, 7], [12], parent=0, observation=[7]))      # 2: continues 0, later than 1
     record.add(call([3], [13, 14]))                                    # 3: an edit, the last call
     kept = {}
@@ -45,6 +47,8 @@ def test_a_split_episode_keeps_its_last_calls_sequence_and_its_latest_others_up_
         trajectory = episode_trajectory(AgentEpisode({}, record, reward=1.0), limit)
         assert (trajectory.prompt_ids, trajectory.response_ids, trajectory.agent_reward) == ([3], [13, 14], 1.0)
         assert trajectory.counters["split_sequences"] == 2
+        # the episode's calls, whichever sequence holds them (the row's own sequence made none)
+        assert (trajectory.turns, trajectory.counters["tool_calls"]) == (4, 3.0)
         assert trajectory.counters["dropped_sequences"] == max(0, 3 - limit)
         kept[limit] = [(list(other.prompt_ids), list(other.response_ids), list(other.response_mask))
                        for other in trajectory.other_sequences]
