@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional, Union
 
 Row = Mapping[str, Any]
+# The SDK's words (openai-agents 0.24) for a reply cut by the length limit before any text or tool call.
+BUDGET_SPENT = "finish_reason='length'"
 
 
 def openai_agents_sdk(agent: Any, *, reward: Optional[Callable[[Row, Any], Optional[float]]] = None,
@@ -43,10 +45,6 @@ def openai_agents_sdk(agent: Any, *, reward: Optional[Callable[[Row, Any], Optio
             final_output = ""
         return reward(row, final_output) if reward is not None else None
     return run_sdk_agent
-
-
-# The SDK's words (openai-agents 0.24) for a reply cut by the length limit before any text or tool call.
-BUDGET_SPENT = "finish_reason='length'"
 
 
 def _is_sdk_agent(candidate: Any) -> bool:

@@ -429,9 +429,9 @@ def skip_memory_bind_on_one_node() -> None:
         return
 
     def bind_across_nodes(node_ids: list[int]) -> None:
-        if sorted(set(node_ids)) == sorted(set(cpu_worker.get_visible_memory_node())) and len(set(node_ids)) == 1:
-            return
-        bind(node_ids)
+        visible = set(cpu_worker.get_visible_memory_node())
+        if len(visible) != 1 or set(node_ids) != visible:
+            bind(node_ids)
 
     bind_across_nodes._hybridrl_one_node = True  # type: ignore[attr-defined]
     bind_across_nodes.__wrapped__ = bind  # type: ignore[attr-defined]
