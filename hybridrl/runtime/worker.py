@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from hybridrl.runtime import reuse
@@ -211,8 +210,8 @@ class WorkerHost:
         close = getattr(worker, "close", None)
         if callable(close):
             close()
-        if spec is not None and spec.master_addr is not None and dist.is_initialized():
-            dist.destroy_process_group()
+        if spec is not None and spec.master_addr is not None:
+            dist_utils.leave_process_group()
         elif spec is not None and spec.master_addr is None and spec.world_size == 1:
             _release_local_group()
         del worker, close
@@ -229,6 +228,6 @@ def _acquire_local_group(device: str) -> None:
 def _release_local_group() -> None:
     global _local_group_users, _local_group_owned
     _local_group_users -= 1
-    if _local_group_users == 0 and _local_group_owned and dist.is_initialized():
-        dist.destroy_process_group()
+    if _local_group_users == 0 and _local_group_owned:
+        dist_utils.leave_process_group()
         _local_group_owned = False

@@ -151,6 +151,34 @@ def init_single_rank_group(device: str) -> bool:
     return True
 
 
+def leave_process_group() -> None:
+    """Destroy this process's default process group and forget what was cached for its meshes, so the process can
+    join another group (a parked worker, a pooled test rank) as if it were new.
+
+    torch's ``DTensor`` caches its sharding decisions (and its redistribution plans) by mesh *equality*, which looks
+    at the ranks, shape, device and dimension names but not at the process groups behind the mesh. A process that
+    left one group and meshes an equal layout in the next would get the old mesh back from those caches on its new
+    tensors, and their collectives would name the old groups: gone (``Could not resolve the process group``), or,
+    when a new group took the same name, the wrong one."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    forget_mesh_caches()
+
+
+def forget_mesh_caches() -> None:
+    """Clear the meshes and sharding decisions cached in this process (see :func:`leave_process_group`)."""
+    from torch.distributed.tensor import DTensor, _redistribute
+
+    _SHARDING_MESHES.clear()
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    clear_native_cache = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)  # torch >= 2.9
+    if clear_native_cache is not None:
+        clear_native_cache()
+    plans = getattr(_redistribute, "_gen_transform_infos", None)
+    if plans is not None and hasattr(plans, "cache_clear"):
+        plans.cache_clear()
+
+
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The whole of a (possibly FSDP2-sharded) tensor: a ``DTensor`` gathered (a collective on every rank), a plain
     tensor as it is (one rank without FSDP2)."""

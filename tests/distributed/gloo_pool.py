@@ -26,6 +26,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from hybridrl.utils.distributed import leave_process_group
+
 FAILURE_GRACE_S = 10.0
 """After one rank fails, how long the others get to report (a peer blocked in a collective fails as soon as the
 failed rank leaves the group)."""
@@ -99,8 +101,7 @@ def _serve(rank: int, connection: Connection) -> None:
         except BaseException:  # noqa: BLE001 - the caller gets every rank's traceback
             error = traceback.format_exc()
         finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            leave_process_group()
             _restore(state)
         connection.send(Outcome(error, joined, error is None and _still_clean(threads_at_start)))
 

@@ -178,3 +178,36 @@ def test_the_hsdp_mesh_belongs_to_the_process_group_of_the_moment():
     from gloo_spawn import free_port
 
     run_on_gloo(2, hsdp_in_two_process_groups, free_port())
+
+
+def meshes_of_two_groups_in_one_process(rank, world, second_port):
+    """First a mesh over a group of its own (named "1": made after the default group), then, after leaving, an equal
+    mesh over the new default group (named "0"): torch's DTensor caches take the two meshes for one."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from hybridrl.utils.distributed import leave_process_group
+
+    for attempt in range(2):
+        if attempt:
+            leave_process_group()
+            os.environ["MASTER_PORT"] = str(second_port)
+            dist.init_process_group("gloo", rank=rank, world_size=world)
+        mesh = DeviceMesh.from_group(dist.new_group([0, 1]), "cpu") if attempt == 0 else init_device_mesh(
+            "cpu", (world,))
+        layer = torch.nn.Linear(4, 4)
+        fully_shard(layer, mesh=mesh)
+        doubled = layer.weight.detach() * 2  # a tensor made by DTensor's dispatch: its spec may come from a cache
+        assert layer.weight.device_mesh._dim_group_names == mesh._dim_group_names, attempt
+        assert doubled.device_mesh._dim_group_names == mesh._dim_group_names, attempt
+        assert full_tensor(doubled).shape == (4, 4), attempt
+
+
+def test_a_process_that_left_its_group_forgets_the_meshes_cached_for_it():
+    """Without ``leave_process_group`` clearing them, the second mesh's tensors carried the first one's group "1"
+    (gone: "Could not resolve the process group registered under the name 1", seen in a pooled gloo rank)."""
+    from gloo_spawn import free_port
+
+    run_on_gloo(2, meshes_of_two_groups_in_one_process, free_port(), fresh=True)

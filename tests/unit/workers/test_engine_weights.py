@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from hybridrl.hybrid_engine import WeightResharder
 from hybridrl.modeling.fsdp import ShardingOptions, shard_model
-from hybridrl.utils.distributed import build_device_meshes, full_tensor, init_single_rank_group
+from hybridrl.utils.distributed import build_device_meshes, full_tensor, init_single_rank_group, leave_process_group
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
 from hybridrl.workers.engine_weights import EngineWeights, StaleEngineWeightsError
 
@@ -34,7 +33,7 @@ def sharded_model():
                         ShardingOptions())
     yield model
     if created:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def checked_weights(model, loaded_current=True) -> EngineWeights:
