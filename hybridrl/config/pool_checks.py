@@ -21,6 +21,10 @@ def check_rollout_pool(config: TrainConfig, error: ConfigError) -> None:
     if pool > 0 and pool % tp:
         error.add(key, pool, f"must be a multiple of rollout.tensor_model_parallel_size={tp} (whole replicas)")
     if pool < 0 or not replicas_apart(config):
+        if config.rollout.weight_delta:
+            error.add("rollout.weight_delta", True, "applies to replicas in processes of their own (rollout.n_gpus > "
+                      "0 or rollout.engine_process=own) reached through rollout.weight_transport=object_store; an "
+                      "engine in the actor's processes is resharded in place")
         return
     transport = config.rollout.weight_transport
     _choice(error, "rollout.weight_transport", transport, WEIGHT_TRANSPORTS)
@@ -30,10 +34,22 @@ def check_rollout_pool(config: TrainConfig, error: ConfigError) -> None:
     timeout = config.rollout.weight_transport_timeout_s
     _require(error, "rollout.weight_transport_timeout_s", timeout, timeout > 0, "must be > 0 (seconds)")
     resolved = resolved_weight_transport(config)
+    check_weight_delta(config, resolved, error)
     if resolved != "shared_memory" and config.async_training.partial_rollout:
         error.add("async_training.partial_rollout", True, "new weights reach a generation in flight through the "
                   f"host's shared memory, which the {resolved} weight transport does not use; turn partial "
                   "rollout off, or keep the pool on the trainer's host (rollout.weight_transport=shared_memory)")
+
+
+def check_weight_delta(config: TrainConfig, transport: str, error: ConfigError) -> None:
+    """``rollout.weight_delta``: deltas travel as objects of their own size, through Ray's object store."""
+    every = config.rollout.weight_delta_full_every
+    _require(error, "rollout.weight_delta_full_every", every, every >= 1, "must be >= 1 (1: every sync whole)")
+    if config.rollout.weight_delta and transport != "object_store":
+        why = ("replicas on one host read the trainer's shared copy in place: no bytes travel to save"
+               if transport == "shared_memory" else "the collective transport sends buffers of a fixed size")
+        error.add("rollout.weight_delta", True, f"needs rollout.weight_transport=object_store, not {transport} "
+                  f"({why})")
 
 
 def resolved_weight_transport(config: TrainConfig) -> str:

@@ -100,7 +100,7 @@ def encode_delta(old: torch.Tensor, new: torch.Tensor, version: int, base_versio
     kinds = ("indices", "mask") if new.numel() < 2 ** 31 else ("mask",)  # int32 positions
     kind = min(kinds, key=sizes.__getitem__)
     if sizes[kind] >= max_share * sizes["full"]:
-        return DeltaFrame("full", version, None, new.numel(), new.clone())
+        return DeltaFrame("full", version, None, new.numel(), new)
     positions = torch.nonzero(flags).flatten()  # (masked_select is ~15x slower on CPU)
     if kind == "indices":
         return DeltaFrame("indices", version, base_version, new.numel(), new[positions], positions.to(torch.int32))
@@ -109,7 +109,7 @@ def encode_delta(old: torch.Tensor, new: torch.Tensor, version: int, base_versio
 
 def apply_delta(held: Optional[torch.Tensor], held_version: Optional[int], frame: DeltaFrame) -> torch.Tensor:
     """The buffer of ``frame.version``: ``frame``'s values written into ``held`` (in place) for a delta, the frame's
-    buffer for a whole one. Raises ``ValueError`` when the delta was made against another version than
+    own buffer for a whole one. Raises ``ValueError`` when the delta was made against another version than
     ``held_version`` or another layout than ``held``'s."""
     if frame.kind == "full":
         return frame.values
@@ -147,10 +147,11 @@ class DeltaSender:
         self._since_full = 0
 
     def encode(self, buffer: torch.Tensor, version: int) -> DeltaFrame:
-        """The frame that takes a receiver holding the last sent version to ``buffer`` (``version``)."""
+        """The frame that takes a receiver holding the last sent version to ``buffer`` (``version``). A whole frame
+        holds ``buffer`` itself: do not change it before the frame is sent."""
         if self._sent is None or self._since_full + 1 >= self.full_every or self._sent.shape != buffer.shape \
                 or self._sent.dtype != buffer.dtype:
-            frame = DeltaFrame("full", version, None, buffer.numel(), buffer.clone())
+            frame = DeltaFrame("full", version, None, buffer.numel(), buffer)
         else:
             frame = encode_delta(self._sent, buffer, version, self._sent_version, self.max_share)
         self._since_full = 0 if frame.kind == "full" else self._since_full + 1
@@ -174,7 +175,8 @@ class DeltaReceiver:
         self.version: Optional[int] = None
 
     def receive(self, frame: DeltaFrame) -> torch.Tensor:
-        """The buffer of ``frame.version`` (kept for the next frame; do not modify it)."""
-        self.buffer = apply_delta(self.buffer, self.version, frame)
+        """The buffer of ``frame.version`` (kept for the next frame; do not modify it). A whole frame's values are
+        copied (they may be read-only, as a buffer from Ray's object store is)."""
+        self.buffer = frame.values.clone() if frame.kind == "full" else apply_delta(self.buffer, self.version, frame)
         self.version = frame.version
         return self.buffer

@@ -22,6 +22,10 @@ rollout rank fetches them — over the network when it is on another node — an
 ranks' rows, one parameter at a time (:meth:`PublishedWeights.stream`). With ``collective`` the same buffers travel
 over a process group of the trainer's ranks and each replica's ranks instead (``channel.py``: gloo on CPU, NCCL on
 GPU; one point-to-point message per trainer rank and replica rank). The fingerprints are the same every way.
+
+With ``rollout.weight_delta`` the object store carries each rank's buffer as a delta against the version the
+replicas hold (``delta.py``): the changed values with their positions, the whole buffer at the first version and
+every N; each rollout rank keeps the buffers it rebuilt, so it needs every publication, in order.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from torch import nn
 
 from hybridrl.hybrid_engine.channel import ChannelAddress, WeightChannel, host_channel
 from hybridrl.hybrid_engine.checksums import SyncChecksums
+from hybridrl.hybrid_engine.delta import DeltaFrame, DeltaReceiver, DeltaSender
 from hybridrl.hybrid_engine.plan import box_numel, box_slices, fsdp_row_ranges
 from hybridrl.hybrid_engine.shared_memory import FILE_PREFIX, SHM_DIR, SharedArena, arena_offsets
 from hybridrl.hybrid_engine.sync import WeightSource, local_shards, param_metas
@@ -72,6 +77,9 @@ class PublishedLayout:
     one object per trainer rank) or ``collective`` (the same buffers over each replica's :class:`WeightChannel`)."""
     writers: int = 1
     """Trainer ranks publishing: each holds the FSDP rows ``fsdp_row_ranges(shape[0], writers)[rank]``."""
+    delta: bool = False
+    """``object_store`` only: each rank's rows travel as a :class:`DeltaFrame` against the version the replicas hold
+    (``rollout.weight_delta``)."""
 
     def rows_of(self, writer: int) -> list[tuple[int, int]]:
         """Trainer rank ``writer``'s row range of every parameter."""
@@ -107,6 +115,23 @@ def _intersect_rows(region: Box, rows: tuple[int, int]) -> Optional[Box]:
     return ((start, stop), *region[1:])
 
 
+def _frame_arrays(frame: DeltaFrame) -> tuple:
+    """``frame`` as numpy arrays of bytes, which Ray's object store holds without a copy."""
+    positions = None if frame.positions is None else frame.positions.view(torch.uint8).numpy()
+    return frame.kind, frame.version, frame.base_version, frame.numel, frame.values.view(torch.uint8).numpy(), \
+        positions
+
+
+def _frame_from_arrays(arrays: tuple, dtype: torch.dtype) -> DeltaFrame:
+    kind, version, base_version, numel, values, positions = arrays
+    with warnings.catch_warnings():  # the object store's buffers are read-only, and only read here
+        warnings.simplefilter("ignore", UserWarning)
+        values = torch.from_numpy(values).view(dtype)
+        if positions is not None:
+            positions = torch.from_numpy(positions).view(torch.int32 if kind == "indices" else torch.uint8)
+    return DeltaFrame(kind, version, base_version, numel, values, positions)
+
+
 class WeightPublisher:
     """The trainer's side, on every rank of its FSDP group (constructing it is collective).
 
@@ -116,14 +141,19 @@ class WeightPublisher:
         dtype: the engine's dtype (the cast happens on the way in).
         rule / source: as for ``WeightResharder``.
         transport: one of :data:`TRANSPORTS`; channel_timeout_s: ``collective``'s :class:`ChannelAddress` timeout.
+        delta_full_every: ``object_store`` only: ``> 0`` sends each publication as a delta against the last
+            (``delta.py``), whole at least every this many versions; ``0``: always whole.
     """
 
     def __init__(self, model: nn.Module, *, tp_size: int, dtype: torch.dtype,
                  group: Optional[dist.ProcessGroup] = None, rule: Optional[RuleFn] = None,
                  source: Optional[WeightSource] = None, transport: str = "shared_memory",
-                 channel_timeout_s: float = 1800.0) -> None:
+                 channel_timeout_s: float = 1800.0, delta_full_every: int = 0) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        if delta_full_every and transport != "object_store":
+            raise ValueError(f"a delta publication travels through the object store, not {transport}")
+        self.delta = DeltaSender(full_every=delta_full_every) if delta_full_every else None
         self.model, self.group, self.source, self.channel_timeout_s = model, group, source, channel_timeout_s
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -138,7 +168,7 @@ class WeightPublisher:
             path=self.arena.path if self.arena is not None else "", nbytes=nbytes,
             names=tuple(meta.name for meta in metas), shapes=shapes, offsets=tuple(offsets), dtype=dtype,
             tp_size=tp_size, regions=tuple(tuple(split.boxes[j] for split in splits) for j in range(tp_size)),
-            transport=transport, writers=self.world_size)
+            transport=transport, writers=self.world_size, delta=self.delta is not None)
         self.rows = self.layout.rows_of(self.rank)
         self.flat_offsets, self.flat_numel = _flat_offsets(shapes, self.rows)
         self.device = next(model.parameters()).device
@@ -192,6 +222,8 @@ class WeightPublisher:
             return RankPublication(expected)
         import ray
 
+        if self.delta is not None:
+            return RankPublication(expected, (ray.put(_frame_arrays(self.delta.encode(flat, policy_version))),))
         return RankPublication(expected, (ray.put(flat.view(torch.uint8).numpy()),))
 
     def _settle_channels(self, replicas: Optional[Sequence[int]]) -> None:
@@ -249,6 +281,7 @@ class PublishedWeights:
         self.arena = SharedArena.attach(layout.path, layout.nbytes) if layout.transport == "shared_memory" else None
         self.regions = {name: layout.regions[tp_rank][index] for index, name in enumerate(layout.names)}
         self.checks: Optional[SyncChecksums] = None
+        self.receivers = [DeltaReceiver() for _ in range(layout.writers)] if layout.delta else []
         self.fetched_bytes = 0
         """Bytes of the last publication fetched from the object store or received over the channel (0 with shared
         memory)."""
@@ -287,6 +320,10 @@ class PublishedWeights:
             if len(rows) != layout.writers:
                 raise ValueError(f"a publication of {layout.writers} trainer ranks came with {len(rows)} row "
                                  "references")
+            if layout.delta:
+                frames = [_frame_from_arrays(arrays, layout.dtype) for arrays in ray.get(list(rows))]
+                self.fetched_bytes = sum(frame.nbytes for frame in frames)
+                return [receiver.receive(frame) for receiver, frame in zip(self.receivers, frames)]
             with warnings.catch_warnings():  # the object store's buffers are read-only, and only read here
                 warnings.simplefilter("ignore", UserWarning)
                 buffers = [torch.from_numpy(array).view(layout.dtype) for array in ray.get(list(rows))]

@@ -153,7 +153,9 @@ class ActorRolloutRefWorker(Worker):
                                              dtype=torch_dtype(config.model.dtype), group=ranks.group,
                                              source=MergedLoraWeights(actor_model) if self.lora else None,
                                              transport=resolved_weight_transport(config),
-                                             channel_timeout_s=config.rollout.weight_transport_timeout_s)
+                                             channel_timeout_s=config.rollout.weight_transport_timeout_s,
+                                             delta_full_every=config.rollout.weight_delta_full_every
+                                             if config.rollout.weight_delta else 0)
             self.engine_weights = EngineWeights(None, verify=False, loaded_current=True)
             return None
         resharder = None

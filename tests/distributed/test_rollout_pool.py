@@ -193,3 +193,34 @@ def test_a_replica_that_dies_unnoticed_does_not_stop_a_collective_sync(ray_runti
     finally:
         for group in (*replicas, actor):
             stop(group)
+
+
+@pytest.mark.long
+def test_delta_syncs_through_the_object_store_keep_a_pool_on_the_trainers_weights(ray_runtime, model_dir, tokenizer):
+    """``rollout.weight_delta`` in a real pool (bf16, where a small step leaves most values' bits alone): every
+    sync's fingerprints match (``verify_weight_sync``: a wrong delta would stop the load, naming the parameter),
+    the first and every third publication go whole and the others carry a fraction of the bytes, and the pool
+    samples as the trainer scores."""
+    config = load_config([f"model.path={model_dir}", "model.dtype=bfloat16", "trainer.n_gpus_per_node=1",
+                          "rollout=vllm_cpu", "rollout.n_gpus=1", "rollout.weight_transport=object_store",
+                          "rollout.weight_delta=true", "rollout.weight_delta_full_every=3", "data.train_batch_size=4",
+                          "rollout.n=2", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size_per_gpu=4",
+                          "actor.optim.lr=1e-6", f"data.max_response_length={MAX_NEW_TOKENS}"])
+    actor, replicas = start_split(ray_runtime, config, "delta")
+    try:
+        generation = Generation(actor, "vllm", replicas)
+        params = SamplingParams(n=2, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=3)
+        whole = full_model_bytes(model_dir) // 2  # bf16
+        fetched = []
+        for step in range(4):
+            rollout = generation.generate(prompt_batch(tokenizer), params)
+            update(actor, rollout, step=step)
+            stats = generation.sync_weights()
+            assert stats["weight_sync/delivered_bytes"] == whole
+            fetched.append(stats["weight_sync/bytes"])
+        assert fetched[0] == fetched[3] == whole, fetched
+        assert 0 < fetched[1] < whole / 2 and 0 < fetched[2] < whole / 2, fetched
+        assert log_prob_gap(actor, generation.generate(prompt_batch(tokenizer), params)) < 1e-2
+    finally:
+        for group in (*replicas, actor):
+            stop(group)

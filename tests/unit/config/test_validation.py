@@ -55,6 +55,14 @@ BAD_CONFIGS = [
      "the collective weight transport does not use"),
     (["rollout.name=vllm", "rollout.n_gpus=1", "rollout.weight_transport=collective",
       "rollout.weight_transport_timeout_s=0"], "rollout.weight_transport_timeout_s", "> 0"),
+    (["rollout.name=vllm", "rollout.n_gpus=1", "rollout.weight_transport=shared_memory", "rollout.weight_delta=true"],
+     "rollout.weight_delta", "needs rollout.weight_transport=object_store, not shared_memory"),
+    (["rollout.name=vllm", "rollout.n_gpus=1", "rollout.weight_transport=collective", "rollout.weight_delta=true"],
+     "rollout.weight_delta", "the collective transport sends buffers of a fixed size"),
+    (["rollout.name=vllm", "rollout.weight_delta=true"], "rollout.weight_delta",
+     "applies to replicas in processes of their own"),
+    (["rollout.name=vllm", "rollout.n_gpus=1", "rollout.weight_transport=object_store", "rollout.weight_delta=true",
+      "rollout.weight_delta_full_every=0"], "rollout.weight_delta_full_every", ">= 1"),
     (["rollout.multi_turn.enable=true"], "rollout.multi_turn.enable", "set rollout.name=vllm"),
     (["rollout.name=vllm", "rollout.multi_turn.enable=true", "rollout.multi_turn.max_assistant_turns=0"],
      "rollout.multi_turn.max_assistant_turns", ">= 1"),
@@ -138,6 +146,12 @@ def test_all_problems_reported_at_once():
     with pytest.raises(ConfigError) as caught:
         load_config(["data.train_batch_size=0", "rollout.temperature=-1", "rollout.name=nope"], check_paths=False)
     assert {"data.train_batch_size", "rollout.temperature", "rollout.name"} <= set(caught.value.keys)
+
+
+def test_a_delta_weight_sync_through_the_object_store_is_accepted():
+    config = load_config(["rollout.name=vllm", "rollout.n_gpus=1", "rollout.weight_transport=object_store",
+                          "rollout.weight_delta=true", "rollout.weight_delta_full_every=1"], check_paths=False)
+    assert config.rollout.weight_delta and config.rollout.weight_delta_full_every == 1
 
 
 @pytest.mark.parametrize(
