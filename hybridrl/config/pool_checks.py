@@ -23,7 +23,8 @@ def check_rollout_pool(config: TrainConfig, error: ConfigError) -> None:
     if pool < 0 or not replicas_apart(config):
         if config.rollout.weight_delta:
             error.add("rollout.weight_delta", True, "applies to replicas in processes of their own (rollout.n_gpus > "
-                      "0 or rollout.engine_process=own) reached through rollout.weight_transport=object_store; an "
+                      "0 or rollout.engine_process=own) reached through rollout.weight_transport=object_store or "
+                      "collective; an "
                       "engine in the actor's processes is resharded in place")
         return
     transport = config.rollout.weight_transport
@@ -42,14 +43,12 @@ def check_rollout_pool(config: TrainConfig, error: ConfigError) -> None:
 
 
 def check_weight_delta(config: TrainConfig, transport: str, error: ConfigError) -> None:
-    """``rollout.weight_delta``: deltas travel as objects of their own size, through Ray's object store."""
+    """``rollout.weight_delta``: deltas travel where bytes travel (the object store, a collective)."""
     every = config.rollout.weight_delta_full_every
     _require(error, "rollout.weight_delta_full_every", every, every >= 1, "must be >= 1 (1: every sync whole)")
-    if config.rollout.weight_delta and transport != "object_store":
-        why = ("replicas on one host read the trainer's shared copy in place: no bytes travel to save"
-               if transport == "shared_memory" else "the collective transport sends buffers of a fixed size")
-        error.add("rollout.weight_delta", True, f"needs rollout.weight_transport=object_store, not {transport} "
-                  f"({why})")
+    if config.rollout.weight_delta and transport == "shared_memory":
+        error.add("rollout.weight_delta", True, "needs rollout.weight_transport=object_store or collective: with "
+                  "shared_memory the replicas read the trainer's host-shared copy in place, no bytes travel to save")
 
 
 def resolved_weight_transport(config: TrainConfig) -> str:

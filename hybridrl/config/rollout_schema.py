@@ -75,14 +75,14 @@ class RolloutConfig(FreezableConfig):
     ``auto`` (``shared_memory`` for a local Ray instance on one node, ``object_store`` when attached to a cluster or
     with ``trainer.nnodes > 1``). Partial rollout needs ``shared_memory``."""
     weight_delta: bool = False
-    """``weight_transport=object_store``: each trainer rank sends only the values of its rows whose bits changed since
-    the version the replicas hold — their positions (or a bitmask, whichever is smaller) and new values — and its
-    whole rows at the first sync, when a delta would not be under half of them, and every
+    """``weight_transport=object_store`` or ``collective``: each trainer rank sends only the values of its rows whose
+    bits changed since the version the replicas hold — their positions (or a bitmask, whichever is smaller) and new
+    values — and its whole rows at the first sync, when a delta would not be under half of them, and every
     ``weight_delta_full_every`` versions. The replicas rebuild the rows bit for bit (``verify_weight_sync`` checks
-    them as it checks a whole sync). After an AdamW step 0.45-6.7 % of SmolLM2-135M's bf16 values change
-    (learning rates 1e-6 to 1e-5), so a delta carries 1.4-13 % of the bytes (``benchmarks/delta_sync.py``). It
-    costs host memory — a copy of the rows on each trainer rank, of the whole model on each replica rank — and
-    encoding time, 2.5-6x one copy of the rows: it pays between nodes, where bytes are slow."""
+    them as it checks a whole sync). On the SmolLM2-135M GSM8K recipe in bf16 (lr 1e-6) a delta carried 1.3-2.8 %
+    of a whole sync's bytes (``benchmarks/delta_sync.py``: 1.4-13 % at lr 1e-6 to 1e-5). It costs memory — a copy
+    of the rows on each trainer rank, of the whole model on each replica rank — and encoding time, 2.5-6x one copy
+    of the rows: it pays where bytes are slow (between nodes, or through the object store)."""
     weight_delta_full_every: int = 10
     """``weight_delta``: send the whole rows at least every this many versions (``1``: always whole)."""
     weight_transport_timeout_s: float = 1800.0

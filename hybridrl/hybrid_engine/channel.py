@@ -5,9 +5,11 @@ The group has ``W + t`` members: the trainer's ``W`` ranks (the *writers*, group
 its FSDP rows of every parameter) and the replica's ``t`` tensor-parallel ranks (the *readers*, ``W … W+t-1``, each
 reading full tensors: vLLM narrows its slices itself). A publication is one point-to-point message per
 (writer, reader) pair: writer ``w`` sends its flat buffer of rows — the object-store transport's buffer — to every
-reader, and each reader receives the ``W`` buffers and assembles the full tensors from them.
+reader, whole or as a delta against the previous publication (``rollout.weight_delta``: ``delta.py``'s frames), and
+each reader receives the ``W`` buffers and assembles the full tensors from them.
 
-Each publication is preceded, on every pair, by a one-number header: the ``policy_version`` it carries. Messages of
+Each publication is preceded, on every pair, by a small header: the ``policy_version`` it carries and the frame's
+kind and sizes (a delta's size is known only to its writer). Messages of
 one pair arrive in the order they were posted, so a reader that finds another version than the one its load was
 called for has met a publication that was never paired with its load, and refuses it (the fingerprints would catch
 it too, but only with ``rollout.verify_weight_sync`` on).
@@ -35,14 +37,19 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
+from hybridrl.hybrid_engine.delta import KINDS, DeltaFrame
 from hybridrl.utils.distributed import node_address
 
 BACKENDS = ("gloo", "nccl")
+
+HEADER_NUMBERS = 6
+"""A frame's header: version, kind (its index in ``KINDS``), base version (-1: none), values in the whole buffer,
+bytes of values, bytes of positions (0: none)."""
 
 
 @dataclass(frozen=True)
@@ -126,16 +133,21 @@ class WeightChannel:
         for work in works:
             work.wait()
 
-    def send(self, buffer: torch.Tensor, policy_version: int) -> None:
-        """Writer: post ``buffer`` (1-D, contiguous), headed by ``policy_version``, to every reader and return; the
-        sends complete in the background. :meth:`wait_sent` first, for the previous publication's."""
+    def send(self, frame: DeltaFrame) -> None:
+        """Writer: post ``frame`` (a whole buffer or a delta, ``delta.py``; tensors on the channel's device) to every
+        reader, headed by its version and sizes, and return; the sends complete in the background.
+        :meth:`wait_sent` first, for the previous publication's."""
         assert self.is_writer, "only a trainer rank sends"
         self.wait_sent()
-        header = torch.tensor([policy_version], dtype=torch.int64, device=buffer.device)
-        payload = buffer.view(torch.uint8)
-        works = [work for reader in self.readers
-                 for work in (self.group.send([header], reader, 0), self.group.send([payload], reader, 0))]
-        self._pending = [header, payload, *works]
+        base = -1 if frame.base_version is None else frame.base_version
+        payloads = [frame.values.view(torch.uint8)]
+        if frame.positions is not None:
+            payloads.append(frame.positions.view(torch.uint8))
+        header = torch.tensor([frame.version, KINDS.index(frame.kind), base, frame.numel,
+                               *(payload.numel() for payload in payloads), *([0] * (2 - len(payloads)))],
+                              dtype=torch.int64, device=frame.values.device)
+        works = [self.group.send([tensor], reader, 0) for reader in self.readers for tensor in (header, *payloads)]
+        self._pending = [header, *payloads, *works]
 
     def wait_sent(self) -> None:
         """Writer: wait for the last publication's sends (on NCCL: until the device stream has them ordered)."""
@@ -144,24 +156,30 @@ class WeightChannel:
                 item.wait()
         self._pending = []
 
-    def receive(self, numels: Sequence[int], dtype: torch.dtype, policy_version: int) -> list[torch.Tensor]:
-        """Reader: the writers' buffers of the publication of ``policy_version``, ``numels[w]`` elements of
-        ``dtype`` from writer ``w``; ``ValueError`` when a writer's header names another version."""
+    def receive(self, dtype: torch.dtype, policy_version: int) -> list[DeltaFrame]:
+        """Reader: the writers' frames of the publication of ``policy_version`` (values of ``dtype``), in writer
+        order; ``ValueError`` when a writer's header names another version."""
         assert not self.is_writer, "only a replica rank receives"
-        if len(numels) != self.address.writers:
-            raise ValueError(f"{len(numels)} buffer sizes for a channel of {self.address.writers} writers")
         device = self.address.device
-        headers = [torch.empty(1, dtype=torch.int64, device=device) for _ in numels]
-        buffers = [torch.empty(numel, dtype=dtype, device=device) for numel in numels]
+        headers = [torch.empty(HEADER_NUMBERS, dtype=torch.int64, device=device)
+                   for _ in range(self.address.writers)]
         for work in [self.group.recv([header], writer, 0) for writer, header in enumerate(headers)]:
             work.wait()
+        frames = []
         for writer, header in enumerate(headers):
-            if int(header) != policy_version:
-                raise ValueError(f"trainer rank {writer} sent the weights of version {int(header)} where version "
+            version, kind, base, numel, values_bytes, positions_bytes = header.tolist()
+            if version != policy_version:
+                raise ValueError(f"trainer rank {writer} sent the weights of version {version} where version "
                                  f"{policy_version} was expected: a publication was not paired with its load")
-        for work in [self.group.recv([buffer.view(torch.uint8)], writer, 0) for writer, buffer in enumerate(buffers)]:
-            work.wait()
-        return buffers
+            values = torch.empty(values_bytes, dtype=torch.uint8, device=device)
+            positions = torch.empty(positions_bytes, dtype=torch.uint8, device=device) if positions_bytes else None
+            for work in [self.group.recv([tensor], writer, 0) for tensor in (values, positions) if tensor is not None]:
+                work.wait()
+            kind = KINDS[kind]
+            if positions is not None:
+                positions = positions.view(torch.int32 if kind == "indices" else torch.uint8)
+            frames.append(DeltaFrame(kind, version, None if base < 0 else base, numel, values.view(dtype), positions))
+        return frames
 
     def abandon(self) -> None:
         """Writer: the replica at the other end died; stop waiting for it and abort the group (a send posted to it

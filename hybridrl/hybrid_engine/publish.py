@@ -23,8 +23,7 @@ ranks' rows, one parameter at a time (:meth:`PublishedWeights.stream`). With ``c
 over a process group of the trainer's ranks and each replica's ranks instead (``channel.py``: gloo on CPU, NCCL on
 GPU; one point-to-point message per trainer rank and replica rank). The fingerprints are the same every way.
 
-With ``rollout.weight_delta`` the object store carries each rank's buffer as a delta against the version the
-replicas hold (``delta.py``): the changed values with their positions, the whole buffer at the first version and
+With ``rollout.weight_delta`` either carries each rank's buffer as a delta against the version the replicas hold (``delta.py``): the changed values with their positions, the whole buffer at the first version and
 every N; each rollout rank keeps the buffers it rebuilt, so it needs every publication, in order.
 """
 
@@ -78,7 +77,7 @@ class PublishedLayout:
     writers: int = 1
     """Trainer ranks publishing: each holds the FSDP rows ``fsdp_row_ranges(shape[0], writers)[rank]``."""
     delta: bool = False
-    """``object_store`` only: each rank's rows travel as a :class:`DeltaFrame` against the version the replicas hold
+    """``object_store`` / ``collective``: each rank's rows travel as a delta against the version the replicas hold
     (``rollout.weight_delta``)."""
 
     def rows_of(self, writer: int) -> list[tuple[int, int]]:
@@ -141,7 +140,7 @@ class WeightPublisher:
         dtype: the engine's dtype (the cast happens on the way in).
         rule / source: as for ``WeightResharder``.
         transport: one of :data:`TRANSPORTS`; channel_timeout_s: ``collective``'s :class:`ChannelAddress` timeout.
-        delta_full_every: ``object_store`` only: ``> 0`` sends each publication as a delta against the last
+        delta_full_every: ``object_store`` / ``collective``: ``> 0`` sends each publication as a delta against the last
             (``delta.py``), whole at least every this many versions; ``0``: always whole.
     """
 
@@ -151,8 +150,9 @@ class WeightPublisher:
                  channel_timeout_s: float = 1800.0, delta_full_every: int = 0) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
-        if delta_full_every and transport != "object_store":
-            raise ValueError(f"a delta publication travels through the object store, not {transport}")
+        if delta_full_every and transport == "shared_memory":
+            raise ValueError("a delta publication travels through the object store or a collective, not a "
+                             "host-shared copy that replicas read in place")
         self.delta = DeltaSender(full_every=delta_full_every) if delta_full_every else None
         self.model, self.group, self.source, self.channel_timeout_s = model, group, source, channel_timeout_s
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
@@ -216,15 +216,15 @@ class WeightPublisher:
         expected = checks.expected if checks is not None else None
         if flat is None:
             return RankPublication(expected)
+        frame = self.delta.encode(flat, policy_version) if self.delta is not None else DeltaFrame(
+            "full", policy_version, None, flat.numel(), flat)
         if layout.transport == "collective":
             for replica, channel in list(self.channels.items()):
-                self._unless_failed(replica, lambda: channel.send(flat, policy_version))
+                self._unless_failed(replica, lambda: channel.send(frame))
             return RankPublication(expected)
         import ray
 
-        if self.delta is not None:
-            return RankPublication(expected, (ray.put(_frame_arrays(self.delta.encode(flat, policy_version))),))
-        return RankPublication(expected, (ray.put(flat.view(torch.uint8).numpy()),))
+        return RankPublication(expected, (ray.put(_frame_arrays(frame)),))
 
     def _settle_channels(self, replicas: Optional[Sequence[int]]) -> None:
         """Abandon the channels of replicas no longer live, and wait for the previous publication's sends on the
@@ -309,26 +309,27 @@ class PublishedWeights:
 
     def _fetched(self, rows: Sequence, policy_version: int) -> list[torch.Tensor]:
         """The trainer ranks' flat buffers of one publication, in rank order: received over the channel, or fetched
-        from the object store (``rows``: their references)."""
+        from the object store (``rows``: their references), and rebuilt from deltas where they are."""
         layout = self.layout
         if layout.transport == "collective":
-            buffers = self.channel.receive([layout.flat_numel(writer) for writer in range(layout.writers)],
-                                           layout.dtype, policy_version)
+            frames = self.channel.receive(layout.dtype, policy_version)
         else:
             import ray
 
             if len(rows) != layout.writers:
                 raise ValueError(f"a publication of {layout.writers} trainer ranks came with {len(rows)} row "
                                  "references")
-            if layout.delta:
-                frames = [_frame_from_arrays(arrays, layout.dtype) for arrays in ray.get(list(rows))]
-                self.fetched_bytes = sum(frame.nbytes for frame in frames)
-                return [receiver.receive(frame) for receiver, frame in zip(self.receivers, frames)]
-            with warnings.catch_warnings():  # the object store's buffers are read-only, and only read here
-                warnings.simplefilter("ignore", UserWarning)
-                buffers = [torch.from_numpy(array).view(layout.dtype) for array in ray.get(list(rows))]
-        self.fetched_bytes = sum(buffer.numel() * buffer.element_size() for buffer in buffers)
-        return buffers
+            frames = [_frame_from_arrays(arrays, layout.dtype) for arrays in ray.get(list(rows))]
+        self.fetched_bytes = sum(frame.nbytes for frame in frames)
+        for writer, frame in enumerate(frames):
+            if frame.numel != layout.flat_numel(writer):
+                raise ValueError(f"trainer rank {writer} published {frame.numel} values where its rows hold "
+                                 f"{layout.flat_numel(writer)}")
+        if layout.delta:
+            return [receiver.receive(frame) for receiver, frame in zip(self.receivers, frames)]
+        if any(frame.kind != "full" for frame in frames):
+            raise ValueError("a delta publication reached a replica that expects whole ones (rollout.weight_delta)")
+        return [frame.values for frame in frames]
 
     def _assembled(self, buffers: Sequence[torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
         """Full tensors from the trainer ranks' flat buffers, one at a time."""

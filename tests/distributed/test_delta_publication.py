@@ -69,7 +69,7 @@ def test_a_replica_that_missed_a_version_refuses_the_next_delta(ray_runtime):
         received(reader, late, 3)
 
 
-def test_a_delta_needs_the_object_store():
+def test_a_delta_needs_a_transport_that_moves_bytes():
     model, _ = trained_model()
-    with pytest.raises(ValueError, match="travels through the object store, not shared_memory"):
+    with pytest.raises(ValueError, match="travels through the object store or a collective, not a host-shared copy"):
         WeightPublisher(model, tp_size=1, dtype=torch.bfloat16, transport="shared_memory", delta_full_every=3)

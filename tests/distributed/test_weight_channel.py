@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 from hybridrl.hybrid_engine.channel import ChannelAddress, WeightChannel, host_channel
+from hybridrl.hybrid_engine.delta import DeltaFrame
 from hybridrl.hybrid_engine.publish import PublishedWeights, WeightPublisher
 from hybridrl.utils.tiny_model import TinyModelSpec, build_tiny_model
 
@@ -42,8 +43,10 @@ def summed(expected, layout, device) -> torch.Tensor:
     return total.cpu()
 
 
-def publish_twice_over_a_channel(rank: int, world: int, writers: int = 2, backend: str = "gloo") -> None:
-    """Ranks ``0 … writers-1``: the trainer; the others: one replica. ``backend="nccl"``: a GPU per rank."""
+def publish_twice_over_a_channel(rank: int, world: int, writers: int = 2, backend: str = "gloo",
+                                 delta: bool = False) -> None:
+    """Ranks ``0 … writers-1``: the trainer; the others: one replica. ``backend="nccl"``: a GPU per rank.
+    ``delta``: publications as deltas (``rollout.weight_delta``), the second changing only the embedding."""
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     trainer = dist.new_group(list(range(writers)))
     store, address = host_channel(writers, world - writers, backend, host="127.0.0.1") if rank == 0 else (None, None)
@@ -54,7 +57,7 @@ def publish_twice_over_a_channel(rank: int, world: int, writers: int = 2, backen
         model = tiny_llama().to(device)
         fully_shard(model, mesh=DeviceMesh.from_group(trainer, device.type))
         publisher = WeightPublisher(model, tp_size=world - writers, dtype=torch.bfloat16, group=trainer,
-                                    transport="collective")
+                                    transport="collective", delta_full_every=10 if delta else 0)
         publisher.channels[0] = channel
         layout = shared(publisher.layout, rank)
     else:
@@ -67,7 +70,7 @@ def publish_twice_over_a_channel(rank: int, world: int, writers: int = 2, backen
             dist.barrier()
             summed(expected, layout, device)
             with torch.no_grad():
-                for param in model.parameters():
+                for param in list(model.parameters())[:1 if delta else None]:
                     param.to_local().mul_(2.0)
         else:
             dist.barrier()
@@ -75,15 +78,21 @@ def publish_twice_over_a_channel(rank: int, world: int, writers: int = 2, backen
             received = dict(reader.stream(checked=True, policy_version=version))
             reader.verify(total)
             assert list(received) == [name for name, _ in reference.named_parameters()]
-            for name, param in reference.named_parameters():
+            for index, (name, param) in enumerate(reference.named_parameters()):
                 assert received[name].device == device, name
-                assert torch.equal(received[name].cpu(), (param.detach() * scale).to(torch.bfloat16)), name
-            assert reader.fetched_bytes == sum(param.numel() * 2 for param in reference.parameters())
+                factor = scale if index == 0 or not delta else 1.0
+                assert torch.equal(received[name].cpu(), (param.detach() * factor).to(torch.bfloat16)), name
+            whole = sum(param.numel() * 2 for param in reference.parameters())
+            if delta and version == 2:
+                assert 0 < reader.fetched_bytes < whole / 4, (reader.fetched_bytes, whole)
+            else:
+                assert reader.fetched_bytes == whole
     dist.barrier()
 
 
-def test_trainer_ranks_send_published_rows_to_a_replica_over_their_own_group():
-    run_on_gloo(4, publish_twice_over_a_channel)
+@pytest.mark.parametrize("delta", [False, True], ids=["whole", "delta"])
+def test_trainer_ranks_send_published_rows_to_a_replica_over_their_own_group(delta):
+    run_on_gloo(4, publish_twice_over_a_channel, 2, "gloo", delta)
 
 
 def a_publication_of_another_version(rank: int, world: int) -> None:
@@ -91,11 +100,11 @@ def a_publication_of_another_version(rank: int, world: int) -> None:
     store, address = host_channel(1, 1, host="127.0.0.1") if rank == 0 else (None, None)
     channel = WeightChannel.join(shared(address, rank), rank)
     if rank == 0:
-        channel.send(torch.arange(6, dtype=torch.float32), policy_version=3)
+        channel.send(DeltaFrame("full", 3, None, 6, torch.arange(6, dtype=torch.float32)))
     else:
         with pytest.raises(ValueError, match="trainer rank 0 sent the weights of version 3 where version 4 was "
                                              "expected: a publication was not paired with its load"):
-            channel.receive([6], torch.float32, policy_version=4)
+            channel.receive(torch.float32, policy_version=4)
     dist.barrier()
     if rank == 0:
         channel.abandon()  # the rows were never received: nothing to wait for

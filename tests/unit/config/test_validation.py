@@ -56,9 +56,9 @@ BAD_CONFIGS = [
     (["rollout.name=vllm", "rollout.n_gpus=1", "rollout.weight_transport=collective",
       "rollout.weight_transport_timeout_s=0"], "rollout.weight_transport_timeout_s", "> 0"),
     (["rollout.name=vllm", "rollout.n_gpus=1", "rollout.weight_transport=shared_memory", "rollout.weight_delta=true"],
-     "rollout.weight_delta", "needs rollout.weight_transport=object_store, not shared_memory"),
-    (["rollout.name=vllm", "rollout.n_gpus=1", "rollout.weight_transport=collective", "rollout.weight_delta=true"],
-     "rollout.weight_delta", "the collective transport sends buffers of a fixed size"),
+     "rollout.weight_delta", "needs rollout.weight_transport=object_store or collective"),
+    (["rollout.name=vllm", "rollout.n_gpus=1", "rollout.weight_delta=true"], "rollout.weight_delta",
+     "no bytes travel to save"),  # auto: shared_memory on one host
     (["rollout.name=vllm", "rollout.weight_delta=true"], "rollout.weight_delta",
      "applies to replicas in processes of their own"),
     (["rollout.name=vllm", "rollout.n_gpus=1", "rollout.weight_transport=object_store", "rollout.weight_delta=true",
