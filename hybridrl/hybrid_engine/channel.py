@@ -146,8 +146,9 @@ class WeightChannel:
         header = torch.tensor([frame.version, KINDS.index(frame.kind), base, frame.numel,
                                *(payload.numel() for payload in payloads), *([0] * (2 - len(payloads)))],
                               dtype=torch.int64, device=frame.values.device)
-        works = [self.group.send([tensor], reader, 0) for reader in self.readers for tensor in (header, *payloads)]
-        self._pending = [header, *payloads, *works]
+        messages = [header, *(payload for payload in payloads if payload.numel())]  # the header gives the sizes
+        works = [self.group.send([tensor], reader, 0) for reader in self.readers for tensor in messages]
+        self._pending = [*messages, *works]
 
     def wait_sent(self) -> None:
         """Writer: wait for the last publication's sends (on NCCL: until the device stream has them ordered)."""
@@ -171,11 +172,12 @@ class WeightChannel:
             if version != policy_version:
                 raise ValueError(f"trainer rank {writer} sent the weights of version {version} where version "
                                  f"{policy_version} was expected: a publication was not paired with its load")
-            values = torch.empty(values_bytes, dtype=torch.uint8, device=device)
-            positions = torch.empty(positions_bytes, dtype=torch.uint8, device=device) if positions_bytes else None
-            for work in [self.group.recv([tensor], writer, 0) for tensor in (values, positions) if tensor is not None]:
-                work.wait()
             kind = KINDS[kind]
+            values = torch.empty(values_bytes, dtype=torch.uint8, device=device)
+            positions = None if kind == "full" else torch.empty(positions_bytes, dtype=torch.uint8, device=device)
+            for work in [self.group.recv([tensor], writer, 0) for tensor in (values, positions)
+                         if tensor is not None and tensor.numel()]:
+                work.wait()
             if positions is not None:
                 positions = positions.view(torch.int32 if kind == "indices" else torch.uint8)
             frames.append(DeltaFrame(kind, version, None if base < 0 else base, numel, values.view(dtype), positions))

@@ -23,8 +23,9 @@ ranks' rows, one parameter at a time (:meth:`PublishedWeights.stream`). With ``c
 over a process group of the trainer's ranks and each replica's ranks instead (``channel.py``: gloo on CPU, NCCL on
 GPU; one point-to-point message per trainer rank and replica rank). The fingerprints are the same every way.
 
-With ``rollout.weight_delta`` either carries each rank's buffer as a delta against the version the replicas hold (``delta.py``): the changed values with their positions, the whole buffer at the first version and
-every N; each rollout rank keeps the buffers it rebuilt, so it needs every publication, in order.
+With ``rollout.weight_delta`` both carry each rank's buffer as a delta against the version the replicas hold
+(``delta.py``): the changed values with their positions, the whole buffer at the first version and every N; each
+rollout rank keeps the buffers it rebuilt, so it needs every publication, in order.
 """
 
 from __future__ import annotations

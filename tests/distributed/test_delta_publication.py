@@ -54,6 +54,9 @@ def test_deltas_through_the_object_store_arrive_bit_for_bit_for_fewer_bytes(ray_
         fetched.append(reader.fetched_bytes)
     assert fetched[0] == fetched[3] == whole_bytes  # the first version, then whole every 3
     assert all(0 < fetched[i] < whole_bytes / 5 for i in (1, 2, 4)), (fetched, whole_bytes)
+    unchanged = received(reader, publisher.publish(checked=True, policy_version=6), 6)  # nothing moved: no values
+    assert reader.fetched_bytes == 0
+    assert all(torch.equal(unchanged[name], tensors[name]) for name in tensors)
 
 
 def test_a_replica_that_missed_a_version_refuses_the_next_delta(ray_runtime):

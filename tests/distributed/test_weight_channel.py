@@ -46,7 +46,8 @@ def summed(expected, layout, device) -> torch.Tensor:
 def publish_twice_over_a_channel(rank: int, world: int, writers: int = 2, backend: str = "gloo",
                                  delta: bool = False) -> None:
     """Ranks ``0 … writers-1``: the trainer; the others: one replica. ``backend="nccl"``: a GPU per rank.
-    ``delta``: publications as deltas (``rollout.weight_delta``), the second changing only the embedding."""
+    ``delta``: publications as deltas (``rollout.weight_delta``): versions 2 and 4 change only the embedding, 3
+    changes nothing (a delta of no values: the next frame must still be read as the next)."""
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     trainer = dist.new_group(list(range(writers)))
     store, address = host_channel(writers, world - writers, backend, host="127.0.0.1") if rank == 0 else (None, None)
@@ -63,7 +64,10 @@ def publish_twice_over_a_channel(rank: int, world: int, writers: int = 2, backen
     else:
         layout = shared(None, rank)
         reader = PublishedWeights(layout, tp_rank=rank - writers, rank=rank, channel=channel)
-    for version, scale in ((1, 1.0), (2, 2.0)):  # the second publication must be the one the second load receives
+    # each publication must be the one its load receives; the scale is the embedding's (every tensor's when whole)
+    scales = [1.0, 2.0, 2.0, 4.0] if delta else [1.0, 2.0]
+    whole = sum(param.numel() * 2 for param in reference.parameters())
+    for version, scale in enumerate(scales, start=1):
         if rank < writers:
             expected = publisher.publish(checked=True, policy_version=version).expected
             # the readers receive only after this barrier: a send that waited for its receiver would hang here
@@ -71,7 +75,7 @@ def publish_twice_over_a_channel(rank: int, world: int, writers: int = 2, backen
             summed(expected, layout, device)
             with torch.no_grad():
                 for param in list(model.parameters())[:1 if delta else None]:
-                    param.to_local().mul_(2.0)
+                    param.to_local().mul_(scales[version] / scale if version < len(scales) else 1.0)
         else:
             dist.barrier()
             total = summed(None, layout, device)
@@ -82,11 +86,12 @@ def publish_twice_over_a_channel(rank: int, world: int, writers: int = 2, backen
                 assert received[name].device == device, name
                 factor = scale if index == 0 or not delta else 1.0
                 assert torch.equal(received[name].cpu(), (param.detach() * factor).to(torch.bfloat16)), name
-            whole = sum(param.numel() * 2 for param in reference.parameters())
-            if delta and version == 2:
-                assert 0 < reader.fetched_bytes < whole / 4, (reader.fetched_bytes, whole)
-            else:
+            if not delta or version == 1:
                 assert reader.fetched_bytes == whole
+            elif version == 3:
+                assert reader.fetched_bytes == 0  # nothing changed
+            else:
+                assert 0 < reader.fetched_bytes < whole / 4, (version, reader.fetched_bytes, whole)
     dist.barrier()
 
 
