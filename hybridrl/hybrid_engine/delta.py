@@ -149,16 +149,16 @@ class DeltaSender:
     def encode(self, buffer: torch.Tensor, version: int) -> DeltaFrame:
         """The frame that takes a receiver holding the last sent version to ``buffer`` (``version``). A whole frame
         holds ``buffer`` itself: do not change it before the frame is sent."""
-        if self._sent is None or self._since_full + 1 >= self.full_every or self._sent.shape != buffer.shape \
-                or self._sent.dtype != buffer.dtype:
+        same_layout = self._sent is not None and self._sent.shape == buffer.shape and self._sent.dtype == buffer.dtype
+        if not same_layout or self._since_full + 1 >= self.full_every:
             frame = DeltaFrame("full", version, None, buffer.numel(), buffer)
         else:
             frame = encode_delta(self._sent, buffer, version, self._sent_version, self.max_share)
         self._since_full = 0 if frame.kind == "full" else self._since_full + 1
-        if self._sent is None or self._sent.shape != buffer.shape or self._sent.dtype != buffer.dtype:
-            self._sent = buffer.clone()
-        else:
+        if same_layout:
             self._sent.copy_(buffer)
+        else:
+            self._sent = buffer.clone()
         self._sent_version = version
         return frame
 
