@@ -48,19 +48,15 @@ def split_config(model_dir: Path, transport: str):
 
 def time_syncs(runtime, model_dir: Path, transport: str, syncs: int) -> dict:
     """Start the trainer and the pool for ``transport``, sync once to warm up, then time ``syncs`` syncs."""
-    from hybridrl.runtime import WorkerGroup
+    from hybridrl.replicas import role_pools, start_generators
     from hybridrl.trainers.generation import Generation
-    from hybridrl.trainers.rl_setup import role_pools
-    from hybridrl.workers.actor_worker import ActorRolloutRefWorker
-    from hybridrl.workers.rollout_worker import RolloutWorker
 
     config = split_config(model_dir, transport)
     pools = role_pools(config)
     pools.create(runtime)
-    actor = WorkerGroup(ActorRolloutRefWorker, pools.pool_for("actor"), name="bench_actor", args=(config, 10, False))
-    replica = WorkerGroup(RolloutWorker, pools.pool_for("rollout0"), name="rollout0", args=(config,))
+    generators = start_generators(config, pools, total_steps=10, with_reference=False)
     try:
-        generation = Generation(actor, "vllm", [replica])
+        generation = Generation(generators.replicas, generators.transfer)
         generation.sync_weights()
         seconds, loads, publishes = [], [], []
         for _ in range(syncs):
@@ -72,8 +68,7 @@ def time_syncs(runtime, model_dir: Path, transport: str, syncs: int) -> dict:
         return {"sync_s": common.median(seconds), "best_sync_s": min(seconds), "load_s": common.median(loads),
                 "publish_s": common.median(publishes), "fetched_bytes": metrics["weight_sync/bytes"]}
     finally:
-        for group in (replica, actor):
-            group.shutdown()
+        generators.shutdown()
         pools.release()
 
 

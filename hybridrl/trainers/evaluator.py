@@ -28,8 +28,8 @@ from hybridrl.rollout.base import SamplingParams
 from hybridrl.runtime import start_ray
 from hybridrl.trainers.eval_records import EvalRecords, format_table, json_value, judged_row, summarise
 from hybridrl.trainers.evaluation import Scoring
-from hybridrl.trainers.generation import Generation, start_generation
-from hybridrl.trainers.rl_setup import role_pools
+from hybridrl.replicas import Generators, role_pools, start_generators
+from hybridrl.trainers.generation import Generation
 from hybridrl.utils.seeding import derive_seed
 
 logger = logging.getLogger(__name__)
@@ -129,17 +129,16 @@ class Evaluator:
         with start_ray(config.trainer.ray) as runtime, build_reward_scorer(config.custom_reward_function) as scorer:
             pools = role_pools(config)
             pools.create(runtime)
-            generation: Optional[Generation] = None
+            generators: Optional[Generators] = None
             try:
-                generation = start_generation(config, pools, total_steps=1, with_reference=False)
+                generators = start_generators(config, pools, total_steps=1, with_reference=False)
+                generation = Generation(generators.replicas, generators.transfer)
                 if config.rollout.load_format == "dummy":  # the engines start random: bring the model's weights in
                     generation.sync_weights(0)
                 self._batches(generation, Scoring(scorer, self.tokenizer), pending)
             finally:
-                if generation is not None:
-                    for group in (*generation.replicas, generation.actor):
-                        group.shutdown()
-                    generation.close()
+                if generators is not None:
+                    generators.shutdown()
                 pools.release()
 
     def _batches(self, generation: Generation, scoring: Scoring, pending: Sequence[int]) -> None:

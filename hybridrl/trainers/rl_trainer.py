@@ -25,7 +25,7 @@ from hybridrl.trainers.checkpoints import CheckpointManager, load_trainer_state,
 from hybridrl.trainers.continual import PromptReplay, PtxBatches
 from hybridrl.trainers.faults import FaultInjector, NonFiniteGuard
 from hybridrl.trainers.health import HealthMonitor
-from hybridrl.trainers.rl_setup import kl_controller_for, role_pools
+from hybridrl.trainers.rl_setup import kl_controller_for
 from hybridrl.trainers.restarts import RESTARTABLE, RestartRecord, Supervisor
 from hybridrl.trainers.run_lock import run_directory_lock
 from hybridrl.trainers.scaffold import open_tracker, resume_point
@@ -36,7 +36,8 @@ from hybridrl.trainers.rl_steps import (apply_kl_in_reward, balance_batch, compu
                                         trained_batch_metrics, with_distillation)
 from hybridrl.trainers.evaluation import Scoring, validate
 from hybridrl.trainers.async_rollout import SAMPLE_LOG_STEPS, RolloutQueue, refuse_a_queue_outside_the_bound
-from hybridrl.trainers.generation import Generation, start_generation
+from hybridrl.trainers.generation import Generation
+from hybridrl.replicas import Generators, role_pools, start_generators
 from hybridrl.agents.episode_rows import episode_rows
 from hybridrl.trainers.variants import (concat_rollouts, group_filter, first_groups, keep_groups, num_groups,
                                           prompts_without_greedy, remax_baselines, remax_params, shape_rewards)
@@ -54,7 +55,6 @@ from hybridrl.workers.actor_worker import ActorRolloutRefWorker
 from hybridrl.workers.critic_worker import CriticWorker
 from hybridrl.workers.reward_model_worker import RewardModelWorker
 from hybridrl.workers.agent_rollout import check_agent_names, episode_runner
-from hybridrl.workers.rollout_worker import RolloutWorker
 from hybridrl.modeling.model_builder import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class RLTrainer:
         self.health = HealthMonitor(config.trainer.health)
         self.pools: Optional[ResourcePoolManager] = None
         self.actor: Optional[WorkerGroup[ActorRolloutRefWorker]] = None
-        self.rollout_replicas: list[WorkerGroup[RolloutWorker]] = []
+        self.generators: Optional[Generators] = None  # the actor group and the replicas, started together
         self.generation: Optional[Generation] = None
         self.critic: Optional[WorkerGroup[CriticWorker]] = None
         self.reward_model: Optional[WorkerGroup[RewardModelWorker]] = None
@@ -238,7 +238,7 @@ class RLTrainer:
                 metrics.update(_prefixed("critic", self.critic.call(CriticWorker.update_critic, batch,
                                                                     step=self.global_step)[0]))
         self.faults.before_actor_update(self.global_step + 1, {"actor_rollout_ref": actor, "critic": self.critic,
-                                                               **{g.name: g for g in self.rollout_replicas}})
+                                                               **self._replica_groups()})
         metrics.update(self._update_actor_and_sync(actor_batch, temperature, timer))
         for extras in (extra, correction_metrics, trained_batch_metrics(batch, self.global_step), timer.metrics(),
                        self._pop_worker_metrics()):
@@ -359,10 +359,10 @@ class RLTrainer:
         self.pools = pools = role_pools(config)
         pools.create(runtime)
         share = 1.0 / len(pools.roles_in("global"))  # colocated roles: separate processes on each bundle
-        self.generation = start_generation(config, pools, total_steps=self.total_steps,
-                                           with_reference=self.with_reference,
-                                           partial_rollout=config.async_training.partial_rollout)
-        self.actor, self.rollout_replicas = self.generation.actor, list(self.generation.replicas)
+        generators = start_generators(config, pools, total_steps=self.total_steps, with_reference=self.with_reference,
+                                      partial_rollout=config.async_training.partial_rollout)
+        self.generators, self.actor = generators, generators.actor
+        self.generation = Generation(generators.replicas, generators.transfer)
         self._last_generator_check = None  # a restart: idle shares count from the new workers' first step
         self.queue = RolloutQueue(self.generation, config.async_training.staleness_bound, self._draw_prompts,
                                   self._training_params, self.sample_log,
@@ -381,6 +381,11 @@ class RLTrainer:
         logger.info("workers started in %.1f s", time.perf_counter() - started)
         self._log_micro_batch_sizing()
 
+    def _replica_groups(self) -> dict[str, WorkerGroup]:
+        """The replicas' own worker groups by name (fault injection kills them by name)."""
+        replicas = self.generation.replicas if self.generation is not None else []
+        return {group.name: group for replica in replicas for group in replica.groups()}
+
     def _log_micro_batch_sizing(self) -> None:
         """The workers' decision for ``ppo_micro_batch_size_per_gpu: auto`` (made at their start-up), one line each."""
         for role, group in (("actor", self.actor), ("critic", self.critic)):
@@ -388,12 +393,12 @@ class RLTrainer:
                 logger.info("%s", group.call(group.worker_cls.batch_plan)[1])
 
     def _stop_workers(self) -> None:
-        for group in (*self.rollout_replicas, self.actor, self.critic, self.reward_model):
+        if self.generators is not None:
+            self.generators.shutdown()  # the replicas, then the actor
+        for group in (self.critic, self.reward_model):
             if group is not None:
                 group.shutdown()
-        if self.generation is not None:
-            self.generation.close()
-        self.rollout_replicas, self.generation, self.queue = [], None, None
+        self.generators, self.generation, self.queue = None, None, None
         if self.pools is not None:
             self.pools.release()
 
@@ -488,8 +493,9 @@ class RLTrainer:
         outside their generate and load calls (calls count when they finish; averaged over the live replicas)."""
         now, last = time.perf_counter(), self._last_generator_check
         self._last_generator_check = now
-        replicas = self._generation().live_replicas()
-        busy = sum(sum(group.pop_worker_seconds().values()) for group in replicas) / max(len(replicas), 1)
+        readings = [seconds for seconds in (replica.busy_seconds() for replica in self._generation().live_replicas())
+                    if seconds is not None]
+        busy = sum(readings) / max(len(readings), 1)
         if last is None:
             return {}
         return {"async/generator_idle_fraction": max(0.0, 1.0 - busy / max(now - last, 1e-9))}

@@ -19,6 +19,8 @@ from hybridrl.config import load_config
 from hybridrl.protocol import Fields
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.runtime import WorkerError, WorkerGroup
+from hybridrl.replicas.own_processes import ProcessReplica
+from hybridrl.replicas.transfer import PublishToReplicas
 from hybridrl.trainers.generation import Generation
 from hybridrl.workers.actor_worker import ActorRolloutRefWorker
 from hybridrl.workers.rollout_worker import RolloutWorker
@@ -46,6 +48,12 @@ def start_split(runtime, config, name: str):
     return actor, replicas
 
 
+def pool_generation(actor, groups) -> Generation:
+    """The controller's view of the started groups, as ``hybridrl.replicas.start_generators`` builds it."""
+    replicas = [ProcessReplica(group) for group in groups]
+    return Generation(replicas, PublishToReplicas(actor, replicas))
+
+
 @pytest.fixture(scope="module", params=[(1, "shared_memory"),
                                         pytest.param((1, "object_store"), marks=pytest.mark.long),
                                         pytest.param((2, "shared_memory"), marks=pytest.mark.long),
@@ -64,7 +72,7 @@ def split(request, ray_runtime, model_dir):
     pool_size, transport = request.param
     actor, replicas = start_split(ray_runtime, split_config(model_dir, pool_size, pool_size, transport),
                                   f"split{pool_size}{transport}")
-    yield Generation(actor, "vllm", replicas), actor, pool_size
+    yield pool_generation(actor, replicas), actor, pool_size
     for group in (*replicas, actor):
         stop(group)
 
@@ -97,7 +105,7 @@ def check_pool_follows_the_trainer_through_published_weights(split, model_dir, t
     stats = generation.sync_weights()
     assert stats["weight_sync/delivered_bytes"] == (rank0_slice_bytes(model_dir) if pool_size == 2
                                                     else full_model_bytes(model_dir))
-    fetched = generation.layout.transport in ("object_store", "collective")
+    fetched = generation.transfer.layout.transport in ("object_store", "collective")
     assert stats["weight_sync/bytes"] == (full_model_bytes(model_dir) if fetched else 0)  # fetched whole
     after = generation.generate(prompt_batch(tokenizer), params)
     assert log_prob_gap(actor, after) < 1e-4
@@ -110,12 +118,12 @@ def check_pool_refuses_to_generate_from_weights_it_was_not_given(split, tokenize
     params = SamplingParams(n=2, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=11)
     rollout = generation.generate(prompt_batch(tokenizer), params)
     update(actor, rollout, step=1)
-    if generation.layout.transport != "collective":  # a collective publication is always paired with its load
+    if generation.transfer.layout.transport != "collective":  # a collective publication is always paired with its load
         actor.call(ActorRolloutRefWorker.publish_weights)  # published, but never loaded
     asked = generation.policy_version + 1
     with pytest.raises(WorkerError, match=f"holds the weights of version {asked - 1} but generation asked for "
                                           f"version {asked}: a weight sync was skipped"):
-        generation.replicas[0].call(RolloutWorker.generate_sequences, prompt_batch(tokenizer), params, asked)
+        generation.replicas[0].group.call(RolloutWorker.generate_sequences, prompt_batch(tokenizer), params, asked)
     generation.sync_weights()
     assert log_prob_gap(actor, generation.generate(prompt_batch(tokenizer), params)) < 1e-4
 
@@ -128,8 +136,8 @@ def check_a_damaged_publication_is_named(split, tokenizer):
     expected = torch.stack([publication.expected for publication in published]).sum(0)
     expected[:, 3] += 1
     rows = [reference for publication in published for reference in publication.rows]
-    with pytest.raises(WorkerError, match="arrived different from what was sent: " + generation.layout.names[3]):
-        generation.replicas[0].call(RolloutWorker.load_published_weights, generation.layout, expected,
+    with pytest.raises(WorkerError, match="arrived different from what was sent: " + generation.transfer.layout.names[3]):
+        generation.replicas[0].group.call(RolloutWorker.load_published_weights, generation.transfer.layout, expected,
                                     generation.policy_version + 1, rows)
 
 
@@ -152,7 +160,7 @@ def test_a_dead_replica_is_reported_and_its_prompts_resubmitted(ray_runtime, mod
     dead replica's channel is abandoned, not waited on)."""
     actor, replicas = start_split(ray_runtime, split_config(model_dir, 2, 1, transport), f"resubmit_{transport}")
     try:
-        generation = Generation(actor, "vllm", replicas)
+        generation = pool_generation(actor, replicas)
         params = SamplingParams(n=2, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=5)
         both = generation.generate(prompt_batch(tokenizer), params)
         os.kill(replicas[1].locations[0].pid, signal.SIGKILL)
@@ -179,7 +187,7 @@ def test_a_replica_that_dies_unnoticed_does_not_stop_a_collective_sync(ray_runti
     sync after that abandons its channel instead of waiting on it."""
     actor, replicas = start_split(ray_runtime, split_config(model_dir, 2, 1, "collective"), "unnoticed")
     try:
-        generation = Generation(actor, "vllm", replicas)
+        generation = pool_generation(actor, replicas)
         params = SamplingParams(n=2, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=5)
         rollout = generation.generate(prompt_batch(tokenizer), params)
         os.kill(replicas[1].locations[0].pid, signal.SIGKILL)
@@ -208,7 +216,7 @@ def test_delta_syncs_through_the_object_store_keep_a_pool_on_the_trainers_weight
                           "actor.optim.lr=1e-6", f"data.max_response_length={MAX_NEW_TOKENS}"])
     actor, replicas = start_split(ray_runtime, config, "delta")
     try:
-        generation = Generation(actor, "vllm", replicas)
+        generation = pool_generation(actor, replicas)
         params = SamplingParams(n=2, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=3)
         whole = full_model_bytes(model_dir) // 2  # bf16
         fetched = []

@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engines",),  # per-rank training engines and their losses and hooks
     ("autotune",),  # memory sizing and probe, gradient-noise scale, adaptive accumulation
     ("workers",),  # Ray roles: actor/rollout/reference, critic, reward model
+    ("replicas",),  # the controller's replicas (every placement behind one type), their weight transfer, placement
     ("trainers", "planner"),
     ("demo", "cli"),
 )

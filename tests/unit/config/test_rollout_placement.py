@@ -10,7 +10,7 @@ import pytest
 from hybridrl.config import ConfigError, load_config
 from hybridrl.config.rollout_placement import (colocated_replicas, replica_count, resolved_engine_process,
                                                served_through_transformers_backend)
-from hybridrl.trainers.rl_setup import role_pools, rollout_replica_roles
+from hybridrl.replicas import role_pools, rollout_replica_roles
 from hybridrl.utils.tiny_model import TinyModelSpec, save_tiny_model
 
 

@@ -1,4 +1,4 @@
-"""How an RL run is laid out (``trainers/rl_setup.py``): pools per role, and on CPU how many threads each worker gets
+"""How an RL run is laid out (``replicas/placement.py``): pools per role, and on CPU how many threads each worker gets
 when the trainer and a standalone rollout pool compute at the same time."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from hybridrl.config import load_config
 from hybridrl.runtime.resource_pool import PoolSpec
-from hybridrl.trainers.rl_setup import concurrent_node_slots, role_pools, rollout_replica_roles
+from hybridrl.replicas import concurrent_node_slots, role_pools, rollout_replica_roles
 from hybridrl.utils.distributed import cpu_share_per_worker
 
 SPLIT = ["trainer.device=cpu", "rollout=vllm_cpu", "trainer.n_gpus_per_node=1", "rollout.n_gpus=2"]
