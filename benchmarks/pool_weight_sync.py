@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/pool_weight_sync.py [--size medium] [--syncs 5] [--rounds 2]
 
-For each transport of ``rollout.weight_transport`` — ``shared_memory`` (the trainer writes one host-shared copy that
+For each transport of ``rollout.weight_transfer`` — ``shared_memory`` (the trainer writes one host-shared copy that
 the replica reads in place), ``object_store`` (the trainer puts its rows into Ray's object store and the replica
 fetches them) and ``collective`` (the trainer sends its rows to the replica over a gloo group, TCP; NCCL on GPU) —
 the last two are the cross-node transports, here on one node — a 1-rank FSDP2 trainer and a 1-rank vLLM (CPU) pool are
@@ -40,7 +40,7 @@ def split_config(model_dir: Path, transport: str):
     from hybridrl.config import load_config
 
     return load_config([f"model.path={model_dir}", "model.dtype=bfloat16", "trainer.n_gpus_per_node=1",
-                        "rollout=vllm_cpu", "rollout.n_gpus=1", f"rollout.weight_transport={transport}",
+                        "rollout=vllm_cpu", "rollout.n_gpus=1", f"rollout.weight_transfer={transport}",
                         "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4",
                         "actor.ppo_micro_batch_size_per_gpu=4", "data.max_response_length=8",
                         "rollout.kv_cache_memory_mb=64"])

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from hybridrl.config.errors import ConfigError
+from hybridrl.config.retired_keys import retired_key_message
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.dpo_schema import DPOConfig
 from hybridrl.config.rm_schema import RMConfig
@@ -209,7 +210,7 @@ def _composition_error(error: Exception, overrides: Sequence[str], schema: Optio
         if key:
             if isinstance(cause, ConfigKeyError) or "not in" in str(cause):
                 return ConfigError([(str(key), _override_value(overrides, str(key)),
-                                     f"unknown config key{_suggestion(str(key), schema)}")])
+                                     _unknown_key_problem(str(key), schema))])
             value = _override_value(overrides, str(key))
             empty = " (the override gives no value: an unset shell variable in the script?)" if value == "" else ""
             return ConfigError([(str(key), value, _first_line(cause) + empty)])
@@ -239,7 +240,7 @@ def to_schema(raw: DictConfig | dict, schema: type[ConfigT]) -> ConfigT:
     """
     unknown = _unknown_key(raw, schema)
     if unknown:
-        raise ConfigError([(unknown, _value_at(raw, unknown), f"unknown config key{_suggestion(unknown, schema)}")])
+        raise ConfigError([(unknown, _value_at(raw, unknown), _unknown_key_problem(unknown, schema))])
     structured = OmegaConf.structured(schema)
     try:
         merged = OmegaConf.merge(structured, raw)
@@ -247,7 +248,7 @@ def to_schema(raw: DictConfig | dict, schema: type[ConfigT]) -> ConfigT:
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
     except ConfigKeyError as error:
         key = str(getattr(error, "full_key", "") or "")
-        raise ConfigError([(key, _value_at(raw, key), f"unknown config key{_suggestion(key, schema)}")]) from None
+        raise ConfigError([(key, _value_at(raw, key), _unknown_key_problem(key, schema))]) from None
     except OmegaConfBaseException as error:
         key = str(getattr(error, "full_key", "") or "")
         raise ConfigError([(key, _value_at(raw, key), _first_line(error))]) from None
@@ -366,6 +367,11 @@ def _value_at(raw: DictConfig | dict, dotted_key: str) -> Any:
         except Exception:
             return None
     return OmegaConf.to_container(node) if isinstance(node, DictConfig) else node
+
+
+def _unknown_key_problem(dotted_key: str, schema: Optional[type]) -> str:
+    """Why ``dotted_key`` is refused: a retired key names its replacement, another gets a "did you mean"."""
+    return retired_key_message(dotted_key) or f"unknown config key{_suggestion(dotted_key, schema)}"
 
 
 def _suggestion(dotted_key: str, schema: Optional[type]) -> str:

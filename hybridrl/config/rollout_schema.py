@@ -24,7 +24,9 @@ class SamplingConfig(FreezableConfig):
     """Top-k sampling when ``do_sample`` is true (-1 disables)."""
 
 
-WEIGHT_TRANSPORTS = ("auto", "shared_memory", "object_store", "collective")
+WEIGHT_TRANSFERS = ("auto", "shared_memory", "plan", "gather", "object_store", "collective")
+IN_PLACE_TRANSFERS = ("auto", "shared_memory", "plan", "gather")  # into engines in the actor's processes
+PUBLISHED_TRANSFERS = ("auto", "shared_memory", "object_store", "collective")  # to replicas in processes of their own
 
 CPU_KV_BLOCK_SIZE = 32
 """``rollout.block_size`` when unset on CPU, and what a vLLM KV block on CPU must be a multiple of (its CPU attention
@@ -52,30 +54,34 @@ class RolloutConfig(FreezableConfig):
     """Devices of a standalone rollout pool (split placement): ``0`` (default) generates on the actor's devices (the
     hybrid engine, weights resharded in place); ``M > 0`` runs ``M / tensor_model_parallel_size`` vLLM replicas on
     ``M`` devices of their own beside the trainer's ``trainer.n_gpus_per_node`` (weights reach them by
-    ``weight_transport``, checked). What asynchronous training overlaps; on its own it only adds devices."""
+    ``weight_transfer``, checked). What asynchronous training overlaps; on its own it only adds devices."""
     engine_process: str = "auto"
     """Where a colocated vLLM engine (``n_gpus = 0``) runs: ``actor`` (inside each actor rank's process, the
     tensor-parallel ranks in lockstep: the resharder slices weights straight into it), ``own`` (each replica in
     processes of its own on the actor's devices, as a standalone pool's are: vLLM's process-wide changes stay out of
-    training, and its weights arrive through ``weight_transport``, checked) or ``auto`` (``own`` for an architecture
+    training, and its weights arrive through ``weight_transfer``, checked) or ``auto`` (``own`` for an architecture
     vLLM serves through its Transformers backend, which rewrites transformers' model class in the process the engine
     runs in; ``actor`` otherwise, measured the faster on one host: ``benchmarks/placement.py``). A standalone
     pool's replicas always run in their own processes. On GPU an ``own`` replica shares its device with the actor
     and sleeps while the actor trains (``free_cache_engine``)."""
-    weight_transport: str = "auto"
-    """How replicas in processes of their own (a standalone pool, or ``engine_process=own``) receive the trainer's
-    weights: ``shared_memory`` (the trainer's ranks write one host-shared copy in ``/dev/shm`` that the replicas read
-    in place: the replicas on the trainer's host; on GPU the weights go through host memory — there is no CUDA IPC
-    transport yet),
+    weight_transfer: str = "auto"
+    """How the trainer's new weights reach the engines — one key for every placement. Into engines in the actor's
+    processes (resharded in place): ``shared_memory`` (CPU, all ranks on one host: each rank casts its FSDP shard
+    into one host-shared copy of the model in ``/dev/shm`` and each engine reads its slices in place), ``plan``
+    (point-to-point messages of exactly each rank's tensor-parallel slices: gloo on CPU, NCCL on GPU) or ``gather``
+    (all-gathers, ``tensor_model_parallel_size=1`` only). To replicas in processes of their own (a standalone pool,
+    or ``engine_process=own``; published, then loaded): ``shared_memory`` (one host-shared copy the replicas read in
+    place: the replicas on the trainer's host; on GPU through host memory — there is no CUDA IPC transfer yet),
     ``object_store`` (each trainer rank puts its rows into Ray's object store and the replicas fetch them, across
-    nodes over the network), ``collective`` (each trainer rank sends its rows to each replica's ranks over a process
-    group of their own: gloo over TCP on CPU, NCCL on GPU — across nodes; the NCCL path is tested only on a machine
-    with 2 GPUs, not yet measured; set ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` where the nodes' default
-    interface is not the one they share) or
-    ``auto`` (``shared_memory`` for a local Ray instance on one node, ``object_store`` when attached to a cluster or
-    with ``trainer.nnodes > 1``). Partial rollout needs ``shared_memory``."""
+    nodes over the network) or ``collective`` (each trainer rank sends its rows to each replica's ranks over a
+    process group of their own: gloo over TCP on CPU, NCCL on GPU — across nodes; the NCCL path is tested only on a
+    machine with 2 GPUs, not yet measured; set ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` where the nodes'
+    default interface is not the one they share). ``auto``: in the actor's processes ``shared_memory`` on CPU where
+    the ranks can map one buffer, else ``plan``; to replicas ``shared_memory`` for a local Ray instance on one node,
+    ``object_store`` when attached to a cluster or with ``trainer.nnodes > 1``. Partial rollout needs
+    ``shared_memory``. Replaces ``weight_sync_method`` and ``weight_transport``."""
     weight_delta: bool = False
-    """``weight_transport=object_store`` or ``collective``: each trainer rank sends only the values of its rows whose
+    """``weight_transfer=object_store`` or ``collective``: each trainer rank sends only the values of its rows whose
     bits changed since the version the replicas hold — their positions (or a bitmask, whichever is smaller) and new
     values — and its whole rows at the first sync, when a delta would not be under half of them, and every
     ``weight_delta_full_every`` versions. The replicas rebuild the rows bit for bit (``verify_weight_sync`` checks
@@ -85,8 +91,8 @@ class RolloutConfig(FreezableConfig):
     of the rows: it pays where bytes are slow (between nodes, or through the object store)."""
     weight_delta_full_every: int = 10
     """``weight_delta``: send the whole rows at least every this many versions (``1``: always whole)."""
-    weight_transport_timeout_s: float = 1800.0
-    """``weight_transport=collective``: how long the trainer's ranks and a replica's ranks wait for each other — to
+    weight_transfer_timeout_s: float = 1800.0
+    """``weight_transfer=collective``: how long the trainer's ranks and a replica's ranks wait for each other — to
     join at start, and for a posted send to be received. A replica receives new weights after the generation it is
     running (asynchronous training), so keep this above the longest generation; NCCL's watchdog ends a process whose
     send waited longer."""
@@ -119,12 +125,6 @@ class RolloutConfig(FreezableConfig):
     ``dummy`` (random weights, replaced by the actor's before the first generation: a faster start)."""
     weight_sync_bucket_mb: int = 256
     """Size of one bucket of streamed weights when resharding training weights into the engine."""
-    weight_sync_method: str = "auto"
-    """How weights reach an engine holding its own copy (vLLM): ``shared`` (CPU, all ranks on one host: each rank
-    casts its FSDP shard into one host-shared copy of the model — one per host, in ``/dev/shm`` — and each engine
-    reads its slices in place), ``plan`` (point-to-point messages of exactly each rank's slices: gloo on CPU, NCCL
-    on GPU), ``gather`` (all-gathers, ``tensor_model_parallel_size=1`` only) or ``auto`` (``shared`` on CPU when the
-    ranks can map one buffer, else ``plan``)."""
     verify_weight_sync: bool = True
     """Check every weight sync into an engine holding its own copy (vLLM): each piece is fingerprinted before it moves
     and again as the engine receives it, and a mismatch stops the run naming the parameter. Costs two passes of

@@ -20,7 +20,7 @@ from hybridrl.config.multi_turn_checks import (check_agent_function, check_multi
                                                resolved_file_name)
 from hybridrl.config.plugins import load_plugins, resolved_plugins
 from hybridrl.config.precision import OPTIMIZER_STATE_PRECISIONS
-from hybridrl.config.pool_checks import check_rollout_pool
+from hybridrl.config.pool_checks import check_rollout_pool, check_weight_transfer
 from hybridrl.config.router_replay_checks import check_router_replay
 from hybridrl.config.schema import LR_SCALINGS, TrainConfig
 from hybridrl.config.sequence_parallel_checks import check_sequence_parallel
@@ -42,7 +42,6 @@ REDUCE_DTYPES = ("float32", "bfloat16")
 FUSION_WEIGHTINGS = ("fixed", "inverse_std")
 GRAD_SYNC_MODES = ("step", "micro_batch")
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
-WEIGHT_SYNC_METHODS = ("auto", "shared", "plan", "gather")  # hybrid_engine.sync.METHODS
 # Estimators whose baseline comes from the other responses to the same prompt.
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
 
@@ -317,7 +316,7 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
                   f"must divide the {devices} devices (trainer.nnodes × trainer.n_gpus_per_node)")
     check_sequence_parallel(config, error)
     check_router_replay(config, error)
-    _check_weight_sync_method(config, error)
+    check_weight_transfer(config, error)
     check_rollout_pool(config, error)
     check_multi_turn(config, error)
     check_distillation(config, error)
@@ -326,18 +325,6 @@ def _check_layout(config: TrainConfig, error: ConfigError) -> None:
     check_off_policy_correction(config, error)
     if config.trainer.device == "cpu":
         _check_cpu_limits(config, error)
-
-
-def _check_weight_sync_method(config: TrainConfig, error: ConfigError) -> None:
-    """``rollout.weight_sync_method``: a known transport, and one this placement can use."""
-    method, key = config.rollout.weight_sync_method, "rollout.weight_sync_method"
-    _choice(error, key, method, WEIGHT_SYNC_METHODS)
-    if method == "shared" and config.trainer.device != "cpu":
-        error.add(key, method, "moves host tensors through /dev/shm: on a GPU use plan (NCCL point-to-point)")
-    elif method == "shared" and config.trainer.nnodes > 1:
-        error.add(key, method, f"needs every rank on one host; trainer.nnodes={config.trainer.nnodes}: use plan")
-    if method == "gather" and config.rollout.tensor_model_parallel_size > 1:
-        error.add(key, method, "delivers full tensors: it needs rollout.tensor_model_parallel_size=1 (use plan)")
 
 
 def _check_micro_batch_sizing(config: TrainConfig, error: ConfigError) -> None:

@@ -101,8 +101,8 @@ def _check_object_store(config: TrainConfig, error: ConfigError) -> None:
 def _check_weight_channel(config: TrainConfig, device: str, error: ConfigError) -> None:
     """The ``collective`` weight transport runs over NCCL on GPU, which joins each device once per group: a replica
     colocated on the actor's devices (``rollout.engine_process=own``) would join the same device twice."""
-    if device == "cuda" and config.rollout.weight_transport == "collective" and colocated_replicas(config):
-        error.add("rollout.weight_transport", "collective", "on GPU it runs over NCCL, which cannot join an actor "
+    if device == "cuda" and config.rollout.weight_transfer == "collective" and colocated_replicas(config):
+        error.add("rollout.weight_transfer", "collective", "on GPU it runs over NCCL, which cannot join an actor "
                   "rank and a replica on the same device (rollout.engine_process=own shares the actor's devices); "
                   "use shared_memory, or a standalone pool (rollout.n_gpus > 0)")
 

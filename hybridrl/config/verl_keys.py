@@ -175,7 +175,7 @@ RULES: tuple[Rule, ...] = (
     NoEffect(ARR + "rollout.mode", "hybridrl's rollout engine runs inside the actor worker (no separate server)",
              ("sync", "async")),
     NoEffect(ARR + "rollout.layered_summon", "weights stream into the engine in buckets of "
-             "rollout.weight_sync_bucket_mb, never gathered whole on a rank (rollout.weight_sync_method)"),
+             "rollout.weight_sync_bucket_mb, never gathered whole on a rank (rollout.weight_transfer)"),
     NoEffect(ARR + "rollout.do_sample", "training rollouts always sample (rollout.temperature > 0); validation "
              "follows rollout.val_kwargs.do_sample", ("true",)),
     NoEffect(ARR + "rollout.ignore_eos", "responses end at EOS", ("false",)),

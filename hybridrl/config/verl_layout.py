@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, is_dataclass
 from typing import Any, Optional, Sequence
 
 from hybridrl.config.errors import ConfigError
+from hybridrl.config.retired_keys import retired_key_message
 from hybridrl.config.verl_keys import ARR, RULES, VERL_DEFAULTS, Moved, NoEffect, Unsupported, rule_for
 
 
@@ -141,6 +142,10 @@ def _note_target(ours: Override, source: Override, rule, sources: dict, problems
 
 def _check_known(key: str, source: Override, schema: type, problems: ConfigError) -> None:
     if _resolves(key, schema):
+        return
+    retired = retired_key_message(key)
+    if retired is not None:
+        problems.add(source.key, source.value, retired)
         return
     hint = suggestion(key, schema)
     renamed = f" (hybridrl: {key})" if source.key != key else ""

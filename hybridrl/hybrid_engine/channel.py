@@ -1,5 +1,5 @@
 """A process group from the trainer's ranks to one replica's ranks, which published rows travel over
-(``rollout.weight_transport=collective``, ``hybrid_engine/publish.py``): gloo over TCP on CPU, NCCL on GPU.
+(``rollout.weight_transfer=collective``, ``hybrid_engine/publish.py``): gloo over TCP on CPU, NCCL on GPU.
 
 The group has ``W + t`` members: the trainer's ``W`` ranks (the *writers*, group ranks ``0 … W-1``, each holding
 its FSDP rows of every parameter) and the replica's ``t`` tensor-parallel ranks (the *readers*, ``W … W+t-1``, each
@@ -63,7 +63,7 @@ class ChannelAddress:
     backend: str = "gloo"
     timeout_s: float = 1800.0
     """How long a member waits for the others — to join, or for a message — before the call fails
-    (``rollout.weight_transport_timeout_s``)."""
+    (``rollout.weight_transfer_timeout_s``)."""
 
     @property
     def world_size(self) -> int:

@@ -15,7 +15,7 @@ shared-memory method of ``shared_memory.py`` across groups:
 The controller's call order is the synchronisation: a publish starts only after the previous load returned on every
 rollout rank, and a load only after the publish returned on every trainer rank.
 
-Across hosts (``rollout.weight_transport=object_store``) the arena is replaced by Ray's object store: each trainer
+Across hosts (``rollout.weight_transfer=object_store``) the arena is replaced by Ray's object store: each trainer
 rank casts its rows of every parameter into one flat buffer and puts it there (:meth:`WeightPublisher.publish`
 returns the reference), the controller hands the ranks' references to the replicas with the load call, and each
 rollout rank fetches them — over the network when it is on another node — and assembles each full tensor from the
@@ -231,7 +231,7 @@ class WeightPublisher:
         """Abandon the channels of replicas no longer live, and wait for the previous publication's sends on the
         others (complete by now: the controller waited for their loads)."""
         if not self.channels:
-            raise RuntimeError("rollout.weight_transport=collective: no live replica's channel is open")
+            raise RuntimeError("rollout.weight_transfer=collective: no live replica's channel is open")
         for replica in list(self.channels):
             if replicas is not None and replica not in replicas:
                 self._abandon(replica, "the controller reported it lost")
@@ -277,7 +277,7 @@ class PublishedWeights:
     def __init__(self, layout: PublishedLayout, tp_rank: int, rank: int = 0,
                  channel: Optional[WeightChannel] = None) -> None:
         if layout.transport == "collective" and channel is None:
-            raise ValueError("rollout.weight_transport=collective: the replica rank has not joined its channel")
+            raise ValueError("rollout.weight_transfer=collective: the replica rank has not joined its channel")
         self.layout, self.tp_rank, self.rank, self.channel = layout, tp_rank, rank, channel
         self.arena = SharedArena.attach(layout.path, layout.nbytes) if layout.transport == "shared_memory" else None
         self.regions = {name: layout.regions[tp_rank][index] for index, name in enumerate(layout.names)}

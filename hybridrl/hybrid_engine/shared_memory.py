@@ -127,7 +127,7 @@ def _make_file(directory: str, nbytes: int) -> tuple[str, str]:
     except OSError as error:
         os.unlink(path)
         return "", (f"{directory} cannot hold {nbytes / 2**20:.0f} MiB of weights ({error}); enlarge it "
-                    f"(docker: --shm-size) or set rollout.weight_sync_method=plan")
+                    f"(docker: --shm-size) or set rollout.weight_transfer=plan")
     finally:
         os.close(descriptor)
     return path, ""

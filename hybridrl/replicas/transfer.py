@@ -4,7 +4,7 @@ replica's :meth:`~hybridrl.replicas.base.Replica.update_weights`).
 - :class:`ReshardInPlace` — engines in the actor's processes: nothing leaves the actor; each replica reshards from
   the training module at its load (``hybrid_engine/sync.py``).
 - :class:`PublishToReplicas` — replicas in processes of their own: every trainer rank publishes its rows
-  (``rollout.weight_transport``: a shared arena, Ray's object store, or a process group per replica, opened here),
+  (``rollout.weight_transfer``: a shared arena, Ray's object store, or a process group per replica, opened here),
   with fingerprints the loads are checked against. With partial rollout a notice tells generations in flight that a
   new version is there to take.
 """

@@ -20,7 +20,7 @@ from hybridrl.autotune.auto_micro_batch import resolve_plan
 from hybridrl.autotune.grad_noise import NoiseScaleMonitor
 from hybridrl.agents.lockstep import ReplicaGroup
 from hybridrl.config.plugins import load_plugins
-from hybridrl.config.pool_checks import resolved_weight_transport
+from hybridrl.config.pool_checks import reshard_method, resolved_weight_transport
 from hybridrl.config.rollout_placement import replicas_apart
 from hybridrl.config.schema import TrainConfig
 from hybridrl.config.sizes import BatchPlan, gathers_once, role_plan
@@ -153,7 +153,7 @@ class ActorRolloutRefWorker(Worker):
                                              dtype=torch_dtype(config.model.dtype), group=ranks.group,
                                              source=MergedLoraWeights(actor_model) if self.lora else None,
                                              transport=resolved_weight_transport(config),
-                                             channel_timeout_s=config.rollout.weight_transport_timeout_s,
+                                             channel_timeout_s=config.rollout.weight_transfer_timeout_s,
                                              delta_full_every=config.rollout.weight_delta_full_every
                                              if config.rollout.weight_delta else 0)
             self.engine_weights = EngineWeights(None, verify=False, loaded_current=True)
@@ -164,7 +164,7 @@ class ActorRolloutRefWorker(Worker):
                                         group=ranks.group,
                                         bucket_bytes=bucket_bytes_from_mb(config.rollout.weight_sync_bucket_mb),
                                         dtype=torch_dtype(config.model.dtype),
-                                        method=config.rollout.weight_sync_method,
+                                        method=reshard_method(config),
                                         source=MergedLoraWeights(actor_model) if self.lora else None)
         self.engine_weights = EngineWeights(resharder, verify=config.rollout.verify_weight_sync,
                                             loaded_current=config.rollout.load_format != "dummy")
@@ -234,7 +234,7 @@ class ActorRolloutRefWorker(Worker):
 
     @rank_zero
     def host_weight_channel(self, replica: int, readers: int) -> ChannelAddress:
-        """``rollout.weight_transport=collective``: host the rendezvous of replica ``replica``'s channel (its
+        """``rollout.weight_transfer=collective``: host the rendezvous of replica ``replica``'s channel (its
         ``readers`` tensor-parallel ranks); every trainer rank then joins it (``join_weight_channel``)."""
         return self._publisher().host_channel(replica, readers)
 

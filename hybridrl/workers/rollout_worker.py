@@ -8,7 +8,7 @@ down, and its prompts go to a live one — ``trainers/generation.py``). A replic
 is one ``t_g``-way tensor-parallel vLLM engine in the same SPMD form as the colocated engine: every rank runs vLLM's
 ``external_launcher`` executor in-process over the replica's group. There is no training model here: new weights
 arrive as the trainer publishes them (``hybrid_engine/publish.py``: a shared arena, the object store or a
-process group, ``rollout.weight_transport``), checked against the trainer's
+process group, ``rollout.weight_transfer``), checked against the trainer's
 fingerprints, and each load records the trainer's ``policy_version`` of them, so a generation asked for at another
 version is refused (a skipped sync cannot pass silently).
 """
@@ -75,7 +75,7 @@ class RolloutWorker(Worker):
             max_model_len=engine_context_length(config, episodes),
             dtype=config.model.dtype, seed=config.trainer.seed))
         self.published: Optional[PublishedWeights] = None
-        self.channel: Optional[WeightChannel] = None  # rollout.weight_transport=collective: from the trainer's ranks
+        self.channel: Optional[WeightChannel] = None  # rollout.weight_transfer=collective: from the trainer's ranks
         # the trainer's policy_version of the weights the engine holds (None: random, rollout.load_format=dummy)
         self.policy_version: Optional[int] = 0 if config.rollout.load_format != "dummy" else None
         self.notice: Optional[PublicationNotice] = None  # partial rollout: polled between engine steps
@@ -144,7 +144,7 @@ class RolloutWorker(Worker):
                                policy_version: int, rows: Sequence = ()) -> dict[str, float]:
         """Load the trainer's published weights (of ``policy_version``) into the engine; ``expected`` (the
         trainer ranks' fingerprints, summed; ``None``: unchecked) is compared with what this rank read; ``rows``: the
-        trainer ranks' object-store references in rank order (``rollout.weight_transport=object_store``). A load
+        trainer ranks' object-store references in rank order (``rollout.weight_transfer=object_store``). A load
         that a generation in flight already took (partial rollout) is not repeated. Returns rank 0's sync
         metrics (``weight_sync/bytes``: what it fetched from the object store or received over its channel)."""
         started = time.perf_counter()
@@ -163,7 +163,7 @@ class RolloutWorker(Worker):
 
     @one_to_all(collect="first")
     def join_weight_channel(self, address: ChannelAddress) -> None:
-        """``rollout.weight_transport=collective``: join the channel the trainer's ranks send weights over, as reader
+        """``rollout.weight_transfer=collective``: join the channel the trainer's ranks send weights over, as reader
         ``tp_rank`` (returns once every member has joined)."""
         self.channel = WeightChannel.join(address, address.writers + self.context.tp_rank)
         self.published = None  # rebuilt on the new channel at the next load

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.distributed
 
 def split_config(model_dir, pool_size: int, tp_size: int, transport: str = "auto"):
     return load_config([f"model.path={model_dir}", "model.dtype=float32", "trainer.n_gpus_per_node=1",
-                        f"rollout.weight_transport={transport}",
+                        f"rollout.weight_transfer={transport}",
                         "rollout=vllm_cpu", f"rollout.n_gpus={pool_size}", f"rollout.tensor_model_parallel_size={tp_size}",
                         "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4",
                         "actor.ppo_micro_batch_size_per_gpu=4", "actor.optim.lr=1e-2",
@@ -210,7 +210,7 @@ def test_delta_syncs_through_the_object_store_keep_a_pool_on_the_trainers_weight
     the first and every third publication go whole and the others carry a fraction of the bytes, and the pool
     samples as the trainer scores."""
     config = load_config([f"model.path={model_dir}", "model.dtype=bfloat16", "trainer.n_gpus_per_node=1",
-                          "rollout=vllm_cpu", "rollout.n_gpus=1", "rollout.weight_transport=object_store",
+                          "rollout=vllm_cpu", "rollout.n_gpus=1", "rollout.weight_transfer=object_store",
                           "rollout.weight_delta=true", "rollout.weight_delta_full_every=3", "data.train_batch_size=4",
                           "rollout.n=2", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size_per_gpu=4",
                           "actor.optim.lr=1e-6", f"data.max_response_length={MAX_NEW_TOKENS}"])

@@ -1,4 +1,4 @@
-"""``rollout.weight_transport=collective``: the trainer's FSDP ranks send their published rows to a replica's ranks over
+"""``rollout.weight_transfer=collective``: the trainer's FSDP ranks send their published rows to a replica's ranks over
 a process group of their own (gloo here), and each replica rank assembles, streams and checks full tensors.
 
 Four gloo processes: ranks 0-1 are the trainer (a tiny Llama, FSDP2 over their own group), ranks 2-3 a

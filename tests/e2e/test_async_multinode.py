@@ -1,6 +1,6 @@
 """Asynchronous training across nodes: the ``async_training`` contract on a simulated two-node Ray cluster (two
 raylets with one CPU each on this machine, so the trainer's rank and the rollout replica land on different nodes),
-weights over the network — through Ray's object store (``rollout.weight_transport=object_store``) and over a gloo
+weights over the network — through Ray's object store (``rollout.weight_transfer=object_store``) and over a gloo
 group of the trainer's and the replica's ranks (``collective``, TCP); the host's shared memory, which the two
 simulated nodes would happen to share, is not used:
 
@@ -50,7 +50,7 @@ def run(model_dir, cluster_address, transport, run_dir, steps, *extra) -> RLTrai
         "data.synthetic_task_kwargs={max_digits: 1, operators: '+', num_val: 4}", "data.train_batch_size=4",
         f"rollout.n={N}", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size_per_gpu=2",
         "data.max_response_length=3", "actor.optim.lr=1e-2", "actor.use_kl_loss=true", "rollout=vllm_cpu",
-        "trainer.n_gpus_per_node=1", "rollout.n_gpus=1", f"rollout.weight_transport={transport}", *extra]))
+        "trainer.n_gpus_per_node=1", "rollout.n_gpus=1", f"rollout.weight_transfer={transport}", *extra]))
     trainer.fit()
     return trainer
 

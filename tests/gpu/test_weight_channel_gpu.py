@@ -1,4 +1,4 @@
-"""``rollout.weight_transport=collective`` on GPU: the trainer's rows travel over NCCL, buffers on the devices.
+"""``rollout.weight_transfer=collective`` on GPU: the trainer's rows travel over NCCL, buffers on the devices.
 
 Skipped without 2 CUDA devices (NCCL joins each device once per group, so a one-GPU machine cannot run it). One
 trainer rank on ``cuda:0`` sends to a replica rank on ``cuda:1``; on CPU the same runs over gloo with two of each in

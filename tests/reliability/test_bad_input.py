@@ -151,8 +151,8 @@ def cuda_without_gpu(tmp, model):
 
 def nccl_channel_to_colocated_replicas(tmp, model):
     return (["trainer.device=cuda", "rollout.name=vllm", "rollout.engine_process=own",
-             "rollout.weight_transport=collective"],
-            ["rollout.weight_transport='collective'", "NCCL, which cannot join an actor rank and a replica"])
+             "rollout.weight_transfer=collective"],
+            ["rollout.weight_transfer='collective'", "NCCL, which cannot join an actor rank and a replica"])
 
 
 def reward_path_missing(tmp, model):

@@ -65,10 +65,10 @@ def test_engine_process_combinations_that_mean_nothing_are_refused_by_key(overri
     assert phrase in str(caught.value)
 
 
-def test_colocated_replicas_use_the_weight_transport_checks(models):
-    with pytest.raises(ConfigError, match="rollout.weight_transport"):
+def test_colocated_replicas_use_the_weight_transfer_checks(models):
+    with pytest.raises(ConfigError, match="rollout.weight_transfer"):
         load_config([f"model.path={models['llama']}", "rollout=vllm_cpu", "rollout.engine_process=own",
-                     "rollout.weight_transport=carrier_pigeon"])
+                     "rollout.weight_transfer=carrier_pigeon"])
 
 
 def test_an_unreadable_model_config_resolves_to_the_actor(tmp_path):

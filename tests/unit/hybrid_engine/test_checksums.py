@@ -45,6 +45,6 @@ def test_arena_holds_aligned_tensors_and_leaves_no_file(tmp_path):
 
 
 def test_arena_too_large_for_its_directory_is_refused_with_the_way_out(tmp_path):
-    with pytest.raises(SharedMemoryUnavailable, match="cannot hold .* rollout.weight_sync_method=plan"):
+    with pytest.raises(SharedMemoryUnavailable, match="cannot hold .* rollout.weight_transfer=plan"):
         SharedArena.create(1 << 62, rank=0, directory=str(tmp_path))
     assert not list(tmp_path.iterdir())
