@@ -7,6 +7,7 @@ Every user mistake comes out as one ``ConfigError`` (a ``ValueError``) naming th
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 import os
 import re
@@ -233,6 +234,13 @@ def _override_value(overrides: Sequence[str], key: str) -> Any:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _structured(schema: type) -> DictConfig:
+    """The schema's defaults as a structured config, built once per schema (0.15 s each for ``TrainConfig``: a
+    sixth of a config load)."""
+    return OmegaConf.structured(schema)
+
+
 def to_schema(raw: DictConfig | dict, schema: type[ConfigT]) -> ConfigT:
     """Merge a raw tree into the dataclass ``schema`` and build the typed object.
 
@@ -241,9 +249,8 @@ def to_schema(raw: DictConfig | dict, schema: type[ConfigT]) -> ConfigT:
     unknown = _unknown_key(raw, schema)
     if unknown:
         raise ConfigError([(unknown, _value_at(raw, unknown), _unknown_key_problem(unknown, schema))])
-    structured = OmegaConf.structured(schema)
     try:
-        merged = OmegaConf.merge(structured, raw)
+        merged = OmegaConf.merge(_structured(schema), raw)  # merge copies its first argument: the template is kept
         OmegaConf.resolve(merged)
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
     except ConfigKeyError as error:
