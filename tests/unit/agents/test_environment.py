@@ -3,6 +3,8 @@ final answer scored; the step-result contract."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from hybridrl.agents.environment import (ENVIRONMENTS, EnvironmentFailure, StepResult, ToolEnvironment, checked,
@@ -69,7 +71,11 @@ def test_the_config_layers_lists_match_the_registries_they_name():
     """The config layer cannot import these packages, so it keeps their names; they must not drift."""
     from hybridrl.agents.builtin_tools import BUILTIN_TOOLS
     from hybridrl.config.multi_turn_checks import BUILTIN_TOOL_NAMES
-    from hybridrl.config.validation import WEIGHT_SYNC_METHODS
+    from hybridrl.config.pool_checks import reshard_method
+    from hybridrl.config.rollout_schema import IN_PLACE_TRANSFERS
     from hybridrl.hybrid_engine.sync import METHODS
 
-    assert set(BUILTIN_TOOL_NAMES) == set(BUILTIN_TOOLS) and set(WEIGHT_SYNC_METHODS) == set(METHODS)
+    assert set(BUILTIN_TOOL_NAMES) == set(BUILTIN_TOOLS)
+    in_place = {reshard_method(SimpleNamespace(rollout=SimpleNamespace(weight_transfer=name)))
+                for name in IN_PLACE_TRANSFERS}
+    assert in_place == set(METHODS)  # every rollout.weight_transfer into the actor's engines is a resharder method
