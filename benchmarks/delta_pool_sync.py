@@ -93,6 +93,9 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=ROOT / "models" / "smollm2-135m-instruct")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--object-store-mb", type=int, default=2048,
+                        help="the local Ray instance's object store (trainer.ray.object_store_memory_mb; its default, "
+                             "200 MiB, is smaller than one whole publication of SmolLM2: 269 MB)")
     args = parser.parse_args()
     if not (args.model / "config.json").is_file():
         raise SystemExit(f"{args.model}: no model here; run `bash recipes/setup_smollm2.sh` first (or --model DIR)")
@@ -102,7 +105,7 @@ def main() -> None:
     machine = common.machine_info()
     prompts = prompt_batch(args.model)
     steps: dict[str, list[dict]] = {"delta": [], "whole": []}
-    with start_ray(RayConfig(num_cpus=4)) as runtime:
+    with start_ray(RayConfig(num_cpus=4, object_store_memory_mb=args.object_store_mb)) as runtime:
         pairs = {"delta": Pair(runtime, pair_config(args.model, True, args.lr)),
                  "whole": Pair(runtime, pair_config(args.model, False, args.lr))}
         try:
@@ -130,9 +133,11 @@ def report(steps: dict[str, list[dict]], machine: dict, args) -> None:
           f"({delta['sync_s'] / whole['sync_s']:.2f}x); bytes fetched {delta['fetched_bytes'] / 1e6:.2f} MB against "
           f"{whole['fetched_bytes'] / 1e6:.2f} MB ({100 * delta['fetched_bytes'] / whole['fetched_bytes']:.2f} %); "
           f"publish {1e3 * delta['publish_s']:.1f} / {1e3 * whole['publish_s']:.1f} ms, replica's load "
-          f"{1e3 * delta['load_s']:.1f} / {1e3 * whole['load_s']:.1f} ms; load average at start "
+          f"{1e3 * delta['load_s']:.1f} / {1e3 * whole['load_s']:.1f} ms; object store {args.object_store_mb} MiB; "
+          f"load average at start "
           f"{machine['load_average_1m_5m_15m_at_start']}")
     common.write_json("delta_pool_sync", {"machine": machine, "model": str(args.model), "lr": args.lr,
+                                             "object_store_mb": args.object_store_mb,
                                              "steps": steps, "medians_after_first": medians})
 
 

@@ -88,7 +88,8 @@ class RolloutConfig(FreezableConfig):
     them as it checks a whole sync). On the SmolLM2-135M GSM8K recipe in bf16 (lr 1e-6) a delta carried 1.3-2.8 %
     of a whole sync's bytes (``benchmarks/delta_sync.py``: 1.4-13 % at lr 1e-6 to 1e-5). It costs memory — a copy
     of the rows on each trainer rank, of the whole model on each replica rank — and encoding time, 2.5-6x one copy
-    of the rows: it pays where bytes are slow (between nodes, or through the object store)."""
+    of the rows: it pays where bytes are slow — between nodes. On one host through an object store that holds a whole
+    publication a delta sync was 1.48x slower than a whole one (``benchmarks/delta_pool_sync.py``)."""
     weight_delta_full_every: int = 10
     """``weight_delta``: send the whole rows at least every this many versions (``1``: always whole)."""
     weight_transfer_timeout_s: float = 1800.0
